@@ -1,0 +1,215 @@
+//! Which databases the VFS captures, and where their transactions go.
+//!
+//! A database must be attached (path → sink) before SQLite opens it through
+//! the walrelay VFS; opening an unattached database is refused, so that no
+//! connection can write a walrelay database without being captured.
+
+use crate::capture::{Capture, CaptureError, WalReader};
+use crate::page_set::CapturedTransaction;
+use parking_lot::{Condvar, Mutex};
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, OnceLock};
+
+/// Receives every committed transaction of an attached database.
+///
+/// Called on the committing thread while SQLite still holds the WAL write
+/// lock, so calls arrive in commit order and never concurrently for one
+/// database. It must not call back into SQLite on that connection, and
+/// should be quick: the next writer waits for it.
+pub trait CaptureSink: Send + Sync {
+    fn committed(&self, txn: CapturedTransaction) -> Result<(), SinkError>;
+}
+
+/// A sink's refusal of a transaction. The transaction is already in the
+/// local WAL; the refusal poisons the capture so that the engine fails the
+/// write and takes no further ones.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SinkError(pub String);
+
+/// Why a database could not be attached.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    #[error("database {0} is already attached to walrelay in this process")]
+    AlreadyAttached(String),
+    #[error("cannot resolve database path {path}: {reason}")]
+    Path { path: PathBuf, reason: String },
+    #[error("could not register the walrelay VFS: SQLite error code {0}")]
+    Register(i32),
+}
+
+/// Reads the WAL through its own descriptor; opened on first need, which is
+/// only the rare path where the shadow lacks bytes.
+#[derive(Debug, Default)]
+pub(crate) struct WalFile {
+    path: OnceLock<PathBuf>,
+    file: OnceLock<File>,
+}
+
+impl WalFile {
+    pub(crate) fn set_path(&self, path: PathBuf) {
+        let _ = self.path.set(path);
+    }
+}
+
+impl WalReader for WalFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let file = match self.file.get() {
+            Some(f) => f,
+            None => {
+                let path = self.path.get().ok_or(std::io::ErrorKind::NotFound)?;
+                let f = File::open(path)?;
+                self.file.get_or_init(|| f)
+            }
+        };
+        file.read_exact_at(buf, offset)
+    }
+}
+
+/// State shared by every file SQLite opens for one attached database.
+pub(crate) struct DbShared {
+    pub(crate) key: String,
+    pub(crate) sink: Arc<dyn CaptureSink>,
+    pub(crate) capture: Mutex<Capture>,
+    pub(crate) wal: WalFile,
+    /// True from the moment a commit frame is written until its transaction
+    /// has been handed to the sink: the window in which a reader may see a
+    /// transaction that has no bookmark yet.
+    in_flight: AtomicBool,
+    settle_lock: Mutex<()>,
+    settled: Condvar,
+}
+
+impl std::fmt::Debug for DbShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DbShared")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DbShared {
+    pub(crate) fn mark_in_flight(&self) {
+        let _g = self.settle_lock.lock();
+        self.in_flight.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn mark_settled(&self) {
+        if self.in_flight.load(Ordering::SeqCst) {
+            let _g = self.settle_lock.lock();
+            self.in_flight.store(false, Ordering::SeqCst);
+            self.settled.notify_all();
+        }
+    }
+
+    /// Ends a hold: captures, hands the transaction to the sink, settles.
+    pub(crate) fn end_hold(&self) {
+        let result = self.capture.lock().end_hold(&self.wal);
+        if let Ok(Some(txn)) = result {
+            let sink = Arc::clone(&self.sink);
+            let outcome =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || sink.committed(txn)));
+            let err = match outcome {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(CaptureError::Sink(e.0)),
+                Err(p) => Some(CaptureError::Panic(panic_message(&p))),
+            };
+            if let Some(e) = err {
+                self.capture.lock().poison_with(e);
+            }
+        }
+        self.mark_settled();
+    }
+}
+
+pub(crate) fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic".to_string()
+    }
+}
+
+static REGISTRY: LazyLock<Mutex<HashMap<String, Arc<DbShared>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+pub(crate) fn lookup(key: &str) -> Option<Arc<DbShared>> {
+    REGISTRY.lock().get(key).cloned()
+}
+
+/// Attaches the database at `path` to the walrelay VFS: from now on every
+/// transaction committed to it through the VFS goes to `sink`. Detached when
+/// the returned handle drops.
+pub fn attach(path: &Path, sink: Arc<dyn CaptureSink>) -> Result<Attachment, AttachError> {
+    crate::register().map_err(|e| AttachError::Register(e.code()))?;
+    let key = crate::shim::full_pathname(path).map_err(|reason| AttachError::Path {
+        path: path.to_path_buf(),
+        reason,
+    })?;
+    let mut reg = REGISTRY.lock();
+    if reg.contains_key(&key) {
+        return Err(AttachError::AlreadyAttached(key));
+    }
+    let shared = Arc::new(DbShared {
+        key: key.clone(),
+        sink,
+        capture: Mutex::new(Capture::default()),
+        wal: WalFile::default(),
+        in_flight: AtomicBool::new(false),
+        settle_lock: Mutex::new(()),
+        settled: Condvar::new(),
+    });
+    reg.insert(key, Arc::clone(&shared));
+    Ok(Attachment { shared })
+}
+
+/// An attached database. Dropping it detaches the path (files already open
+/// keep capturing into the same sink until they close).
+#[derive(Debug)]
+pub struct Attachment {
+    shared: Arc<DbShared>,
+}
+
+impl Attachment {
+    /// The absolute path SQLite uses for this database.
+    pub fn path(&self) -> &str {
+        &self.shared.key
+    }
+
+    /// The error that stopped capture, if any. A poisoned database refuses
+    /// every further WAL write.
+    pub fn poisoned(&self) -> Option<CaptureError> {
+        self.shared.capture.lock().poisoned().cloned()
+    }
+
+    /// Waits until no transaction is between its commit frame and its hand-off
+    /// to the sink. After this returns, every transaction that any read
+    /// transaction started before the call could see has reached the sink.
+    pub fn wait_commit_settled(&self) {
+        if !self.shared.in_flight.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut g = self.shared.settle_lock.lock();
+        while self.shared.in_flight.load(Ordering::SeqCst) {
+            self.shared.settled.wait(&mut g);
+        }
+    }
+}
+
+impl Drop for Attachment {
+    fn drop(&mut self) {
+        let mut reg = REGISTRY.lock();
+        if reg
+            .get(&self.shared.key)
+            .is_some_and(|s| Arc::ptr_eq(s, &self.shared))
+        {
+            reg.remove(&self.shared.key);
+        }
+    }
+}

@@ -1,0 +1,638 @@
+//! The capture algorithm, free of FFI: WAL writes in, page sets out.
+//!
+//! SQLite appends a write transaction's frames to the WAL while it holds the
+//! WAL write lock, and only then. Between taking and releasing that lock
+//! ("a hold") it may write a new WAL header (a restart), write frame headers
+//! and pages as separate calls, overwrite a page it already wrote in this
+//! transaction, rewrite frame-header checksums (`walRewriteChecksums`), rewind
+//! to a savepoint and overwrite what followed, or give up without a commit
+//! frame (rollback).
+//!
+//! So capture does not follow calls, it follows file offsets: every byte
+//! written to the WAL during a hold is copied into a shadow of the file range
+//! `[base, end)`, where `base` is the start of the first frame the hold wrote.
+//! When the lock is released the shadow holds exactly the final bytes of
+//! every frame written during the hold. The committed transaction is frames
+//! `base ..= c`, where `c` is the first commit frame at or after `base`:
+//! SQLite writes frames strictly in sequence from `mxFrame + 1`, a rewind
+//! only moves that point back within the hold, and only the last frame of a
+//! commit carries a database size. Frames past `c` are leftovers of a
+//! rolled-back savepoint or sector padding and belong to nothing.
+//!
+//! Invariants checked on every capture, in release builds too:
+//! - every frame in `base ..= c` has the header's salts and continues the
+//!   checksum chain from frame `base - 1` (or the header): the captured bytes
+//!   are exactly what SQLite's own recovery would accept;
+//! - the page set is well formed (see [`PageSet::new`]).
+//!
+//! A violated invariant poisons the capture: the database must not take
+//! another write whose capture could be wrong, so every later WAL write is
+//! refused until the database is reopened.
+
+use crate::page_set::{CapturedTransaction, FrameNo, PageNo, PageSet, PageSetError, WalPosition};
+use crate::wal_format::{
+    Checksum, FRAME_HEADER_BYTES, FrameHeader, WAL_HEADER_BYTES, WalFormatError, WalHeader,
+    frame_at, frame_offset,
+};
+use bytes::Bytes;
+
+/// Why a transaction could not be captured. Once returned, the capture is
+/// poisoned and every later WAL write fails.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CaptureError {
+    #[error(
+        "WAL written while walrelay did not see the WAL write lock held (capture would be bypassed)"
+    )]
+    WriteOutsideHold,
+    #[error("unexpected WAL header write at offset {offset}, {len} bytes")]
+    UnexpectedHeaderWrite { offset: u64, len: usize },
+    #[error("WAL frames written before any WAL header exists")]
+    MissingHeader,
+    #[error("captured WAL is not valid: {0}")]
+    Format(#[from] WalFormatError),
+    #[error("captured page set is not valid: {0}")]
+    PageSet(#[from] PageSetError),
+    #[error("reading back the WAL failed: {0}")]
+    Io(String),
+    #[error("the capture sink refused transaction: {0}")]
+    Sink(String),
+    #[error("a panic occurred inside the capture path: {0}")]
+    Panic(String),
+}
+
+/// Positioned reads of the WAL file, for the rare cases the shadow lacks
+/// bytes (a hold that starts mid-file after a restart of this process).
+pub(crate) trait WalReader {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
+}
+
+#[derive(Debug, Default)]
+struct Shadow {
+    /// File offset of `buf[0]`, always a frame boundary.
+    base: u64,
+    buf: Vec<u8>,
+    /// Absolute byte ranges `[start, end)` written during the hold, sorted
+    /// and merged.
+    covered: Vec<(u64, u64)>,
+}
+
+impl Shadow {
+    fn is_empty(&self) -> bool {
+        self.covered.is_empty()
+    }
+
+    fn frame_start(offset: u64, fb: u64) -> u64 {
+        let h = WAL_HEADER_BYTES as u64;
+        h + (offset - h) / fb * fb
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8], fb: u64) {
+        if data.is_empty() {
+            return;
+        }
+        let start = Self::frame_start(offset, fb);
+        if self.is_empty() {
+            self.base = start;
+            self.buf.clear();
+        } else if start < self.base {
+            // Never seen from SQLite (it writes forward from mxFrame + 1); kept
+            // correct rather than asserted away.
+            let grow = (self.base - start) as usize;
+            self.buf.splice(0..0, std::iter::repeat_n(0u8, grow));
+            self.base = start;
+        }
+        let rel = (offset - self.base) as usize;
+        let end = rel + data.len();
+        if self.buf.len() < end {
+            self.buf.resize(end, 0);
+        }
+        self.buf[rel..end].copy_from_slice(data);
+        self.cover(offset, offset + data.len() as u64);
+    }
+
+    fn cover(&mut self, start: u64, end: u64) {
+        // Fast path: SQLite writes sequentially, so almost every write extends
+        // or overlaps the last range.
+        if let Some(last) = self.covered.last_mut()
+            && start >= last.0
+            && start <= last.1
+        {
+            last.1 = last.1.max(end);
+            return;
+        }
+        self.covered.push((start, end));
+        self.covered.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(self.covered.len());
+        for &(s, e) in &self.covered {
+            match merged.last_mut() {
+                Some(m) if s <= m.1 => m.1 = m.1.max(e),
+                _ => merged.push((s, e)),
+            }
+        }
+        self.covered = merged;
+    }
+
+    /// Fills every byte of `[base, base + len)` that the hold did not write
+    /// from the file itself.
+    fn fill_holes(&mut self, len: u64, disk: &dyn WalReader) -> Result<(), CaptureError> {
+        let end = self.base + len;
+        if self.buf.len() < len as usize {
+            self.buf.resize(len as usize, 0);
+        }
+        let mut at = self.base;
+        let mut holes = Vec::new();
+        for &(s, e) in &self.covered {
+            if s > at {
+                holes.push((at, s.min(end)));
+            }
+            at = at.max(e);
+            if at >= end {
+                break;
+            }
+        }
+        if at < end {
+            holes.push((at, end));
+        }
+        for (s, e) in holes {
+            if s >= e {
+                continue;
+            }
+            let rel = (s - self.base) as usize;
+            let dst = &mut self.buf[rel..rel + (e - s) as usize];
+            disk.read_exact_at(dst, s)
+                .map_err(|e| CaptureError::Io(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Default)]
+struct Hold {
+    /// A WAL header written during this hold (a WAL restart or first write).
+    new_header: Option<WalHeader>,
+    shadow: Shadow,
+}
+
+/// The capture state of one database.
+#[derive(Debug, Default)]
+pub(crate) struct Capture {
+    /// The WAL header as last written or read.
+    header: Option<WalHeader>,
+    /// Salts, frame and checksum of the last captured commit frame: the seed
+    /// of the next transaction's checksum chain when it follows directly.
+    last_commit: Option<([u32; 2], FrameNo, Checksum)>,
+    hold: Option<Hold>,
+    poisoned: Option<CaptureError>,
+}
+
+/// What a WAL write told the capture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct WriteNote {
+    /// The write contained a commit frame's header: a transaction is about
+    /// to become visible and will be handed to the sink when the hold ends.
+    pub commit_frame_header: bool,
+}
+
+impl Capture {
+    pub fn poisoned(&self) -> Option<&CaptureError> {
+        self.poisoned.as_ref()
+    }
+
+    fn poison(&mut self, e: CaptureError) -> CaptureError {
+        if self.poisoned.is_none() {
+            self.poisoned = Some(e.clone());
+        }
+        e
+    }
+
+    pub fn poison_with(&mut self, e: CaptureError) {
+        let _ = self.poison(e);
+    }
+
+    /// The WAL write lock was taken.
+    pub fn begin_hold(&mut self) {
+        self.hold = Some(Hold::default());
+    }
+
+    /// Whether a WAL write may proceed; checked before the write reaches the
+    /// file so that a refused write changes nothing.
+    pub fn check_write(&self) -> Result<(), CaptureError> {
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
+        }
+        if self.hold.is_none() {
+            return Err(CaptureError::WriteOutsideHold);
+        }
+        Ok(())
+    }
+
+    fn current_header(&mut self, disk: &dyn WalReader) -> Result<WalHeader, CaptureError> {
+        if let Some(h) = self.hold.as_ref().and_then(|h| h.new_header) {
+            return Ok(h);
+        }
+        if let Some(h) = self.header {
+            return Ok(h);
+        }
+        let mut b = [0u8; WAL_HEADER_BYTES];
+        disk.read_exact_at(&mut b, 0)
+            .map_err(|_| CaptureError::MissingHeader)?;
+        let h = WalHeader::decode(&b)?;
+        self.header = Some(h);
+        Ok(h)
+    }
+
+    /// Records a successful WAL write of `data` at `offset`.
+    pub fn record_write(
+        &mut self,
+        offset: u64,
+        data: &[u8],
+        disk: &dyn WalReader,
+    ) -> Result<WriteNote, CaptureError> {
+        self.check_write()?;
+        self.record_write_inner(offset, data, disk)
+            .map_err(|e| self.poison(e))
+    }
+
+    fn record_write_inner(
+        &mut self,
+        offset: u64,
+        mut data: &[u8],
+        disk: &dyn WalReader,
+    ) -> Result<WriteNote, CaptureError> {
+        let mut offset = offset;
+        if offset < WAL_HEADER_BYTES as u64 {
+            if offset != 0 || data.len() < WAL_HEADER_BYTES {
+                return Err(CaptureError::UnexpectedHeaderWrite {
+                    offset,
+                    len: data.len(),
+                });
+            }
+            let h = WalHeader::decode(&data[..WAL_HEADER_BYTES])?;
+            if let Some(hold) = self.hold.as_mut() {
+                hold.new_header = Some(h);
+                // Frames of a previous generation in the shadow are dead.
+                hold.shadow = Shadow::default();
+            }
+            data = &data[WAL_HEADER_BYTES..];
+            offset = WAL_HEADER_BYTES as u64;
+            if data.is_empty() {
+                return Ok(WriteNote::default());
+            }
+        }
+        let header = self.current_header(disk)?;
+        let fb = header.frame_bytes();
+        let mut note = WriteNote::default();
+        // A commit frame's header is written at a frame boundary, at least its
+        // first 8 bytes in one call.
+        if (offset - WAL_HEADER_BYTES as u64) % fb == 0 && data.len() >= 8 {
+            note.commit_frame_header = data[4..8] != [0, 0, 0, 0];
+        }
+        let hold = self.hold.as_mut().ok_or(CaptureError::WriteOutsideHold)?;
+        hold.shadow.write(offset, data, fb);
+        Ok(note)
+    }
+
+    /// The WAL file was truncated to `size` bytes (a TRUNCATE checkpoint or a
+    /// journal size limit). Cached positions in the old content are void.
+    pub fn wal_truncated(&mut self, size: u64) {
+        if size < WAL_HEADER_BYTES as u64 {
+            self.header = None;
+        }
+        self.last_commit = None;
+    }
+
+    /// The WAL write lock is being released: returns the committed
+    /// transaction, if the hold committed one.
+    pub fn end_hold(
+        &mut self,
+        disk: &dyn WalReader,
+    ) -> Result<Option<CapturedTransaction>, CaptureError> {
+        let Some(hold) = self.hold.take() else {
+            return Ok(None);
+        };
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
+        }
+        self.finish(hold, disk).map_err(|e| self.poison(e))
+    }
+
+    fn finish(
+        &mut self,
+        mut hold: Hold,
+        disk: &dyn WalReader,
+    ) -> Result<Option<CapturedTransaction>, CaptureError> {
+        if let Some(h) = hold.new_header {
+            self.header = Some(h);
+            self.last_commit = None;
+        }
+        if hold.shadow.is_empty() {
+            return Ok(None);
+        }
+        let wal = self.current_header(disk)?;
+        let fb = wal.frame_bytes();
+        let ps = wal.page_size as usize;
+        let shadow = &mut hold.shadow;
+        let n_frames = shadow.buf.len() as u64 / fb;
+
+        // Find the commit frame among frames that the hold wrote completely.
+        // Scanning headers needs no checksums: a rolled-back hold may leave a
+        // stale chain (checksums are only rewritten at commit).
+        let mut commit_idx = None;
+        for i in 0..n_frames {
+            let s = shadow.base + i * fb;
+            let fully_written = shadow
+                .covered
+                .iter()
+                .any(|&(a, b)| a <= s && s + FRAME_HEADER_BYTES as u64 <= b);
+            if !fully_written {
+                continue;
+            }
+            let at = (i * fb) as usize;
+            let h = frame_header_at(&shadow.buf, at);
+            if h.is_commit() {
+                commit_idx = Some(i);
+                break;
+            }
+        }
+        let Some(commit_idx) = commit_idx else {
+            return Ok(None); // rollback: nothing committed
+        };
+        shadow.fill_holes((commit_idx + 1) * fb, disk)?;
+
+        let base_frame = frame_at(wal.page_size, shadow.base);
+        let seed = self.chain_seed(&wal, base_frame, disk)?;
+
+        let buf = Bytes::from(std::mem::take(&mut shadow.buf));
+        let mut ck = seed;
+        let mut last_by_page: Vec<(u32, usize)> = Vec::with_capacity(commit_idx as usize + 1);
+        let mut db_size_pages = 0;
+        for i in 0..=commit_idx {
+            let frame = FrameNo::new(base_frame.get() + i as u32);
+            let at = (i * fb) as usize;
+            let h = frame_header_at(&buf, at);
+            let page_at = at + FRAME_HEADER_BYTES;
+            ck = h.validate(
+                &wal,
+                frame,
+                ck,
+                &buf[at..page_at],
+                &buf[page_at..page_at + ps],
+            )?;
+            last_by_page.push((h.page_no, page_at));
+            if i == commit_idx {
+                db_size_pages = h.commit_db_pages;
+            }
+        }
+        // Last write of each page wins; pages past the new end are gone.
+        last_by_page.reverse();
+        last_by_page.sort_by_key(|&(no, _)| no); // stable: latest first per page
+        last_by_page.dedup_by_key(|&mut (no, _)| no);
+        let pages = last_by_page
+            .into_iter()
+            .filter(|&(no, _)| no <= db_size_pages)
+            .map(|(no, at)| (PageNo::new(no), buf.slice(at..at + ps)))
+            .collect();
+        let commit_frame = FrameNo::new(base_frame.get() + commit_idx as u32);
+        self.last_commit = Some((wal.salt, commit_frame, ck));
+        Ok(Some(CapturedTransaction {
+            pages: PageSet::new(wal.page_size, db_size_pages, pages)?,
+            wal: WalPosition {
+                salt: wal.salt,
+                first_frame: base_frame,
+                commit_frame,
+            },
+        }))
+    }
+
+    fn chain_seed(
+        &self,
+        wal: &WalHeader,
+        base: FrameNo,
+        disk: &dyn WalReader,
+    ) -> Result<Checksum, CaptureError> {
+        if base.get() == 1 {
+            return Ok(wal.checksum);
+        }
+        let prev = FrameNo::new(base.get() - 1);
+        if let Some((salt, frame, ck)) = self.last_commit
+            && salt == wal.salt
+            && frame == prev
+        {
+            return Ok(ck);
+        }
+        let mut b = [0u8; FRAME_HEADER_BYTES];
+        disk.read_exact_at(&mut b, frame_offset(wal.page_size, prev))
+            .map_err(|e| CaptureError::Io(e.to_string()))?;
+        Ok(FrameHeader::decode(&b).checksum)
+    }
+}
+
+fn frame_header_at(buf: &[u8], at: usize) -> FrameHeader {
+    let mut h = [0u8; FRAME_HEADER_BYTES];
+    h.copy_from_slice(&buf[at..at + FRAME_HEADER_BYTES]);
+    FrameHeader::decode(&h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    const PS: u32 = 512;
+
+    /// A WAL file in memory that the tests write through the capture, the
+    /// way SQLite would.
+    #[derive(Default)]
+    struct FakeWal {
+        bytes: RefCell<Vec<u8>>,
+    }
+
+    impl WalReader for FakeWal {
+        fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            let b = self.bytes.borrow();
+            let s = offset as usize;
+            if s + buf.len() > b.len() {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            buf.copy_from_slice(&b[s..s + buf.len()]);
+            Ok(())
+        }
+    }
+
+    struct Writer {
+        wal: FakeWal,
+        cap: Capture,
+        header: WalHeader,
+        /// checksum after each frame, index 0 = header
+        chain: Vec<Checksum>,
+    }
+
+    impl Writer {
+        fn new(salt: [u32; 2]) -> Writer {
+            let hb = WalHeader::encode(false, PS, 0, salt);
+            let header = WalHeader::decode(&hb).expect("valid");
+            let mut w = Writer {
+                wal: FakeWal::default(),
+                cap: Capture::default(),
+                header,
+                chain: vec![header.checksum],
+            };
+            w.cap.begin_hold();
+            w.write(0, &hb);
+            w
+        }
+
+        fn write(&mut self, off: u64, data: &[u8]) {
+            {
+                let mut b = self.wal.bytes.borrow_mut();
+                let end = off as usize + data.len();
+                if b.len() < end {
+                    b.resize(end, 0);
+                }
+                b[off as usize..end].copy_from_slice(data);
+            }
+            self.cap
+                .record_write(off, data, &self.wal)
+                .expect("write accepted");
+        }
+
+        /// Writes frame `frame` as SQLite does: header, then page.
+        fn frame(&mut self, frame: u32, page_no: u32, fill: u8, commit: u32) {
+            let page = vec![fill; PS as usize];
+            let prev = self.chain[frame as usize - 1];
+            let (h, ck) =
+                FrameHeader::encode(&self.header, PageNo::new(page_no), commit, prev, &page);
+            self.chain.truncate(frame as usize);
+            self.chain.push(ck);
+            let off = frame_offset(PS, FrameNo::new(frame));
+            self.write(off, &h);
+            self.write(off + FRAME_HEADER_BYTES as u64, &page);
+        }
+
+        fn end(&mut self) -> Option<CapturedTransaction> {
+            self.cap.end_hold(&self.wal).expect("capture succeeds")
+        }
+    }
+
+    fn image(t: &CapturedTransaction) -> Vec<(u32, u8)> {
+        t.pages
+            .pages()
+            .iter()
+            .map(|(n, b)| (n.get(), b[0]))
+            .collect()
+    }
+
+    #[test]
+    fn a_commit_captures_the_last_image_of_every_page() {
+        let mut w = Writer::new([1, 2]);
+        w.frame(1, 1, 0xa, 0);
+        w.frame(2, 2, 0xb, 0);
+        w.frame(3, 1, 0xc, 3);
+        let t = w.end().expect("committed");
+        assert_eq!(t.pages.db_size_pages(), 3);
+        assert_eq!(image(&t), vec![(1, 0xc), (2, 0xb)]);
+        assert_eq!(t.wal.first_frame, FrameNo::new(1));
+        assert_eq!(t.wal.commit_frame, FrameNo::new(3));
+    }
+
+    #[test]
+    fn a_hold_without_a_commit_frame_captures_nothing() {
+        let mut w = Writer::new([1, 2]);
+        w.frame(1, 1, 1, 0);
+        w.frame(2, 2, 2, 0);
+        assert_eq!(w.end(), None);
+    }
+
+    #[test]
+    fn a_savepoint_rewind_keeps_only_frames_up_to_the_commit() {
+        let mut w = Writer::new([1, 2]);
+        for f in 1..=5 {
+            w.frame(f, f, f as u8, 0);
+        }
+        // rewind to after frame 2, then commit at frame 3
+        w.frame(3, 9, 0x99, 9);
+        let t = w.end().expect("committed");
+        assert_eq!(image(&t), vec![(1, 1), (2, 2), (9, 0x99)]);
+    }
+
+    #[test]
+    fn consecutive_holds_chain_without_reading_the_file() {
+        let mut w = Writer::new([1, 2]);
+        w.frame(1, 1, 1, 1);
+        w.end().expect("first");
+        w.cap.begin_hold();
+        w.frame(2, 2, 2, 2);
+        let t = w.end().expect("second");
+        assert_eq!(t.wal.first_frame, FrameNo::new(2));
+        assert_eq!(image(&t), vec![(2, 2)]);
+    }
+
+    #[test]
+    fn a_fresh_capture_seeds_the_chain_from_the_file() {
+        let mut w = Writer::new([1, 2]);
+        w.frame(1, 1, 1, 1);
+        w.end().expect("first");
+        // A new process: no cached header or chain.
+        w.cap = Capture::default();
+        w.cap.begin_hold();
+        w.frame(2, 2, 2, 2);
+        assert_eq!(image(&w.end().expect("second")), vec![(2, 2)]);
+    }
+
+    #[test]
+    fn a_wal_restart_starts_a_new_chain_at_frame_one() {
+        let mut w = Writer::new([1, 2]);
+        w.frame(1, 1, 1, 0);
+        w.frame(2, 2, 2, 2);
+        w.end().expect("first");
+        let hb = WalHeader::encode(false, PS, 1, [3, 4]);
+        w.header = WalHeader::decode(&hb).expect("valid");
+        w.chain = vec![w.header.checksum];
+        w.cap.begin_hold();
+        w.write(0, &hb);
+        w.frame(1, 2, 7, 2);
+        let t = w.end().expect("after restart");
+        assert_eq!(t.wal.salt, [3, 4]);
+        assert_eq!(image(&t), vec![(2, 7)]);
+    }
+
+    #[test]
+    fn pages_beyond_the_committed_size_are_dropped() {
+        let mut w = Writer::new([1, 2]);
+        w.frame(1, 5, 5, 0);
+        w.frame(2, 1, 1, 2);
+        let t = w.end().expect("committed");
+        assert_eq!(image(&t), vec![(1, 1)]);
+    }
+
+    #[test]
+    fn a_broken_checksum_poisons_the_capture() {
+        let mut w = Writer::new([1, 2]);
+        w.frame(1, 1, 1, 1);
+        let page_off = frame_offset(PS, FrameNo::new(1)) + FRAME_HEADER_BYTES as u64;
+        w.write(page_off + 10, &[0xff]);
+        assert!(matches!(
+            w.cap.end_hold(&w.wal),
+            Err(CaptureError::Format(_))
+        ));
+        assert!(w.cap.poisoned().is_some());
+        w.cap.begin_hold();
+        assert!(w.cap.check_write().is_err());
+    }
+
+    #[test]
+    fn writes_outside_a_hold_are_refused() {
+        let cap = Capture::default();
+        assert_eq!(cap.check_write(), Err(CaptureError::WriteOutsideHold));
+    }
+
+    #[test]
+    fn commit_frame_headers_are_noticed_as_they_are_written() {
+        let mut w = Writer::new([1, 2]);
+        let page = vec![0u8; PS as usize];
+        let (h, _) = FrameHeader::encode(&w.header, PageNo::new(1), 1, w.chain[0], &page);
+        let off = frame_offset(PS, FrameNo::new(1));
+        let note = w.cap.record_write(off, &h, &w.wal).expect("ok");
+        assert!(note.commit_frame_header);
+    }
+}

@@ -1,0 +1,346 @@
+//! The SQLite WAL file format: the one place walrelay reads or writes it.
+//!
+//! All multi-byte fields are big-endian. Checksum words are read in the byte
+//! order named by the magic number's low bit, which is independent of the
+//! field order.
+//!
+//! ```text
+//! WAL header (32 bytes, at offset 0)
+//!  0       4       8       12      16      20      24      28      32
+//!  +-------+-------+-------+-------+-------+-------+-------+-------+
+//!  | magic |version| page  | ckpt  | salt1 | salt2 | cksum1| cksum2|
+//!  |377f068x 3007000| size  | seqno |       |       |  over bytes 0..24
+//!  +-------+-------+-------+-------+-------+-------+-------+-------+
+//!   magic = 0x377f0682 | big_endian_checksums
+//!
+//! Frame i (1-based) at 32 + (i - 1) * (24 + page_size)
+//!  0       4       8       12      16      20      24         24+page_size
+//!  +-------+-------+-------+-------+-------+-------+--------- ... -+
+//!  | page  | db    | salt1 | salt2 | cksum1| cksum2| page image    |
+//!  | no    | size* |  (must equal header)  | cumulative            |
+//!  +-------+-------+-------+-------+-------+-------+--------- ... -+
+//!   * db size in pages after commit on a commit frame, 0 otherwise
+//! ```
+//!
+//! A frame is valid iff its salts equal the header's and its checksum equals
+//! the running checksum: seeded by the previous frame's (or the header's for
+//! frame 1), extended over frame-header bytes 0..8 and then the page.
+
+use crate::page_set::{FrameNo, PageNo};
+
+/// Size of the WAL file header.
+pub const WAL_HEADER_BYTES: usize = 32;
+/// Size of each frame header.
+pub const FRAME_HEADER_BYTES: usize = 24;
+/// WAL magic with little-endian checksum words; `| 1` means big-endian.
+pub const WAL_MAGIC: u32 = 0x377f_0682;
+/// The only WAL format version SQLite has ever written.
+pub const WAL_VERSION: u32 = 3_007_000;
+/// SQLite's page size bounds; anything else in a header is corruption.
+pub const MIN_PAGE_SIZE: u32 = 512;
+pub const MAX_PAGE_SIZE: u32 = 65_536;
+
+/// Why a WAL header or frame was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WalFormatError {
+    #[error("WAL header is {len} bytes, expected {WAL_HEADER_BYTES}")]
+    ShortHeader { len: usize },
+    #[error("WAL header has bad magic {magic:#010x}")]
+    BadMagic { magic: u32 },
+    #[error("WAL header has unsupported version {version}")]
+    BadVersion { version: u32 },
+    #[error("WAL header has invalid page size {page_size}")]
+    BadPageSize { page_size: u32 },
+    #[error("WAL header checksum mismatch")]
+    HeaderChecksum,
+    #[error("frame {frame} salts do not match the WAL header")]
+    FrameSalt { frame: FrameNo },
+    #[error("frame {frame} checksum breaks the chain")]
+    FrameChecksum { frame: FrameNo },
+    #[error("frame {frame} has page number 0")]
+    ZeroPageNo { frame: FrameNo },
+}
+
+/// A running WAL checksum (the pair SQLite stores in headers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Checksum(pub u32, pub u32);
+
+impl Checksum {
+    /// Extends the checksum over `data` (length a multiple of 8), reading words
+    /// in the order the WAL header names.
+    pub fn extend(self, big_endian: bool, data: &[u8]) -> Checksum {
+        debug_assert!(
+            data.len() % 8 == 0,
+            "WAL checksums cover whole 8-byte words"
+        );
+        let (mut s1, mut s2) = (self.0, self.1);
+        let word = |b: &[u8]| -> u32 {
+            let a = [b[0], b[1], b[2], b[3]];
+            if big_endian {
+                u32::from_be_bytes(a)
+            } else {
+                u32::from_le_bytes(a)
+            }
+        };
+        for pair in data.chunks_exact(8) {
+            s1 = s1.wrapping_add(word(&pair[..4])).wrapping_add(s2);
+            s2 = s2.wrapping_add(word(&pair[4..])).wrapping_add(s1);
+        }
+        Checksum(s1, s2)
+    }
+}
+
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn put_be32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_be_bytes());
+}
+
+/// A parsed, validated WAL header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WalHeader {
+    pub big_endian_checksums: bool,
+    pub page_size: u32,
+    pub checkpoint_seq: u32,
+    pub salt: [u32; 2],
+    pub checksum: Checksum,
+}
+
+impl WalHeader {
+    /// Parses and validates the 32-byte header.
+    pub fn decode(bytes: &[u8]) -> Result<WalHeader, WalFormatError> {
+        if bytes.len() < WAL_HEADER_BYTES {
+            return Err(WalFormatError::ShortHeader { len: bytes.len() });
+        }
+        let magic = be32(bytes, 0);
+        if magic & !1 != WAL_MAGIC {
+            return Err(WalFormatError::BadMagic { magic });
+        }
+        let version = be32(bytes, 4);
+        if version != WAL_VERSION {
+            return Err(WalFormatError::BadVersion { version });
+        }
+        let page_size = be32(bytes, 8);
+        if !(MIN_PAGE_SIZE..=MAX_PAGE_SIZE).contains(&page_size) || !page_size.is_power_of_two() {
+            return Err(WalFormatError::BadPageSize { page_size });
+        }
+        let big_endian_checksums = magic & 1 == 1;
+        let checksum = Checksum(be32(bytes, 24), be32(bytes, 28));
+        if Checksum::default().extend(big_endian_checksums, &bytes[..24]) != checksum {
+            return Err(WalFormatError::HeaderChecksum);
+        }
+        Ok(WalHeader {
+            big_endian_checksums,
+            page_size,
+            checkpoint_seq: be32(bytes, 12),
+            salt: [be32(bytes, 16), be32(bytes, 20)],
+            checksum,
+        })
+    }
+
+    /// Encodes a header with a freshly computed checksum. Writers pass
+    /// `big_endian_checksums = cfg!(target_endian = "big")` so the checksum
+    /// loop reads native words, as SQLite does.
+    pub fn encode(
+        big_endian_checksums: bool,
+        page_size: u32,
+        checkpoint_seq: u32,
+        salt: [u32; 2],
+    ) -> [u8; WAL_HEADER_BYTES] {
+        let mut b = [0u8; WAL_HEADER_BYTES];
+        put_be32(&mut b, 0, WAL_MAGIC | u32::from(big_endian_checksums));
+        put_be32(&mut b, 4, WAL_VERSION);
+        put_be32(&mut b, 8, page_size);
+        put_be32(&mut b, 12, checkpoint_seq);
+        put_be32(&mut b, 16, salt[0]);
+        put_be32(&mut b, 20, salt[1]);
+        let ck = Checksum::default().extend(big_endian_checksums, &b[..24]);
+        put_be32(&mut b, 24, ck.0);
+        put_be32(&mut b, 28, ck.1);
+        b
+    }
+
+    /// Bytes one frame occupies in the file.
+    pub fn frame_bytes(&self) -> u64 {
+        frame_bytes(self.page_size)
+    }
+}
+
+/// Bytes one frame occupies for a given page size.
+pub fn frame_bytes(page_size: u32) -> u64 {
+    FRAME_HEADER_BYTES as u64 + u64::from(page_size)
+}
+
+/// File offset of frame `frame` (1-based).
+pub fn frame_offset(page_size: u32, frame: FrameNo) -> u64 {
+    debug_assert!(frame.get() >= 1);
+    WAL_HEADER_BYTES as u64 + (u64::from(frame.get()) - 1) * frame_bytes(page_size)
+}
+
+/// The frame containing file offset `offset` (which must be past the header).
+pub fn frame_at(page_size: u32, offset: u64) -> FrameNo {
+    debug_assert!(offset >= WAL_HEADER_BYTES as u64);
+    let idx = (offset - WAL_HEADER_BYTES as u64) / frame_bytes(page_size);
+    // WAL files are bounded far below 2^32 frames by SQLite itself.
+    FrameNo::new(u32::try_from(idx + 1).unwrap_or(u32::MAX))
+}
+
+/// The fields of one frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    pub page_no: u32,
+    /// Database size in pages after commit; 0 on a non-commit frame.
+    pub commit_db_pages: u32,
+    pub salt: [u32; 2],
+    pub checksum: Checksum,
+}
+
+impl FrameHeader {
+    /// Reads the header fields without validating them.
+    pub fn decode(bytes: &[u8; FRAME_HEADER_BYTES]) -> FrameHeader {
+        FrameHeader {
+            page_no: be32(bytes, 0),
+            commit_db_pages: be32(bytes, 4),
+            salt: [be32(bytes, 8), be32(bytes, 12)],
+            checksum: Checksum(be32(bytes, 16), be32(bytes, 20)),
+        }
+    }
+
+    pub fn is_commit(&self) -> bool {
+        self.commit_db_pages != 0
+    }
+
+    /// Validates a frame (header + page) against the WAL header and the
+    /// checksum of the frame before it; returns this frame's checksum.
+    pub fn validate(
+        &self,
+        wal: &WalHeader,
+        frame: FrameNo,
+        prev: Checksum,
+        header_bytes: &[u8],
+        page: &[u8],
+    ) -> Result<Checksum, WalFormatError> {
+        if self.salt != wal.salt {
+            return Err(WalFormatError::FrameSalt { frame });
+        }
+        if self.page_no == 0 {
+            return Err(WalFormatError::ZeroPageNo { frame });
+        }
+        let be = wal.big_endian_checksums;
+        let ck = prev.extend(be, &header_bytes[..8]).extend(be, page);
+        if ck != self.checksum {
+            return Err(WalFormatError::FrameChecksum { frame });
+        }
+        Ok(ck)
+    }
+
+    /// Encodes a frame header, computing its checksum from `prev` and `page`.
+    pub fn encode(
+        wal: &WalHeader,
+        page_no: PageNo,
+        commit_db_pages: u32,
+        prev: Checksum,
+        page: &[u8],
+    ) -> ([u8; FRAME_HEADER_BYTES], Checksum) {
+        let mut b = [0u8; FRAME_HEADER_BYTES];
+        put_be32(&mut b, 0, page_no.get());
+        put_be32(&mut b, 4, commit_db_pages);
+        put_be32(&mut b, 8, wal.salt[0]);
+        put_be32(&mut b, 12, wal.salt[1]);
+        let be = wal.big_endian_checksums;
+        let ck = prev.extend(be, &b[..8]).extend(be, page);
+        put_be32(&mut b, 16, ck.0);
+        put_be32(&mut b, 20, ck.1);
+        (b, ck)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> WalHeader {
+        WalHeader::decode(&WalHeader::encode(false, 4096, 7, [0xdead_beef, 42])).expect("valid")
+    }
+
+    #[test]
+    fn header_round_trips_and_validates_its_checksum() {
+        let h = header();
+        assert_eq!(h.page_size, 4096);
+        assert_eq!(h.checkpoint_seq, 7);
+        assert_eq!(h.salt, [0xdead_beef, 42]);
+        let mut bytes = WalHeader::encode(true, 512, 0, [1, 2]);
+        assert!(
+            WalHeader::decode(&bytes)
+                .expect("valid")
+                .big_endian_checksums
+        );
+        bytes[13] ^= 1;
+        assert_eq!(
+            WalHeader::decode(&bytes),
+            Err(WalFormatError::HeaderChecksum)
+        );
+    }
+
+    #[test]
+    fn header_rejects_bad_magic_version_and_page_size() {
+        let mut b = WalHeader::encode(false, 4096, 0, [1, 2]);
+        b[0] = 0;
+        assert!(matches!(
+            WalHeader::decode(&b),
+            Err(WalFormatError::BadMagic { .. })
+        ));
+        let mut b = WalHeader::encode(false, 4096, 0, [1, 2]);
+        b[7] ^= 1;
+        assert!(matches!(
+            WalHeader::decode(&b),
+            Err(WalFormatError::BadVersion { .. })
+        ));
+        let b = WalHeader::encode(false, 3000, 0, [1, 2]);
+        assert!(matches!(
+            WalHeader::decode(&b),
+            Err(WalFormatError::BadPageSize { .. })
+        ));
+        assert!(matches!(
+            WalHeader::decode(&b[..10]),
+            Err(WalFormatError::ShortHeader { .. })
+        ));
+    }
+
+    #[test]
+    fn frames_chain_and_any_flipped_bit_breaks_the_chain() {
+        let h = header();
+        let page = vec![7u8; 4096];
+        let (b1, c1) = FrameHeader::encode(&h, PageNo::new(1), 0, h.checksum, &page);
+        let (b2, c2) = FrameHeader::encode(&h, PageNo::new(2), 2, c1, &page);
+        let f1 = FrameHeader::decode(&b1);
+        let f2 = FrameHeader::decode(&b2);
+        assert_eq!(
+            f1.validate(&h, FrameNo::new(1), h.checksum, &b1, &page),
+            Ok(c1)
+        );
+        assert_eq!(f2.validate(&h, FrameNo::new(2), c1, &b2, &page), Ok(c2));
+        assert!(f2.is_commit() && !f1.is_commit());
+        let mut bad = page.clone();
+        bad[100] ^= 0x10;
+        assert_eq!(
+            f2.validate(&h, FrameNo::new(2), c1, &b2, &bad),
+            Err(WalFormatError::FrameChecksum {
+                frame: FrameNo::new(2)
+            })
+        );
+    }
+
+    #[test]
+    fn frame_offsets_map_back_to_their_frame() {
+        for ps in [512u32, 4096, 65536] {
+            for f in 1..50u32 {
+                let off = frame_offset(ps, FrameNo::new(f));
+                assert_eq!(frame_at(ps, off), FrameNo::new(f));
+                assert_eq!(frame_at(ps, off + frame_bytes(ps) - 1), FrameNo::new(f));
+            }
+        }
+    }
+}
