@@ -1,1 +1,35 @@
+//! walrelay-engine: databases, sessions and policy; the `walrelay` binary.
+//!
+//! # Contract
+//!
+//! - [`Database::open`] opens a primary: one writer connection that
+//!   serialises writes, a pool of reader connections, all through the
+//!   capturing `walrelay` VFS. Every committed transaction gets the next
+//!   [`Bookmark`] (epoch, sequence), strictly increasing across restarts
+//!   (each open starts a new epoch), and goes to the configured
+//!   [`TransactionSink`] in commit order.
+//! - [`Database::session`] starts a D1-style session. Statements run through
+//!   `session.prepare(sql).bind(params)` with `all`, `first`, `raw`, `run`;
+//!   `session.batch` is atomic. SQLite decides read versus write
+//!   (`sqlite3_stmt_readonly`); reads run on readers, writes on the writer.
+//! - Every result carries [`Meta`], whose bookmark is at least the state
+//!   the result reflects; a session's bookmark only grows.
+//! - A bookmark beyond the latest issued is an error, never a wait.
+//! - Errors are typed; a failed statement or batch changes nothing.
+//! - The engine runs checkpoints (PASSIVE past a threshold, or on request);
+//!   SQLite's automatic checkpoints are off.
 
+mod database;
+mod error;
+mod meta;
+mod session;
+mod value;
+
+pub use database::{
+    CheckpointMode, CheckpointStats, Database, Options, Synchronous, TransactionSink,
+};
+pub use error::{CheckpointError, OpenError, QueryError, SessionError};
+pub use session::{Constraint, Meta, QueryResult, RawResult, Session, Statement};
+pub use value::{Row, Value};
+pub use walrelay_replicator::{Bookmark, BookmarkParseError, Epoch, Sequence};
+pub use walrelay_vfs::{CapturedTransaction, PageNo, PageSet};

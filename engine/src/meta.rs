@@ -65,7 +65,7 @@ pub(crate) struct MetaFile {
 /// epoch 0, since that would reuse bookmarks that replicas already hold.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum MetaError {
-    #[error("walrelay metadata file I/O failed")]
+    #[error("walrelay metadata file I/O failed: {0}")]
     Io(#[from] io::Error),
     #[error("walrelay metadata file is truncated: {len} bytes, expected {META_LEN}")]
     Truncated { len: u64 },

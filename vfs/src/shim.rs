@@ -242,6 +242,7 @@ unsafe extern "C" fn x_open(
 
 macro_rules! forward_vfs {
     ($name:ident, $method:ident, ($($arg:ident: $ty:ty),*), $ret:ty, $default:expr) => {
+        #[allow(clippy::unused_unit)] // some forwarded methods return void
         unsafe extern "C" fn $name(_vfs: *mut ffi::sqlite3_vfs, $($arg: $ty),*) -> $ret {
             let Some(real) = real_vfs() else { return $default };
             // SAFETY: `real` is the unix VFS, valid for the process; the
@@ -297,6 +298,7 @@ unsafe fn parts<'a>(f: *mut ffi::sqlite3_file) -> (&'a mut WrFile, *mut ffi::sql
 
 macro_rules! forward_file {
     ($name:ident, $method:ident, ($($arg:ident: $ty:ty),*), $ret:ty, $default:expr) => {
+        #[allow(clippy::unused_unit)] // some forwarded methods return void
         unsafe extern "C" fn $name(f: *mut ffi::sqlite3_file, $($arg: $ty),*) -> $ret {
             // SAFETY: SQLite only calls io methods on files x_open opened;
             // the real file's methods are called with its own pointer.

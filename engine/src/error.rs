@@ -1,0 +1,74 @@
+//! Typed errors, one enum per operation family.
+
+use walrelay_replicator::{Bookmark, BookmarkParseError};
+
+/// Why [`crate::Database::open`] failed. Nothing on disk was changed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("{path} is not a SQLite database")]
+    NotADatabase { path: String },
+    #[error("{path} is not writable: {reason}")]
+    ReadOnly { path: String, reason: String },
+    #[error("cannot open {path}: {reason}")]
+    CantOpen { path: String, reason: String },
+    #[error("{path} has a WAL that walrelay cannot read: {reason}")]
+    Corrupt { path: String, reason: String },
+    #[error("invalid options: {0}")]
+    Options(String),
+    #[error(transparent)]
+    Attach(#[from] walrelay_vfs::AttachError),
+    #[error("metadata file: {0}")]
+    Meta(String),
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+}
+
+/// Why a session could not be created or continued.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionError {
+    #[error("malformed bookmark: {0}")]
+    MalformedBookmark(#[from] BookmarkParseError),
+    #[error("bookmark {requested} is beyond the latest this database has issued ({latest})")]
+    FutureBookmark { requested: Bookmark, latest: Bookmark },
+}
+
+/// Why a statement or batch failed. A failed statement or batch changed
+/// nothing: its transaction was rolled back.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    #[error("SQL error: {message}")]
+    Sql { message: String, code: Option<i32> },
+    #[error("statement expects {expected} parameters, {given} given")]
+    ParameterCount { expected: usize, given: usize },
+    #[error("{0}")]
+    NotSupported(String),
+    #[error("statement {index} of the batch failed: {source}")]
+    Batch {
+        index: usize,
+        #[source]
+        source: Box<QueryError>,
+    },
+    #[error("the database stopped taking writes because capture failed: {0}")]
+    CaptureFailed(#[from] walrelay_vfs::CaptureError),
+    #[error("bookmark sequence exhausted for this epoch")]
+    SequenceExhausted,
+}
+
+impl QueryError {
+    pub(crate) fn sql(e: rusqlite::Error) -> QueryError {
+        let code = match &e {
+            rusqlite::Error::SqliteFailure(f, _) => Some(f.extended_code),
+            _ => None,
+        };
+        QueryError::Sql { message: e.to_string(), code }
+    }
+}
+
+/// Why a checkpoint failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("checkpoint failed with SQLite code {code}")]
+    Sqlite { code: i32 },
+    #[error("checkpoint could not finish: readers or a writer are busy (SQLITE_BUSY)")]
+    Busy,
+}

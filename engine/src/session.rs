@@ -1,0 +1,177 @@
+//! The sessions API, shaped like D1's: a session carries the latest
+//! bookmark it has seen, and every result says where it was served and at
+//! which bookmark.
+
+use crate::database::{Database, Output};
+use crate::error::{QueryError, SessionError};
+use crate::value::{Row, Value};
+use parking_lot::Mutex;
+use std::str::FromStr;
+use walrelay_replicator::Bookmark;
+
+/// Where a session's first query may be served (D1's `withSession`
+/// argument).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Constraint {
+    /// Any copy may serve the first query (`first-unconstrained`).
+    FirstUnconstrained,
+    /// The first query goes to the primary (`first-primary`).
+    FirstPrimary,
+    /// Continue from a bookmark: every query sees at least its state.
+    Bookmark(Bookmark),
+}
+
+impl FromStr for Constraint {
+    type Err = SessionError;
+    fn from_str(s: &str) -> Result<Constraint, SessionError> {
+        match s {
+            "first-unconstrained" => Ok(Constraint::FirstUnconstrained),
+            "first-primary" => Ok(Constraint::FirstPrimary),
+            b => Ok(Constraint::Bookmark(b.parse()?)),
+        }
+    }
+}
+
+/// What D1 reports with every result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meta {
+    pub served_by_primary: bool,
+    pub served_by_region: String,
+    /// The database position this result reflects (at least).
+    pub bookmark: Bookmark,
+    /// Rows stepped over by full scans plus rows returned: an approximation
+    /// of D1's count, which SQLite does not keep exactly.
+    pub rows_read: u64,
+    /// Rows inserted, updated or deleted (SQLite's change count).
+    pub rows_written: u64,
+    pub changes: u64,
+    pub last_row_id: i64,
+    pub duration_us: u64,
+}
+
+/// Rows as objects (D1's `all()` / `run()`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueryResult {
+    pub results: Vec<Row>,
+    pub meta: Meta,
+}
+
+/// Rows as arrays (D1's `raw()`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawResult {
+    pub columns: Vec<String>,
+    pub rows: Vec<Vec<Value>>,
+    pub meta: Meta,
+}
+
+/// A sequence of queries with sequential consistency: each sees every write
+/// the session made or observed before it.
+#[derive(Debug)]
+pub struct Session {
+    db: Database,
+    constraint: Constraint,
+    bookmark: Mutex<Option<Bookmark>>,
+}
+
+impl Session {
+    pub(crate) fn new(db: Database, constraint: Constraint, start: Option<Bookmark>) -> Session {
+        Session { db, constraint, bookmark: Mutex::new(start) }
+    }
+
+    /// The latest bookmark this session has seen: the maximum of where it
+    /// started and every response. `None` before the first query of an
+    /// unconstrained session.
+    pub fn bookmark(&self) -> Option<Bookmark> {
+        *self.bookmark.lock()
+    }
+
+    pub fn constraint(&self) -> Constraint {
+        self.constraint
+    }
+
+    /// A statement to run in this session. Nothing touches the database
+    /// until it runs.
+    pub fn prepare(&self, sql: impl Into<String>) -> Statement<'_> {
+        Statement { session: self, sql: sql.into(), params: Vec::new() }
+    }
+
+    /// Runs statements as one atomic transaction: every statement's effect
+    /// or none. Statements from any session may be passed; this session's
+    /// bookmark advances.
+    pub fn batch<'a>(
+        &self,
+        statements: impl IntoIterator<Item = Statement<'a>>,
+    ) -> Result<Vec<QueryResult>, QueryError> {
+        let stmts: Vec<(String, Vec<Value>)> =
+            statements.into_iter().map(|s| (s.sql, s.params)).collect();
+        let outs = self.db.execute_batch(&stmts)?;
+        if let Some(o) = outs.last() {
+            self.observe(o.meta.bookmark);
+        }
+        Ok(outs.into_iter().map(|o| QueryResult { results: o.rows, meta: o.meta }).collect())
+    }
+
+    fn observe(&self, b: Bookmark) {
+        let mut cur = self.bookmark.lock();
+        if cur.is_none_or(|c| b > c) {
+            *cur = Some(b);
+        }
+    }
+
+    fn execute(&self, sql: &str, params: &[Value]) -> Result<Output, QueryError> {
+        let out = self.db.execute(sql, params)?;
+        self.observe(out.meta.bookmark);
+        Ok(out)
+    }
+}
+
+/// A statement with its bound parameters (D1's prepared statement).
+#[derive(Debug, Clone)]
+pub struct Statement<'s> {
+    session: &'s Session,
+    sql: String,
+    params: Vec<Value>,
+}
+
+impl<'s> Statement<'s> {
+    /// Binds positional parameters (`?`, `?NNN`, `:name` by position),
+    /// replacing any bound before.
+    pub fn bind<I, V>(mut self, params: I) -> Statement<'s>
+    where
+        I: IntoIterator<Item = V>,
+        V: Into<Value>,
+    {
+        self.params = params.into_iter().map(Into::into).collect();
+        self
+    }
+
+    pub fn sql(&self) -> &str {
+        &self.sql
+    }
+
+    /// Runs the statement; rows as objects.
+    pub fn all(&self) -> Result<QueryResult, QueryError> {
+        let o = self.session.execute(&self.sql, &self.params)?;
+        Ok(QueryResult { results: o.rows, meta: o.meta })
+    }
+
+    /// Runs the statement; as `all()` (D1 returns the same shape).
+    pub fn run(&self) -> Result<QueryResult, QueryError> {
+        self.all()
+    }
+
+    /// Runs the statement and returns its first row, if any.
+    pub fn first(&self) -> Result<Option<Row>, QueryError> {
+        Ok(self.all()?.results.into_iter().next())
+    }
+
+    /// Runs the statement; rows as arrays, with the column names.
+    pub fn raw(&self) -> Result<RawResult, QueryError> {
+        let o = self.session.execute(&self.sql, &self.params)?;
+        Ok(RawResult {
+            columns: o.columns.to_vec(),
+            rows: o.rows.into_iter().map(Row::into_values).collect(),
+            meta: o.meta,
+        })
+    }
+}
