@@ -306,9 +306,17 @@ fn configure(conn: Connection, opts: &Options, writer: bool) -> Result<Conn, rus
     conn.authorizer(Some(move |ctx: AuthContext<'_>| {
         let f = flags.load(Ordering::SeqCst);
         match ctx.action {
-            AuthAction::Attach { .. } | AuthAction::Detach { .. } => Authorization::Deny,
-            AuthAction::Transaction { .. } if f & ALLOW_TX == 0 => Authorization::Deny,
-            AuthAction::Savepoint { .. } if f & (ALLOW_TX | IN_BATCH) == 0 => Authorization::Deny,
+            // VACUUM attaches a nameless temporary database; any other
+            // ATTACH (including VACUUM INTO a file) would reach files
+            // outside walrelay's control.
+            AuthAction::Attach { filename } if !filename.is_empty() => Authorization::Deny,
+            // Inside a batch, BEGIN/COMMIT/ROLLBACK would end the batch's
+            // transaction early. Outside one they are allowed at prepare
+            // time (VACUUM begins a transaction internally) and a statement
+            // that leaves a transaction open is rolled back and refused.
+            AuthAction::Transaction { .. } if f & IN_BATCH != 0 && f & ALLOW_TX == 0 => {
+                Authorization::Deny
+            }
             _ => Authorization::Allow,
         }
     }))?;
@@ -474,7 +482,7 @@ impl Database {
             }
         };
         if readonly {
-            let r = run_statement(&reader.conn, sql, params);
+            let r = run_statement(&reader.conn, sql, params, Prepare::Cached);
             // A statement that opened a transaction must not leave the
             // pooled connection inside it.
             let left_open = !reader.conn.is_autocommit();
@@ -496,7 +504,7 @@ impl Database {
         self.inner.readers.give(reader);
         self.check_capture()?;
         let w = self.inner.writer.lock();
-        let r = run_statement(&w.conn, sql, params);
+        let r = run_statement(&w.conn, sql, params, Prepare::Cached);
         if !w.conn.is_autocommit() {
             let _ = w.engine_exec("ROLLBACK");
             r?;
@@ -528,7 +536,7 @@ impl Database {
         let mut outs = Vec::with_capacity(stmts.len());
         let mut failure = None;
         for (index, (sql, params)) in stmts.iter().enumerate() {
-            match run_statement(&w.conn, sql, params) {
+            match run_statement(&w.conn, sql, params, Prepare::Fresh) {
                 Ok(o) if !w.conn.is_autocommit() => outs.push(o),
                 Ok(_) => {
                     failure = Some(QueryError::Batch { index, source: Box::new(tx_control_refused()) });
@@ -602,13 +610,34 @@ struct Counts {
 
 type StatementOutput = (Arc<[String]>, Vec<Row>, Counts);
 
-/// Prepares (cached), binds and runs one statement to completion.
+/// How a statement is prepared. Batch statements are prepared fresh so the
+/// authorizer judges each one inside the batch: a cached statement is not
+/// authorized again.
+#[derive(Clone, Copy)]
+enum Prepare {
+    Cached,
+    Fresh,
+}
+
+/// Prepares, binds and runs one statement to completion.
 fn run_statement(
     conn: &Connection,
     sql: &str,
     params: &[Value],
+    how: Prepare,
 ) -> Result<StatementOutput, QueryError> {
-    let mut stmt = conn.prepare_cached(sql).map_err(prepare_error)?;
+    let mut fresh;
+    let mut cached;
+    let stmt: &mut rusqlite::Statement<'_> = match how {
+        Prepare::Cached => {
+            cached = conn.prepare_cached(sql).map_err(prepare_error)?;
+            &mut cached
+        }
+        Prepare::Fresh => {
+            fresh = conn.prepare(sql).map_err(prepare_error)?;
+            &mut fresh
+        }
+    };
     let expected = stmt.parameter_count();
     if expected != params.len() {
         return Err(QueryError::ParameterCount { expected, given: params.len() });
