@@ -9,8 +9,8 @@ use parking_lot::{Condvar, Mutex};
 use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
 use rusqlite::{Connection, OpenFlags, StatementStatus, config::DbConfig, ffi};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use walrelay_replicator::{Bookmark, Epoch, Sequence};
 use walrelay_vfs::{Attachment, CaptureSink, CapturedTransaction, SinkError};
@@ -97,7 +97,10 @@ impl std::fmt::Debug for Options {
         f.debug_struct("Options")
             .field("readers", &self.readers)
             .field("synchronous", &self.synchronous)
-            .field("checkpoint_threshold_frames", &self.checkpoint_threshold_frames)
+            .field(
+                "checkpoint_threshold_frames",
+                &self.checkpoint_threshold_frames,
+            )
             .field("writer_cache_size_pages", &self.writer_cache_size_pages)
             .field("busy_timeout_ms", &self.busy_timeout_ms)
             .field("region", &self.region)
@@ -118,12 +121,15 @@ struct Issuer {
 impl CaptureSink for Issuer {
     fn committed(&self, txn: CapturedTransaction) -> Result<(), SinkError> {
         let prev = self.latest.load(Ordering::Acquire);
-        let seq = Sequence(prev).next().ok_or_else(|| SinkError("sequence exhausted".into()))?;
+        let seq = Sequence(prev)
+            .next()
+            .ok_or_else(|| SinkError("sequence exhausted".into()))?;
         let bookmark = Bookmark::new(self.epoch, seq);
         if let Some(d) = &self.downstream {
             d.committed(bookmark, &txn).map_err(SinkError)?;
         }
-        self.last_commit_frame.store(txn.wal.commit_frame.get(), Ordering::Relaxed);
+        self.last_commit_frame
+            .store(txn.wal.commit_frame.get(), Ordering::Relaxed);
         self.latest.store(seq.0, Ordering::Release);
         Ok(())
     }
@@ -216,7 +222,10 @@ fn inspect(path: &Path) -> Result<bool, OpenError> {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => {
-            return Err(OpenError::CantOpen { path: path_string(path), reason: e.to_string() });
+            return Err(OpenError::CantOpen {
+                path: path_string(path),
+                reason: e.to_string(),
+            });
         }
     };
     let mut head = [0u8; 100];
@@ -226,7 +235,10 @@ fn inspect(path: &Path) -> Result<bool, OpenError> {
             Ok(0) => break,
             Ok(k) => n += k,
             Err(e) => {
-                return Err(OpenError::CantOpen { path: path_string(path), reason: e.to_string() });
+                return Err(OpenError::CantOpen {
+                    path: path_string(path),
+                    reason: e.to_string(),
+                });
             }
         }
     }
@@ -234,7 +246,9 @@ fn inspect(path: &Path) -> Result<bool, OpenError> {
         return Ok(false); // empty file: SQLite treats it as a new database
     }
     if n < head.len() || &head[..16] != SQLITE_MAGIC {
-        return Err(OpenError::NotADatabase { path: path_string(path) });
+        return Err(OpenError::NotADatabase {
+            path: path_string(path),
+        });
     }
     // Bytes 18 and 19 are the read and write format versions: 2 means WAL.
     Ok(head[18] == 2 && head[19] == 2)
@@ -244,17 +258,27 @@ fn map_open_error(path: &Path, e: rusqlite::Error) -> OpenError {
     let p = path_string(path);
     match e.sqlite_error_code() {
         Some(rusqlite::ErrorCode::NotADatabase) => OpenError::NotADatabase { path: p },
-        Some(rusqlite::ErrorCode::ReadOnly) => OpenError::ReadOnly { path: p, reason: e.to_string() },
+        Some(rusqlite::ErrorCode::ReadOnly) => OpenError::ReadOnly {
+            path: p,
+            reason: e.to_string(),
+        },
         Some(rusqlite::ErrorCode::CannotOpen) => {
             if dir_is_read_only(path) {
-                OpenError::ReadOnly { path: p, reason: e.to_string() }
+                OpenError::ReadOnly {
+                    path: p,
+                    reason: e.to_string(),
+                }
             } else {
-                OpenError::CantOpen { path: p, reason: e.to_string() }
+                OpenError::CantOpen {
+                    path: p,
+                    reason: e.to_string(),
+                }
             }
         }
-        Some(rusqlite::ErrorCode::DatabaseCorrupt) => {
-            OpenError::Corrupt { path: p, reason: e.to_string() }
-        }
+        Some(rusqlite::ErrorCode::DatabaseCorrupt) => OpenError::Corrupt {
+            path: p,
+            reason: e.to_string(),
+        },
         _ => OpenError::Sqlite(e),
     }
 }
@@ -262,7 +286,10 @@ fn map_open_error(path: &Path, e: rusqlite::Error) -> OpenError {
 /// Whether the directory holding `path` refuses new files: probed by
 /// creating one, since permission bits lie to root.
 fn dir_is_read_only(path: &Path) -> bool {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let probe = dir.join(format!(".walrelay-probe-{}", std::process::id()));
     match std::fs::File::create(&probe) {
         Ok(_) => {
@@ -282,9 +309,10 @@ fn is_read_only_error(e: &std::io::Error) -> bool {
 
 fn meta_error(path: &Path, e: meta::MetaError) -> OpenError {
     match e {
-        meta::MetaError::Io(io) if is_read_only_error(&io) => {
-            OpenError::ReadOnly { path: path_string(path), reason: io.to_string() }
-        }
+        meta::MetaError::Io(io) if is_read_only_error(&io) => OpenError::ReadOnly {
+            path: path_string(path),
+            reason: io.to_string(),
+        },
         other => OpenError::Meta(other.to_string()),
     }
 }
@@ -294,7 +322,10 @@ fn configure(conn: Connection, opts: &Options, writer: bool) -> Result<Conn, rus
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
     conn.execute_batch("PRAGMA wal_autocheckpoint=0;")?;
     if writer {
-        conn.execute_batch(&format!("PRAGMA synchronous={};", opts.synchronous.pragma()))?;
+        conn.execute_batch(&format!(
+            "PRAGMA synchronous={};",
+            opts.synchronous.pragma()
+        ))?;
         if let Some(pages) = opts.writer_cache_size_pages {
             conn.execute_batch(&format!("PRAGMA cache_size={pages};"))?;
         }
@@ -382,12 +413,16 @@ impl Database {
         let mut readers = Vec::with_capacity(options.readers);
         for _ in 0..options.readers {
             let ro = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-            readers.push(configure(open(ro)?, &options, false).map_err(|e| map_open_error(path, e))?);
+            readers
+                .push(configure(open(ro)?, &options, false).map_err(|e| map_open_error(path, e))?);
         }
         Ok(Database {
             inner: Arc::new(Inner {
                 writer: Mutex::new(writer),
-                readers: ReaderPool { idle: Mutex::new(readers), available: Condvar::new() },
+                readers: ReaderPool {
+                    idle: Mutex::new(readers),
+                    available: Condvar::new(),
+                },
                 issuer,
                 attachment,
                 path: path.to_path_buf(),
@@ -428,7 +463,10 @@ impl Database {
     pub fn check_bookmark(&self, b: Bookmark) -> Result<(), SessionError> {
         let latest = self.latest_bookmark();
         if b > latest {
-            return Err(SessionError::FutureBookmark { requested: b, latest });
+            return Err(SessionError::FutureBookmark {
+                requested: b,
+                latest,
+            });
         }
         Ok(())
     }
@@ -472,13 +510,16 @@ impl Database {
     /// otherwise on the writer.
     pub(crate) fn execute(&self, sql: &str, params: &[Value]) -> Result<Output, QueryError> {
         let started = Instant::now();
+        // A refused capture left a transaction in the local WAL that has no
+        // bookmark and never will: serve nothing that could show it.
+        self.check_capture()?;
         let reader = self.inner.readers.take();
         let readonly = reader.conn.prepare_cached(sql).map(|s| s.readonly());
         let readonly = match readonly {
             Ok(r) => r,
             Err(e) => {
                 self.inner.readers.give(reader);
-                return Err(prepare_error(e));
+                return Err(QueryError::sql(e));
             }
         };
         if readonly {
@@ -497,12 +538,16 @@ impl Database {
             // Any transaction this read could have seen has its bookmark once
             // in-flight commits settle.
             self.inner.attachment.wait_commit_settled();
+            self.check_capture()?;
             let mut meta = self.meta(started, self.latest_bookmark());
             meta.rows_read = counts.rows_read;
-            return Ok(Output { columns, rows, meta });
+            return Ok(Output {
+                columns,
+                rows,
+                meta,
+            });
         }
         self.inner.readers.give(reader);
-        self.check_capture()?;
         let w = self.inner.writer.lock();
         let r = run_statement(&w.conn, sql, params, Prepare::Cached);
         if !w.conn.is_autocommit() {
@@ -520,7 +565,11 @@ impl Database {
         self.maybe_checkpoint(&w.conn);
         drop(w);
         meta.duration_us = started.elapsed().as_micros() as u64;
-        Ok(Output { columns, rows, meta })
+        Ok(Output {
+            columns,
+            rows,
+            meta,
+        })
     }
 
     /// Runs statements atomically in one write transaction: all or nothing.
@@ -531,7 +580,8 @@ impl Database {
         let started = Instant::now();
         self.check_capture()?;
         let w = self.inner.writer.lock();
-        w.engine_exec("BEGIN IMMEDIATE").map_err(|e| self.explain(QueryError::sql(e)))?;
+        w.engine_exec("BEGIN IMMEDIATE")
+            .map_err(|e| self.explain(QueryError::sql(e)))?;
         w.auth.fetch_or(IN_BATCH, Ordering::SeqCst);
         let mut outs = Vec::with_capacity(stmts.len());
         let mut failure = None;
@@ -539,11 +589,17 @@ impl Database {
             match run_statement(&w.conn, sql, params, Prepare::Fresh) {
                 Ok(o) if !w.conn.is_autocommit() => outs.push(o),
                 Ok(_) => {
-                    failure = Some(QueryError::Batch { index, source: Box::new(tx_control_refused()) });
+                    failure = Some(QueryError::Batch {
+                        index,
+                        source: Box::new(tx_control_refused()),
+                    });
                     break;
                 }
                 Err(e) => {
-                    failure = Some(QueryError::Batch { index, source: Box::new(e) });
+                    failure = Some(QueryError::Batch {
+                        index,
+                        source: Box::new(e),
+                    });
                     break;
                 }
             }
@@ -574,7 +630,11 @@ impl Database {
                 meta.rows_written = counts.changes;
                 meta.changes = counts.changes;
                 meta.last_row_id = last_row_id;
-                Output { columns, rows, meta }
+                Output {
+                    columns,
+                    rows,
+                    meta,
+                }
             })
             .collect())
     }
@@ -589,18 +649,7 @@ impl Database {
 }
 
 fn tx_control_refused() -> QueryError {
-    QueryError::NotSupported(
-        "transaction control (BEGIN, COMMIT, ROLLBACK, SAVEPOINT outside a batch) and \
-         ATTACH/DETACH are not supported; use batch() for atomic multi-statement work"
-            .into(),
-    )
-}
-
-fn prepare_error(e: rusqlite::Error) -> QueryError {
-    if e.sqlite_error_code() == Some(rusqlite::ErrorCode::AuthorizationForStatementDenied) {
-        return tx_control_refused();
-    }
-    QueryError::sql(e)
+    QueryError::NotSupported(crate::error::REFUSED_STATEMENT.into())
 }
 
 struct Counts {
@@ -630,17 +679,20 @@ fn run_statement(
     let mut cached;
     let stmt: &mut rusqlite::Statement<'_> = match how {
         Prepare::Cached => {
-            cached = conn.prepare_cached(sql).map_err(prepare_error)?;
+            cached = conn.prepare_cached(sql).map_err(QueryError::sql)?;
             &mut cached
         }
         Prepare::Fresh => {
-            fresh = conn.prepare(sql).map_err(prepare_error)?;
+            fresh = conn.prepare(sql).map_err(QueryError::sql)?;
             &mut fresh
         }
     };
     let expected = stmt.parameter_count();
     if expected != params.len() {
-        return Err(QueryError::ParameterCount { expected, given: params.len() });
+        return Err(QueryError::ParameterCount {
+            expected,
+            given: params.len(),
+        });
     }
     for (i, p) in params.iter().enumerate() {
         stmt.raw_bind_parameter(i + 1, p).map_err(QueryError::sql)?;
@@ -653,18 +705,28 @@ fn run_statement(
     {
         let mut rs = stmt.raw_query();
         while let Some(row) = rs.next().map_err(QueryError::sql)? {
-            let values = (0..columns.len()).map(|i| Value::from(row.get_ref_unwrap(i))).collect();
+            let values = (0..columns.len())
+                .map(|i| Value::from(row.get_ref_unwrap(i)))
+                .collect();
             rows.push(Row::new(Arc::clone(&columns), values));
         }
     }
     // rows_read approximates D1's count: rows stepped over by full scans
     // plus rows returned (SQLite keeps no per-row read counter).
-    let rows_read = stmt.get_status(StatementStatus::FullscanStep).max(0) as u64 + rows.len() as u64;
-    let changes = if readonly { 0 } else { conn.total_changes().saturating_sub(before) };
+    let rows_read =
+        stmt.get_status(StatementStatus::FullscanStep).max(0) as u64 + rows.len() as u64;
+    let changes = if readonly {
+        0
+    } else {
+        conn.total_changes().saturating_sub(before)
+    };
     Ok((columns, rows, Counts { rows_read, changes }))
 }
 
-fn checkpoint_on(conn: &Connection, mode: CheckpointMode) -> Result<CheckpointStats, CheckpointError> {
+fn checkpoint_on(
+    conn: &Connection,
+    mode: CheckpointMode,
+) -> Result<CheckpointStats, CheckpointError> {
     let m = match mode {
         CheckpointMode::Passive => ffi::SQLITE_CHECKPOINT_PASSIVE,
         CheckpointMode::Full => ffi::SQLITE_CHECKPOINT_FULL,

@@ -29,7 +29,10 @@ pub enum SessionError {
     #[error("malformed bookmark: {0}")]
     MalformedBookmark(#[from] BookmarkParseError),
     #[error("bookmark {requested} is beyond the latest this database has issued ({latest})")]
-    FutureBookmark { requested: Bookmark, latest: Bookmark },
+    FutureBookmark {
+        requested: Bookmark,
+        latest: Bookmark,
+    },
 }
 
 /// Why a statement or batch failed. A failed statement or batch changed
@@ -54,13 +57,25 @@ pub enum QueryError {
     SequenceExhausted,
 }
 
+pub(crate) const REFUSED_STATEMENT: &str = "transaction control (BEGIN, COMMIT, ROLLBACK, \
+    SAVEPOINT outside a batch) and ATTACH are not supported; use batch() for atomic \
+    multi-statement work";
+
 impl QueryError {
+    /// Classifies a SQLite error; the authorizer's refusals (at prepare or,
+    /// for ATTACH, at run time) become `NotSupported`.
     pub(crate) fn sql(e: rusqlite::Error) -> QueryError {
+        if e.sqlite_error_code() == Some(rusqlite::ErrorCode::AuthorizationForStatementDenied) {
+            return QueryError::NotSupported(REFUSED_STATEMENT.into());
+        }
         let code = match &e {
             rusqlite::Error::SqliteFailure(f, _) => Some(f.extended_code),
             _ => None,
         };
-        QueryError::Sql { message: e.to_string(), code }
+        QueryError::Sql {
+            message: e.to_string(),
+            code,
+        }
     }
 }
 

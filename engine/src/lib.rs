@@ -16,6 +16,10 @@
 //!   the result reflects; a session's bookmark only grows.
 //! - A bookmark beyond the latest issued is an error, never a wait.
 //! - Errors are typed; a failed statement or batch changes nothing.
+//! - If the sink refuses a transaction, the database stops serving reads
+//!   and writes (`QueryError::CaptureFailed`): its local WAL now holds a
+//!   transaction with no bookmark, which must never be observed. Reopening
+//!   it is the recovery (a later issue rolls it back to the log).
 //! - The engine runs checkpoints (PASSIVE past a threshold, or on request);
 //!   SQLite's automatic checkpoints are off.
 

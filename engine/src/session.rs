@@ -75,7 +75,11 @@ pub struct Session {
 
 impl Session {
     pub(crate) fn new(db: Database, constraint: Constraint, start: Option<Bookmark>) -> Session {
-        Session { db, constraint, bookmark: Mutex::new(start) }
+        Session {
+            db,
+            constraint,
+            bookmark: Mutex::new(start),
+        }
     }
 
     /// The latest bookmark this session has seen: the maximum of where it
@@ -92,7 +96,11 @@ impl Session {
     /// A statement to run in this session. Nothing touches the database
     /// until it runs.
     pub fn prepare(&self, sql: impl Into<String>) -> Statement<'_> {
-        Statement { session: self, sql: sql.into(), params: Vec::new() }
+        Statement {
+            session: self,
+            sql: sql.into(),
+            params: Vec::new(),
+        }
     }
 
     /// Runs statements as one atomic transaction: every statement's effect
@@ -108,7 +116,13 @@ impl Session {
         if let Some(o) = outs.last() {
             self.observe(o.meta.bookmark);
         }
-        Ok(outs.into_iter().map(|o| QueryResult { results: o.rows, meta: o.meta }).collect())
+        Ok(outs
+            .into_iter()
+            .map(|o| QueryResult {
+                results: o.rows,
+                meta: o.meta,
+            })
+            .collect())
     }
 
     fn observe(&self, b: Bookmark) {
@@ -152,7 +166,10 @@ impl<'s> Statement<'s> {
     /// Runs the statement; rows as objects.
     pub fn all(&self) -> Result<QueryResult, QueryError> {
         let o = self.session.execute(&self.sql, &self.params)?;
-        Ok(QueryResult { results: o.rows, meta: o.meta })
+        Ok(QueryResult {
+            results: o.rows,
+            meta: o.meta,
+        })
     }
 
     /// Runs the statement; as `all()` (D1 returns the same shape).

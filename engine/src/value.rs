@@ -114,7 +114,10 @@ impl Row {
     }
     /// The value of the first column named `name`, as D1's row objects do.
     pub fn get(&self, name: &str) -> Option<&Value> {
-        self.columns.iter().position(|c| c == name).map(|i| &self.values[i])
+        self.columns
+            .iter()
+            .position(|c| c == name)
+            .map(|i| &self.values[i])
     }
     pub fn columns(&self) -> &[String] {
         &self.columns

@@ -51,10 +51,16 @@ fn run_seed(seed: u64, steps: usize) -> Coverage {
         let new = rec.since(before);
         if failed_as_expected {
             cov.failed_batches += 1;
-            assert!(new.is_empty(), "{context}: a rolled-back batch was captured");
+            assert!(
+                new.is_empty(),
+                "{context}: a rolled-back batch was captured"
+            );
         }
         if matches!(op, Op::Checkpoint(_)) {
-            assert!(new.is_empty(), "{context}: a checkpoint was captured as a transaction");
+            assert!(
+                new.is_empty(),
+                "{context}: a checkpoint was captured as a transaction"
+            );
         }
         for (b, txn) in &new {
             last_seq += 1;
@@ -63,11 +69,19 @@ fn run_seed(seed: u64, steps: usize) -> Coverage {
                 salt = Some(txn.wal.salt);
                 cov.wal_generations += 1;
             }
-            assert_eq!(b.sequence, Sequence(last_seq), "{context}: bookmarks are dense and ordered");
+            assert_eq!(
+                b.sequence,
+                Sequence(last_seq),
+                "{context}: bookmarks are dense and ordered"
+            );
             apply(&copy, &txn.pages);
         }
         if !new.is_empty() {
-            assert_eq!(s.bookmark(), Some(db.latest_bookmark()), "{context}: session saw its write");
+            assert_eq!(
+                s.bookmark(),
+                Some(db.latest_bookmark()),
+                "{context}: session saw its write"
+            );
         }
         assert_same_pages(&copy, &s, &context);
     }
@@ -83,7 +97,10 @@ fn replaying_captured_page_sets_reproduces_the_primary_after_every_transaction()
         eprintln!("capture_exact seed={seed} steps={steps} (replay: WALRELAY_SEED={seed})");
         let cov = run_seed(seed, steps);
         eprintln!("  covered {cov:?}");
-        assert!(cov.transactions > steps / 2, "the workload commits most steps");
+        assert!(
+            cov.transactions > steps / 2,
+            "the workload commits most steps"
+        );
     }
 }
 
@@ -92,7 +109,10 @@ fn fixed_seed_replay_of_the_capture_workload() {
     let mut restarts = 0;
     for seed in [1u64, 42, 0xdead_beef] {
         let cov = run_seed(seed, 120);
-        assert!(cov.failed_batches > 0, "seed {seed} exercises rolled-back batches");
+        assert!(
+            cov.failed_batches > 0,
+            "seed {seed} exercises rolled-back batches"
+        );
         restarts += cov.wal_generations - 1;
     }
     assert!(restarts > 0, "the fixed seeds exercise WAL restarts");

@@ -6,7 +6,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use walrelay_engine::{
     Bookmark, CapturedTransaction, CheckpointMode, Database, PageSet, QueryError, Session,
     TransactionSink, Value,
@@ -20,7 +20,10 @@ pub struct Recorder {
 
 impl TransactionSink for Recorder {
     fn committed(&self, bookmark: Bookmark, txn: &CapturedTransaction) -> Result<(), String> {
-        self.txns.lock().expect("recorder lock").push((bookmark, txn.clone()));
+        self.txns
+            .lock()
+            .expect("recorder lock")
+            .push((bookmark, txn.clone()));
         Ok(())
     }
 }
@@ -38,27 +41,41 @@ impl Recorder {
 /// might hand walrelay.
 pub fn create_db(path: &Path, page_size: u32) {
     let c = rusqlite::Connection::open(path).expect("create");
-    c.execute_batch(&format!("PRAGMA page_size={page_size}; PRAGMA journal_mode=WAL;"))
-        .expect("wal");
+    c.execute_batch(&format!(
+        "PRAGMA page_size={page_size}; PRAGMA journal_mode=WAL;"
+    ))
+    .expect("wal");
 }
 
 /// Applies a page set to a database file copy.
 pub fn apply(file: &Path, ps: &PageSet) {
-    let f = std::fs::OpenOptions::new().write(true).open(file).expect("open copy");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(file)
+        .expect("open copy");
     for (no, image) in ps.pages() {
-        f.write_all_at(image, no.file_offset(ps.page_size())).expect("write page");
+        f.write_all_at(image, no.file_offset(ps.page_size()))
+            .expect("write page");
     }
-    f.set_len(u64::from(ps.db_size_pages()) * u64::from(ps.page_size())).expect("truncate copy");
+    f.set_len(u64::from(ps.db_size_pages()) * u64::from(ps.page_size()))
+        .expect("truncate copy");
 }
 
 /// The primary's pages as SQLite itself sees them in a new read transaction.
 pub fn logical_pages(s: &Session) -> Vec<Vec<u8>> {
-    let r = s.prepare("SELECT pgno, data FROM sqlite_dbpage ORDER BY pgno").raw().expect("dbpage");
+    let r = s
+        .prepare("SELECT pgno, data FROM sqlite_dbpage ORDER BY pgno")
+        .raw()
+        .expect("dbpage");
     r.rows
         .into_iter()
         .enumerate()
         .map(|(i, row)| {
-            assert_eq!(row[0], Value::Integer(i as i64 + 1), "dbpage rows are dense");
+            assert_eq!(
+                row[0],
+                Value::Integer(i as i64 + 1),
+                "dbpage rows are dense"
+            );
             match &row[1] {
                 Value::Blob(b) => b.clone(),
                 other => panic!("page data is {other:?}"),
@@ -72,7 +89,11 @@ pub fn assert_same_pages(copy: &Path, s: &Session, context: &str) -> usize {
     let want = logical_pages(s);
     let got = std::fs::read(copy).expect("read copy");
     let ps = want.first().map_or(0, Vec::len);
-    assert_eq!(got.len(), want.len() * ps, "{context}: database size differs");
+    assert_eq!(
+        got.len(),
+        want.len() * ps,
+        "{context}: database size differs"
+    );
     for (i, page) in want.iter().enumerate() {
         if got[i * ps..(i + 1) * ps] != page[..] {
             panic!("{context}: page {} differs", i + 1);
@@ -97,23 +118,52 @@ pub fn seeds(default_count: usize, soak_count: usize) -> Vec<u64> {
     let base = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    (0..n as u64).map(|i| base.wrapping_add(i.wrapping_mul(0x9e37_79b9_7f4a_7c15))).collect()
+    (0..n as u64)
+        .map(|i| base.wrapping_add(i.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+        .collect()
 }
 
 /// One step of the randomized workload.
 #[derive(Debug, Clone)]
 pub enum Op {
-    Insert { table: usize, sizes: Vec<usize> },
-    InsertBatch { table: usize, sizes: Vec<usize> },
-    Update { table: usize, every: i64, size: usize },
-    Delete { table: usize, modulo: i64, rem: i64 },
+    Insert {
+        table: usize,
+        sizes: Vec<usize>,
+    },
+    InsertBatch {
+        table: usize,
+        sizes: Vec<usize>,
+    },
+    Update {
+        table: usize,
+        every: i64,
+        size: usize,
+    },
+    Delete {
+        table: usize,
+        modulo: i64,
+        rem: i64,
+    },
     CreateTable,
-    DropTable { table: usize },
-    CreateIndex { table: usize },
-    AddColumn { table: usize },
+    DropTable {
+        table: usize,
+    },
+    CreateIndex {
+        table: usize,
+    },
+    AddColumn {
+        table: usize,
+    },
     Vacuum,
-    SavepointRollback { table: usize, kept: Vec<usize>, undone: Vec<usize> },
-    FailingBatch { table: usize, sizes: Vec<usize> },
+    SavepointRollback {
+        table: usize,
+        kept: Vec<usize>,
+        undone: Vec<usize>,
+    },
+    FailingBatch {
+        table: usize,
+        sizes: Vec<usize>,
+    },
     Checkpoint(CheckpointMode),
 }
 
@@ -132,12 +182,21 @@ struct TableState {
 
 impl Workload {
     pub fn new(seed: u64, page_size: usize) -> Workload {
-        Workload { rng: SmallRng::seed_from_u64(seed), page_size, tables: Vec::new() }
+        Workload {
+            rng: SmallRng::seed_from_u64(seed),
+            page_size,
+            tables: Vec::new(),
+        }
     }
 
     fn live_table(&mut self) -> Option<usize> {
-        let live: Vec<usize> =
-            self.tables.iter().enumerate().filter(|(_, t)| t.is_some()).map(|(i, _)| i).collect();
+        let live: Vec<usize> = self
+            .tables
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.is_some())
+            .map(|(i, _)| i)
+            .collect();
         if live.is_empty() {
             None
         } else {
@@ -151,19 +210,37 @@ impl Workload {
             .map(|_| match self.rng.random_range(0..10) {
                 0..=5 => self.rng.random_range(0..200),
                 6..=8 => self.rng.random_range(200..self.page_size * 2),
-                _ => self.rng.random_range(self.page_size * 2..self.page_size * 6),
+                _ => self
+                    .rng
+                    .random_range(self.page_size * 2..self.page_size * 6),
             })
             .collect()
     }
 
     pub fn next_op(&mut self) -> Op {
-        let Some(t) = self.live_table() else { return Op::CreateTable };
+        let Some(t) = self.live_table() else {
+            return Op::CreateTable;
+        };
         let n = self.rng.random_range(1..12);
         match self.rng.random_range(0..100) {
-            0..=24 => Op::Insert { table: t, sizes: self.sizes(n) },
-            25..=39 => Op::InsertBatch { table: t, sizes: self.sizes(n * 4) },
-            40..=49 => Op::Update { table: t, every: self.rng.random_range(2..6), size: self.sizes(1)[0] },
-            50..=57 => Op::Delete { table: t, modulo: self.rng.random_range(2..5), rem: self.rng.random_range(0..2) },
+            0..=24 => Op::Insert {
+                table: t,
+                sizes: self.sizes(n),
+            },
+            25..=39 => Op::InsertBatch {
+                table: t,
+                sizes: self.sizes(n * 4),
+            },
+            40..=49 => Op::Update {
+                table: t,
+                every: self.rng.random_range(2..6),
+                size: self.sizes(1)[0],
+            },
+            50..=57 => Op::Delete {
+                table: t,
+                modulo: self.rng.random_range(2..5),
+                rem: self.rng.random_range(0..2),
+            },
             58..=61 => Op::CreateTable,
             62..=63 if self.tables.iter().flatten().count() > 1 => Op::DropTable { table: t },
             64..=66 => Op::CreateIndex { table: t },
@@ -172,9 +249,16 @@ impl Workload {
             72..=80 => {
                 let kept = self.sizes(n);
                 let undone = self.sizes(n * 3);
-                Op::SavepointRollback { table: t, kept, undone }
+                Op::SavepointRollback {
+                    table: t,
+                    kept,
+                    undone,
+                }
             }
-            81..=88 => Op::FailingBatch { table: t, sizes: self.sizes(n * 4) },
+            81..=88 => Op::FailingBatch {
+                table: t,
+                sizes: self.sizes(n * 4),
+            },
             89..=92 => Op::Checkpoint(CheckpointMode::Passive),
             93..=95 => Op::Checkpoint(CheckpointMode::Restart),
             96..=97 => Op::Checkpoint(CheckpointMode::Truncate),
@@ -199,7 +283,9 @@ impl Workload {
                 for &size in sizes {
                     let k = self.rng.random::<i64>();
                     let v = self.blob(size);
-                    s.prepare(Self::insert_sql(*table)).bind([Value::from(k), v]).run()?;
+                    s.prepare(Self::insert_sql(*table))
+                        .bind([Value::from(k), v])
+                        .run()?;
                 }
             }
             Op::InsertBatch { table, sizes } => {
@@ -207,7 +293,10 @@ impl Workload {
                 for &size in sizes {
                     let k = self.rng.random::<i64>();
                     let v = self.blob(size);
-                    stmts.push(s.prepare(Self::insert_sql(*table)).bind([Value::from(k), v]));
+                    stmts.push(
+                        s.prepare(Self::insert_sql(*table))
+                            .bind([Value::from(k), v]),
+                    );
                 }
                 s.batch(stmts)?;
             }
@@ -228,7 +317,10 @@ impl Workload {
                     "CREATE TABLE t{i}(id INTEGER PRIMARY KEY, k INTEGER UNIQUE, v BLOB)"
                 ))
                 .run()?;
-                self.tables.push(Some(TableState { columns: 0, indexed: false }));
+                self.tables.push(Some(TableState {
+                    columns: 0,
+                    indexed: false,
+                }));
             }
             Op::DropTable { table } => {
                 s.prepare(format!("DROP TABLE t{table}")).run()?;
@@ -239,31 +331,45 @@ impl Workload {
                 if st.indexed {
                     s.prepare(format!("DROP INDEX i{table}")).run()?;
                 } else {
-                    s.prepare(format!("CREATE INDEX i{table} ON t{table}(v)")).run()?;
+                    s.prepare(format!("CREATE INDEX i{table} ON t{table}(v)"))
+                        .run()?;
                 }
                 st.indexed = !st.indexed;
             }
             Op::AddColumn { table } => {
                 let st = self.tables[*table].as_mut().expect("live table");
                 st.columns += 1;
-                s.prepare(format!("ALTER TABLE t{table} ADD COLUMN c{} TEXT DEFAULT 'x'", st.columns))
-                    .run()?;
+                s.prepare(format!(
+                    "ALTER TABLE t{table} ADD COLUMN c{} TEXT DEFAULT 'x'",
+                    st.columns
+                ))
+                .run()?;
             }
             Op::Vacuum => {
                 s.prepare("VACUUM").run()?;
             }
-            Op::SavepointRollback { table, kept, undone } => {
+            Op::SavepointRollback {
+                table,
+                kept,
+                undone,
+            } => {
                 let mut stmts = vec![s.prepare("SAVEPOINT outer_sp")];
                 for &size in kept {
                     let k = self.rng.random::<i64>();
                     let v = self.blob(size);
-                    stmts.push(s.prepare(Self::insert_sql(*table)).bind([Value::from(k), v]));
+                    stmts.push(
+                        s.prepare(Self::insert_sql(*table))
+                            .bind([Value::from(k), v]),
+                    );
                 }
                 stmts.push(s.prepare("SAVEPOINT inner_sp"));
                 for &size in undone {
                     let k = self.rng.random::<i64>();
                     let v = self.blob(size);
-                    stmts.push(s.prepare(Self::insert_sql(*table)).bind([Value::from(k), v]));
+                    stmts.push(
+                        s.prepare(Self::insert_sql(*table))
+                            .bind([Value::from(k), v]),
+                    );
                 }
                 stmts.push(s.prepare(format!("DELETE FROM t{table} WHERE id % 3 = 0")));
                 stmts.push(s.prepare("ROLLBACK TO inner_sp"));
@@ -276,11 +382,20 @@ impl Workload {
                 for &size in sizes {
                     let k2 = self.rng.random::<i64>();
                     let v = self.blob(size);
-                    stmts.push(s.prepare(Self::insert_sql(*table)).bind([Value::from(k2), v]));
+                    stmts.push(
+                        s.prepare(Self::insert_sql(*table))
+                            .bind([Value::from(k2), v]),
+                    );
                 }
                 // The same unique key twice: the batch must fail as a whole.
-                stmts.push(s.prepare(Self::insert_sql(*table)).bind([Value::from(k), Value::Null]));
-                stmts.push(s.prepare(Self::insert_sql(*table)).bind([Value::from(k), Value::Null]));
+                stmts.push(
+                    s.prepare(Self::insert_sql(*table))
+                        .bind([Value::from(k), Value::Null]),
+                );
+                stmts.push(
+                    s.prepare(Self::insert_sql(*table))
+                        .bind([Value::from(k), Value::Null]),
+                );
                 return match s.batch(stmts) {
                     Err(QueryError::Batch { .. }) => Ok(true),
                     Err(e) => Err(e),
