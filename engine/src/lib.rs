@@ -22,6 +22,23 @@
 //!   it is the recovery (a later issue rolls it back to the log).
 //! - The engine runs checkpoints (PASSIVE past a threshold, or on request);
 //!   SQLite's automatic checkpoints are off.
+//!
+//! ```
+//! use walrelay_engine::{Constraint, Database, Options};
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("app.db");
+//! let db = Database::open(&path, Options::default())?;
+//! let session = db.session(Constraint::FirstUnconstrained)?;
+//! session.prepare("CREATE TABLE orders(id INTEGER PRIMARY KEY, item TEXT)").run()?;
+//! let r = session.prepare("INSERT INTO orders(item) VALUES (?1)").bind(["book"]).run()?;
+//! assert_eq!(r.meta.changes, 1);
+//!
+//! // Later, anywhere: continue from that bookmark and see at least that state.
+//! let s2 = db.session(Constraint::Bookmark(session.bookmark().expect("wrote")))?;
+//! let rows = s2.prepare("SELECT * FROM orders").all()?;
+//! assert_eq!(rows.results.len(), 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod database;
 mod error;
