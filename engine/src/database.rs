@@ -385,15 +385,16 @@ impl Database {
         let meta_path = meta::sidecar_path(path);
         let previous = meta::load(&meta_path).map_err(|e| meta_error(path, e))?;
         let epoch = previous.map_or(1, |m| m.epoch.saturating_add(1));
-        meta::store(&meta_path, &meta::MetaFile { epoch }).map_err(|e| meta_error(path, e))?;
-
         let issuer = Arc::new(Issuer {
             epoch: Epoch(epoch),
             latest: AtomicU64::new(0),
             last_commit_frame: AtomicU32::new(0),
             downstream: options.sink.clone(),
         });
+        // Attach first: a second open of the same database in this process
+        // fails here, before the epoch on disk moves.
         let attachment = walrelay_vfs::attach(path, Arc::clone(&issuer) as Arc<dyn CaptureSink>)?;
+        meta::store(&meta_path, &meta::MetaFile { epoch }).map_err(|e| meta_error(path, e))?;
         let open = |flags: OpenFlags| {
             Connection::open_with_flags_and_vfs(path, flags, walrelay_vfs::VFS_NAME)
                 .map_err(|e| map_open_error(path, e))

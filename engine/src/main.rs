@@ -7,7 +7,11 @@ use std::time::Instant;
 use walrelay_engine::{CheckpointMode, Constraint, Database, Meta, Options, Synchronous, Value};
 
 #[derive(Parser)]
-#[command(name = "walrelay", version, about = "Replicated SQLite storage with WAL capture")]
+#[command(
+    name = "walrelay",
+    version,
+    about = "Replicated SQLite storage with WAL capture"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -51,9 +55,19 @@ fn demo(db_path: Option<PathBuf>, orders: u32) -> Result<()> {
         }
     };
     println!("walrelay demo: {}", path.display());
-    let db = Database::open(&path, Options { synchronous: Synchronous::Normal, ..Options::default() })
-        .with_context(|| format!("opening {}", path.display()))?;
-    println!("opened: epoch {} latest bookmark {}", db.epoch().0, db.latest_bookmark());
+    let db = Database::open(
+        &path,
+        Options {
+            synchronous: Synchronous::Normal,
+            ..Options::default()
+        },
+    )
+    .with_context(|| format!("opening {}", path.display()))?;
+    println!(
+        "opened: epoch {} latest bookmark {}",
+        db.epoch().0,
+        db.latest_bookmark()
+    );
 
     let s = db.session(Constraint::FirstPrimary)?;
     println!("schema (one batch, one transaction):");
@@ -83,9 +97,15 @@ fn demo(db_path: Option<PathBuf>, orders: u32) -> Result<()> {
         last = Some(r.meta.bookmark);
     }
     let secs = started.elapsed().as_secs_f64();
-    println!("  {orders} commits in {:.1} ms ({:.0} commits/s)", secs * 1e3, f64::from(orders) / secs);
+    println!(
+        "  {orders} commits in {:.1} ms ({:.0} commits/s)",
+        secs * 1e3,
+        f64::from(orders) / secs
+    );
 
-    let bookmark = s.bookmark().context("session has a bookmark after writing")?;
+    let bookmark = s
+        .bookmark()
+        .context("session has a bookmark after writing")?;
     println!("session bookmark after writes: {bookmark}");
 
     println!("a new session continuing from that bookmark reads its writes:");
@@ -105,7 +125,10 @@ fn demo(db_path: Option<PathBuf>, orders: u32) -> Result<()> {
         );
     }
     show("report", &r.meta);
-    assert!(Some(r.meta.bookmark) >= last, "a read after a write reflects it");
+    assert!(
+        Some(r.meta.bookmark) >= last,
+        "a read after a write reflects it"
+    );
 
     match s.prepare("SELECT * FROM missing_table").all() {
         Err(e) => println!("bad input is a typed error: {e}"),

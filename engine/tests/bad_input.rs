@@ -381,3 +381,17 @@ fn a_read_only_directory_is_a_typed_error_and_nothing_changes() {
     }
     assert_eq!(snapshot(dir.path()), before, "no file changed or appeared");
 }
+
+#[test]
+fn opening_a_database_twice_in_one_process_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("db.sqlite");
+    let db = Database::open(&path, Options::default()).expect("open");
+    let before = snapshot(dir.path());
+    let e = Database::open(&path, Options::default()).expect_err("second open");
+    assert!(matches!(e, OpenError::Attach(_)), "{e:?}");
+    assert!(e.to_string().contains("already attached"), "{e}");
+    assert_eq!(snapshot(dir.path()), before, "the epoch file did not move");
+    drop(db);
+    Database::open(&path, Options::default()).expect("reopen after close");
+}
