@@ -1,0 +1,308 @@
+//! Overhead of the capturing `walrelay` VFS against SQLite's default `unix`
+//! VFS, measured side by side in one run.
+//!
+//! For each `PRAGMA synchronous` level (OFF, NORMAL, FULL) and each VFS:
+//!
+//! - `insert_commit/sync=<LEVEL>`: latency of one autocommit
+//!   `INSERT INTO t(v) VALUES (?1)` with a 100-byte blob (cached statement),
+//!   i.e. one write transaction from BEGIN to durable (per `synchronous`)
+//!   commit, including, for walrelay, capture and hand-off to the sink.
+//! - `point_read/sync=<LEVEL>`: latency of `SELECT v FROM t WHERE id = ?1`
+//!   (cached statement, one read transaction) with ids drawn uniformly from
+//!   the 10,000 pre-populated rows by a fixed-seed LCG.
+//!
+//! Each (VFS, synchronous) pair has its own database file in a temporary
+//! directory, in WAL mode with `wal_autocheckpoint=0` on both VFSes. The WAL
+//! is kept bounded identically for both: a PASSIVE checkpoint through
+//! `sqlite3_wal_checkpoint_v2` after every 1,000 inserts, timed *out* of the
+//! measurement (`iter_custom`), and one before the read benchmark starts.
+//! The walrelay sink only counts transactions; after each pair the bench
+//! checks that every insert reached it and that capture never poisoned.
+//!
+//! Run: `cargo bench -p walrelay-benches --bench vfs_overhead`
+//! (`-- --test` for a one-iteration smoke run).
+
+use criterion::{
+    BenchmarkGroup, Criterion, criterion_group, criterion_main, measurement::WallTime,
+};
+use rusqlite::{Connection, OpenFlags, ffi, params};
+use std::hint::black_box;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use walrelay_vfs::{Attachment, CaptureSink, CapturedTransaction, SinkError, VFS_NAME, attach};
+
+/// Rows in `t` before any benchmark runs; point reads pick ids in `1..=ROWS`.
+const ROWS: u64 = 10_000;
+/// A PASSIVE checkpoint after this many benchmark inserts keeps the WAL bounded.
+const CHECKPOINT_EVERY: u64 = 1_000;
+/// Size of the blob each row carries.
+const VALUE_LEN: usize = 100;
+
+/// A sink that counts transactions and drops them.
+#[derive(Debug, Default)]
+struct CountingSink(AtomicU64);
+
+impl CaptureSink for CountingSink {
+    fn committed(&self, txn: CapturedTransaction) -> Result<(), SinkError> {
+        drop(txn);
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Vfs {
+    Unix,
+    Walrelay,
+}
+
+impl Vfs {
+    const ALL: [Vfs; 2] = [Vfs::Unix, Vfs::Walrelay];
+
+    fn name(self) -> &'static str {
+        match self {
+            Vfs::Unix => "unix",
+            Vfs::Walrelay => VFS_NAME,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum SyncLevel {
+    Off,
+    Normal,
+    Full,
+}
+
+impl SyncLevel {
+    const ALL: [SyncLevel; 3] = [SyncLevel::Off, SyncLevel::Normal, SyncLevel::Full];
+
+    fn name(self) -> &'static str {
+        match self {
+            SyncLevel::Off => "OFF",
+            SyncLevel::Normal => "NORMAL",
+            SyncLevel::Full => "FULL",
+        }
+    }
+}
+
+/// 64-bit LCG (Knuth's MMIX constants); the high bits are used.
+#[derive(Debug)]
+struct Lcg(u64);
+
+impl Lcg {
+    fn next_id(&mut self) -> i64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        // ROWS is far below 2^32, so the modulo bias is negligible.
+        ((self.0 >> 32) % ROWS + 1) as i64
+    }
+}
+
+/// One database opened through one VFS at one synchronous level.
+///
+/// Field order matters: the connection drops before the attachment.
+#[derive(Debug)]
+struct Fixture {
+    conn: Connection,
+    sink: Option<Arc<CountingSink>>,
+    attachment: Option<Attachment>,
+    vfs: Vfs,
+    /// Inserts run by the benchmark so far (drives the checkpoint cadence).
+    inserts: u64,
+    /// Benchmark inserts since the last periodic checkpoint.
+    since_checkpoint: u64,
+    value: Vec<u8>,
+    rng: Lcg,
+}
+
+impl Fixture {
+    fn open(dir: &Path, vfs: Vfs, sync: SyncLevel) -> Fixture {
+        let path = dir.join(format!("{}-{}.db", vfs.name(), sync.name()));
+        {
+            // The database must be in WAL mode before walrelay opens it; do the
+            // same for unix so both start from the same file.
+            let c = Connection::open(&path).expect("create database");
+            let mode: String = c
+                .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+                .expect("journal_mode=WAL");
+            assert_eq!(mode, "wal");
+        }
+        let (sink, attachment) = match vfs {
+            Vfs::Unix => (None, None),
+            Vfs::Walrelay => {
+                let sink = Arc::new(CountingSink::default());
+                let att = attach(&path, Arc::clone(&sink) as Arc<dyn CaptureSink>)
+                    .expect("attach to walrelay");
+                (Some(sink), Some(att))
+            }
+        };
+        let conn = Connection::open_with_flags_and_vfs(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+            vfs.name(),
+        )
+        .expect("open through the VFS under test");
+        conn.execute_batch(&format!(
+            "PRAGMA wal_autocheckpoint=0;
+             PRAGMA synchronous={};
+             CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB NOT NULL);",
+            sync.name()
+        ))
+        .expect("configure");
+        let mut fx = Fixture {
+            conn,
+            sink,
+            attachment,
+            vfs,
+            inserts: 0,
+            since_checkpoint: 0,
+            value: (0..VALUE_LEN).map(|i| i as u8).collect(),
+            rng: Lcg(0x5EED_BA5E),
+        };
+        {
+            let tx = fx.conn.transaction().expect("begin");
+            {
+                let mut ins = tx
+                    .prepare_cached("INSERT INTO t(v) VALUES (?1)")
+                    .expect("prepare insert");
+                for _ in 0..ROWS {
+                    ins.execute(params![fx.value]).expect("populate");
+                }
+            }
+            tx.commit().expect("commit populate");
+        }
+        fx.checkpoint();
+        fx
+    }
+
+    /// PASSIVE checkpoint of `main`, the same call for both VFSes (walrelay
+    /// refuses `PRAGMA wal_checkpoint`).
+    fn checkpoint(&self) {
+        let (mut log, mut ckpt) = (0, 0);
+        // SAFETY: `self.conn` is a live connection owned by this fixture and
+        // not used concurrently; the schema name is a NUL-terminated C string
+        // and both out-pointers point to live locals.
+        let rc = unsafe {
+            ffi::sqlite3_wal_checkpoint_v2(
+                self.conn.handle(),
+                c"main".as_ptr(),
+                ffi::SQLITE_CHECKPOINT_PASSIVE,
+                &mut log,
+                &mut ckpt,
+            )
+        };
+        assert_eq!(rc, ffi::SQLITE_OK, "checkpoint on {}", self.vfs.name());
+        assert_eq!(
+            log, ckpt,
+            "a lone connection's PASSIVE checkpoint backfills everything"
+        );
+    }
+
+    /// Runs `iters` one-row autocommit inserts and returns the time spent in
+    /// them, excluding the periodic checkpoints.
+    fn timed_inserts(&mut self, iters: u64) -> Duration {
+        let mut stmt = self
+            .conn
+            .prepare_cached("INSERT INTO t(v) VALUES (?1)")
+            .expect("prepare insert");
+        let mut total = Duration::ZERO;
+        let mut start = Instant::now();
+        for _ in 0..iters {
+            black_box(stmt.execute(params![self.value]).expect("insert"));
+            self.inserts += 1;
+            self.since_checkpoint += 1;
+            if self.since_checkpoint == CHECKPOINT_EVERY {
+                self.since_checkpoint = 0;
+                total += start.elapsed();
+                self.checkpoint();
+                start = Instant::now();
+            }
+        }
+        total + start.elapsed()
+    }
+
+    fn point_read(&mut self) -> usize {
+        let id = self.rng.next_id();
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT v FROM t WHERE id = ?1")
+            .expect("prepare select");
+        stmt.query_row([id], |r| Ok(r.get_ref(0)?.as_blob()?.len()))
+            .expect("point read")
+    }
+
+    /// Every benchmark insert (plus the populate transaction) reached the
+    /// sink, and capture never failed.
+    fn check_captured(&self) {
+        if let (Some(sink), Some(att)) = (&self.sink, &self.attachment) {
+            assert!(
+                att.poisoned().is_none(),
+                "capture poisoned: {:?}",
+                att.poisoned()
+            );
+            let got = sink.0.load(Ordering::Relaxed);
+            // CREATE TABLE + populate + one per benchmark insert.
+            assert_eq!(got, 2 + self.inserts, "transactions captured");
+        }
+    }
+}
+
+fn configure(group: &mut BenchmarkGroup<'_, WallTime>) {
+    group
+        .sample_size(60)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+}
+
+fn vfs_overhead(c: &mut Criterion) {
+    for sync in SyncLevel::ALL {
+        let dir = tempfile::Builder::new()
+            .prefix("walrelay-vfs-overhead-")
+            .tempdir()
+            .expect("tempdir");
+        let mut fixtures: Vec<Fixture> = Vfs::ALL
+            .iter()
+            .map(|&vfs| Fixture::open(dir.path(), vfs, sync))
+            .collect();
+
+        {
+            let mut group = c.benchmark_group(format!("insert_commit/sync={}", sync.name()));
+            configure(&mut group);
+            for fx in &mut fixtures {
+                group.bench_function(fx.vfs.name(), |b| {
+                    b.iter_custom(|iters| fx.timed_inserts(iters))
+                });
+            }
+            group.finish();
+        }
+
+        for fx in &fixtures {
+            fx.checkpoint();
+        }
+
+        {
+            let mut group = c.benchmark_group(format!("point_read/sync={}", sync.name()));
+            configure(&mut group);
+            for fx in &mut fixtures {
+                group.bench_function(fx.vfs.name(), |b| b.iter(|| black_box(fx.point_read())));
+            }
+            group.finish();
+        }
+
+        for fx in &fixtures {
+            fx.check_captured();
+        }
+        // Connections close before their attachments (field order), and all
+        // of them before the temporary directory goes.
+        drop(fixtures);
+        drop(dir);
+    }
+}
+
+criterion_group!(benches, vfs_overhead);
+criterion_main!(benches);
