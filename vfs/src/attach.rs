@@ -94,7 +94,8 @@ impl std::fmt::Debug for DbShared {
 
 impl DbShared {
     pub(crate) fn mark_in_flight(&self) {
-        let _g = self.settle_lock.lock();
+        // No lock needed to raise the flag: waiters re-check it under the
+        // lock, and only lowering it must not race their wait.
         self.in_flight.store(true, Ordering::SeqCst);
     }
 

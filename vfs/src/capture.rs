@@ -94,6 +94,8 @@ impl Shadow {
         if self.is_empty() {
             self.base = start;
             self.buf.clear();
+            // Most transactions are a frame or two: one allocation.
+            self.buf.reserve(2 * fb as usize);
         } else if start < self.base {
             // Never seen from SQLite (it writes forward from mxFrame + 1); kept
             // correct rather than asserted away.
@@ -103,10 +105,15 @@ impl Shadow {
         }
         let rel = (offset - self.base) as usize;
         let end = rel + data.len();
-        if self.buf.len() < end {
-            self.buf.resize(end, 0);
+        if rel == self.buf.len() {
+            // The usual case, an append: no zero fill before the copy.
+            self.buf.extend_from_slice(data);
+        } else {
+            if self.buf.len() < end {
+                self.buf.resize(end, 0);
+            }
+            self.buf[rel..end].copy_from_slice(data);
         }
-        self.buf[rel..end].copy_from_slice(data);
         self.cover(offset, offset + data.len() as u64);
     }
 
@@ -384,9 +391,13 @@ impl Capture {
             }
         }
         // Last write of each page wins; pages past the new end are gone.
-        last_by_page.reverse();
-        last_by_page.sort_by_key(|&(no, _)| no); // stable: latest first per page
-        last_by_page.dedup_by_key(|&mut (no, _)| no);
+        // SQLite writes each batch of dirty pages in page order, so a
+        // transaction without spills is already sorted and unique.
+        if !last_by_page.windows(2).all(|w| w[0].0 < w[1].0) {
+            last_by_page.reverse();
+            last_by_page.sort_by_key(|&(no, _)| no); // stable: latest first per page
+            last_by_page.dedup_by_key(|&mut (no, _)| no);
+        }
         let pages = last_by_page
             .into_iter()
             .filter(|&(no, _)| no <= db_size_pages)

@@ -65,6 +65,48 @@ pub enum WalFormatError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Checksum(pub u32, pub u32);
 
+/// `M^(2^k)` for the checksum's step matrix `M = [[1, 1], [1, 2]]`
+/// (wrapping u32 arithmetic), k = 0..16: enough for any page size.
+const STEP_POWERS: [[u32; 4]; 17] = {
+    let mut t = [[0u32; 4]; 17];
+    t[0] = [1, 1, 1, 2];
+    let mut k = 1;
+    while k < 17 {
+        t[k] = mat_mul(t[k - 1], t[k - 1]);
+        k += 1;
+    }
+    t
+};
+
+/// 2x2 matrix product, row-major `[a, b, c, d]`, wrapping.
+const fn mat_mul(x: [u32; 4], y: [u32; 4]) -> [u32; 4] {
+    [
+        x[0].wrapping_mul(y[0])
+            .wrapping_add(x[1].wrapping_mul(y[2])),
+        x[0].wrapping_mul(y[1])
+            .wrapping_add(x[1].wrapping_mul(y[3])),
+        x[2].wrapping_mul(y[0])
+            .wrapping_add(x[3].wrapping_mul(y[2])),
+        x[2].wrapping_mul(y[1])
+            .wrapping_add(x[3].wrapping_mul(y[3])),
+    ]
+}
+
+/// The two checksum words of an 8-byte pair, in the order the WAL header
+/// names (one 8-byte load instead of eight byte loads).
+#[inline(always)]
+fn pair<const BE: bool>(p: &[u8]) -> (u32, u32) {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(p);
+    if BE {
+        let v = u64::from_be_bytes(a);
+        ((v >> 32) as u32, v as u32)
+    } else {
+        let v = u64::from_le_bytes(a);
+        (v as u32, (v >> 32) as u32)
+    }
+}
+
 impl Checksum {
     /// Extends the checksum over `data` (length a multiple of 8), reading words
     /// in the order the WAL header names.
@@ -73,20 +115,77 @@ impl Checksum {
             data.len() % 8 == 0,
             "WAL checksums cover whole 8-byte words"
         );
+        if big_endian {
+            self.extend_as::<true>(data)
+        } else {
+            self.extend_as::<false>(data)
+        }
+    }
+
+    /// One step is affine: `(s1, s2) <- M (s1, s2) + (a, a + b)` with
+    /// `M = [[1, 1], [1, 2]]`, so `n` steps from state `S` give
+    /// `M^n S + (the same steps from zero)`. A page is therefore cut into
+    /// four contiguous quarters checksummed from zero as independent chains
+    /// (which the CPU overlaps) and folded with `M^quarter`: the same result
+    /// as SQLite's serial loop, in fewer cycles.
+    fn extend_as<const BE: bool>(self, data: &[u8]) -> Checksum {
+        let pairs = data.len() / 8;
+        if pairs < 64 || !pairs.is_power_of_two() {
+            return self.serial::<BE>(data);
+        }
+        let q = data.len() / 4;
+        let (d0, rest) = data.split_at(q);
+        let (d1, rest) = rest.split_at(q);
+        let (d2, d3) = rest.split_at(q);
+        let (mut a1, mut a2, mut b1, mut b2) = (0u32, 0u32, 0u32, 0u32);
+        let (mut c1, mut c2, mut e1, mut e2) = (0u32, 0u32, 0u32, 0u32);
+        let quarters = d0.chunks_exact(8).zip(d1.chunks_exact(8));
+        let quarters = quarters.zip(d2.chunks_exact(8).zip(d3.chunks_exact(8)));
+        for ((p0, p1), (p2, p3)) in quarters {
+            let (w0, w1, w2, w3) = (
+                pair::<BE>(p0),
+                pair::<BE>(p1),
+                pair::<BE>(p2),
+                pair::<BE>(p3),
+            );
+            a1 = a1.wrapping_add(w0.0).wrapping_add(a2);
+            b1 = b1.wrapping_add(w1.0).wrapping_add(b2);
+            c1 = c1.wrapping_add(w2.0).wrapping_add(c2);
+            e1 = e1.wrapping_add(w3.0).wrapping_add(e2);
+            a2 = a2.wrapping_add(w0.1).wrapping_add(a1);
+            b2 = b2.wrapping_add(w1.1).wrapping_add(b1);
+            c2 = c2.wrapping_add(w2.1).wrapping_add(c1);
+            e2 = e2.wrapping_add(w3.1).wrapping_add(e1);
+        }
+        let m = STEP_POWERS[(pairs / 4).trailing_zeros() as usize];
         let (mut s1, mut s2) = (self.0, self.1);
-        let word = |b: &[u8]| -> u32 {
-            let a = [b[0], b[1], b[2], b[3]];
-            if big_endian {
-                u32::from_be_bytes(a)
-            } else {
-                u32::from_le_bytes(a)
-            }
-        };
-        for pair in data.chunks_exact(8) {
-            s1 = s1.wrapping_add(word(&pair[..4])).wrapping_add(s2);
-            s2 = s2.wrapping_add(word(&pair[4..])).wrapping_add(s1);
+        for (x1, x2) in [(a1, a2), (b1, b2), (c1, c2), (e1, e2)] {
+            let t1 = m[0].wrapping_mul(s1).wrapping_add(m[1].wrapping_mul(s2));
+            let t2 = m[2].wrapping_mul(s1).wrapping_add(m[3].wrapping_mul(s2));
+            s1 = t1.wrapping_add(x1);
+            s2 = t2.wrapping_add(x2);
         }
         Checksum(s1, s2)
+    }
+
+    fn serial<const BE: bool>(self, data: &[u8]) -> Checksum {
+        let (mut s1, mut s2) = (self.0, self.1);
+        for p in data.chunks_exact(8) {
+            let (a, b) = pair::<BE>(p);
+            s1 = s1.wrapping_add(a).wrapping_add(s2);
+            s2 = s2.wrapping_add(b).wrapping_add(s1);
+        }
+        Checksum(s1, s2)
+    }
+
+    /// The checksum exactly as SQLite's `walChecksumBytes` computes it, one
+    /// pair at a time: the reference the fast path is tested against.
+    pub fn extend_serial(self, big_endian: bool, data: &[u8]) -> Checksum {
+        if big_endian {
+            self.serial::<true>(data)
+        } else {
+            self.serial::<false>(data)
+        }
     }
 }
 
@@ -331,6 +430,28 @@ mod tests {
                 frame: FrameNo::new(2)
             })
         );
+    }
+
+    #[test]
+    fn the_four_chain_checksum_equals_sqlites_serial_loop() {
+        let mut x = 0x1234_5678_9abc_def0u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for len in [8usize, 24, 256, 512, 1024, 4096, 4104, 8192, 65_536] {
+            let data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            for be in [false, true] {
+                let seed = Checksum(next() as u32, next() as u32);
+                assert_eq!(
+                    seed.extend(be, &data),
+                    seed.extend_serial(be, &data),
+                    "len {len} big_endian {be}"
+                );
+            }
+        }
     }
 
     #[test]
