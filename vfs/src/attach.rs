@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock};
 
 /// Receives every committed transaction of an attached database.
@@ -80,6 +80,9 @@ pub(crate) struct DbShared {
     /// has been handed to the sink: the window in which a reader may see a
     /// transaction that has no bookmark yet.
     in_flight: AtomicBool,
+    /// Readers blocked in `wait_commit_settled`: the settler takes the lock
+    /// and notifies only when there are any.
+    waiters: AtomicUsize,
     settle_lock: Mutex<()>,
     settled: Condvar,
 }
@@ -100,9 +103,11 @@ impl DbShared {
     }
 
     pub(crate) fn mark_settled(&self) {
-        if self.in_flight.load(Ordering::SeqCst) {
+        // SeqCst on both sides (flag then waiters here, waiters then flag in
+        // the waiter) means a waiter either sees the flag down or is seen.
+        self.in_flight.store(false, Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
             let _g = self.settle_lock.lock();
-            self.in_flight.store(false, Ordering::SeqCst);
             self.settled.notify_all();
         }
     }
@@ -163,6 +168,7 @@ pub fn attach(path: &Path, sink: Arc<dyn CaptureSink>) -> Result<Attachment, Att
         capture: Mutex::new(Capture::default()),
         wal: WalFile::default(),
         in_flight: AtomicBool::new(false),
+        waiters: AtomicUsize::new(0),
         settle_lock: Mutex::new(()),
         settled: Condvar::new(),
     });
@@ -196,10 +202,13 @@ impl Attachment {
         if !self.shared.in_flight.load(Ordering::SeqCst) {
             return;
         }
+        self.shared.waiters.fetch_add(1, Ordering::SeqCst);
         let mut g = self.shared.settle_lock.lock();
         while self.shared.in_flight.load(Ordering::SeqCst) {
             self.shared.settled.wait(&mut g);
         }
+        drop(g);
+        self.shared.waiters.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

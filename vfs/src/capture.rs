@@ -81,16 +81,12 @@ impl Shadow {
         self.covered.is_empty()
     }
 
-    fn frame_start(offset: u64, fb: u64) -> u64 {
-        let h = WAL_HEADER_BYTES as u64;
-        h + (offset - h) / fb * fb
-    }
-
-    fn write(&mut self, offset: u64, data: &[u8], fb: u64) {
+    /// Copies a write at `offset`, which lies in the frame starting at
+    /// `start` (frames are `fb` bytes).
+    fn write(&mut self, offset: u64, start: u64, data: &[u8], fb: u64) {
         if data.is_empty() {
             return;
         }
-        let start = Self::frame_start(offset, fb);
         if self.is_empty() {
             self.base = start;
             self.buf.clear();
@@ -190,6 +186,10 @@ pub(crate) struct Capture {
     last_commit: Option<([u32; 2], FrameNo, Checksum)>,
     hold: Option<Hold>,
     poisoned: Option<CaptureError>,
+    /// Allocations kept from one hold to the next: the covered-range list
+    /// and the per-frame page list.
+    spare_covered: Vec<(u64, u64)>,
+    spare_frames: Vec<(u32, usize)>,
 }
 
 /// What a WAL write told the capture.
@@ -218,7 +218,10 @@ impl Capture {
 
     /// The WAL write lock was taken.
     pub fn begin_hold(&mut self) {
-        self.hold = Some(Hold::default());
+        let mut hold = Hold::default();
+        hold.shadow.covered = std::mem::take(&mut self.spare_covered);
+        hold.shadow.covered.clear();
+        self.hold = Some(hold);
     }
 
     /// Whether a WAL write may proceed; checked before the write reaches the
@@ -291,11 +294,14 @@ impl Capture {
         let mut note = WriteNote::default();
         // A commit frame's header is written at a frame boundary, at least its
         // first 8 bytes in one call.
-        if (offset - WAL_HEADER_BYTES as u64) % fb == 0 && data.len() >= 8 {
+        let rel = offset - WAL_HEADER_BYTES as u64;
+        let within = rel % fb; // the one division per write
+        let frame_start = offset - within;
+        if within == 0 && data.len() >= 8 {
             note.commit_frame_header = data[4..8] != [0, 0, 0, 0];
         }
         let hold = self.hold.as_mut().ok_or(CaptureError::WriteOutsideHold)?;
-        hold.shadow.write(offset, data, fb);
+        hold.shadow.write(offset, frame_start, data, fb);
         Ok(note)
     }
 
@@ -314,18 +320,20 @@ impl Capture {
         &mut self,
         disk: &dyn WalReader,
     ) -> Result<Option<CapturedTransaction>, CaptureError> {
-        let Some(hold) = self.hold.take() else {
+        let Some(mut hold) = self.hold.take() else {
             return Ok(None);
         };
         if let Some(e) = &self.poisoned {
             return Err(e.clone());
         }
-        self.finish(hold, disk).map_err(|e| self.poison(e))
+        let result = self.finish(&mut hold, disk).map_err(|e| self.poison(e));
+        self.spare_covered = std::mem::take(&mut hold.shadow.covered);
+        result
     }
 
     fn finish(
         &mut self,
-        mut hold: Hold,
+        hold: &mut Hold,
         disk: &dyn WalReader,
     ) -> Result<Option<CapturedTransaction>, CaptureError> {
         if let Some(h) = hold.new_header {
@@ -371,7 +379,8 @@ impl Capture {
 
         let buf = Bytes::from(std::mem::take(&mut shadow.buf));
         let mut ck = seed;
-        let mut last_by_page: Vec<(u32, usize)> = Vec::with_capacity(commit_idx as usize + 1);
+        let mut last_by_page = std::mem::take(&mut self.spare_frames);
+        last_by_page.clear();
         let mut db_size_pages = 0;
         for i in 0..=commit_idx {
             let frame = FrameNo::new(base_frame.get() + i as u32);
@@ -399,10 +408,11 @@ impl Capture {
             last_by_page.dedup_by_key(|&mut (no, _)| no);
         }
         let pages = last_by_page
-            .into_iter()
-            .filter(|&(no, _)| no <= db_size_pages)
-            .map(|(no, at)| (PageNo::new(no), buf.slice(at..at + ps)))
+            .iter()
+            .filter(|&&(no, _)| no <= db_size_pages)
+            .map(|&(no, at)| (PageNo::new(no), buf.slice(at..at + ps)))
             .collect();
+        self.spare_frames = last_by_page;
         let commit_frame = FrameNo::new(base_frame.get() + commit_idx as u32);
         self.last_commit = Some((wal.salt, commit_frame, ck));
         Ok(Some(CapturedTransaction {

@@ -466,27 +466,31 @@ unsafe extern "C" fn x_shm_lock(
                 return ffi::SQLITE_IOERR_SHMLOCK;
             };
             let exclusive = flags & ffi::SQLITE_SHM_EXCLUSIVE != 0;
-            let mask: u8 = (ofst..ofst + n)
-                .filter(|i| (0..8).contains(i))
-                .fold(0, |m, i| m | (1u8 << i));
-            let covers_write = (ofst..ofst + n).contains(&WAL_WRITE_LOCK);
+            if !exclusive {
+                // Shared (reader) locks: nothing to track.
+                return lock(real, ofst, n, flags);
+            }
+            // Lock indexes are 0..8 (SQLITE_SHM_NLOCK); the bits this call covers.
+            let mask: u8 = if (0..=8).contains(&ofst) && n > 0 && ofst + n <= 8 {
+                (((1u16 << n) - 1) << ofst) as u8
+            } else {
+                0
+            };
+            let covers_write = mask & (1 << WAL_WRITE_LOCK) != 0;
             if flags & ffi::SQLITE_SHM_UNLOCK != 0 {
-                if exclusive
-                    && covers_write
-                    && w.exclusive_locks & 1 != 0
+                if covers_write
+                    && w.exclusive_locks & (1 << WAL_WRITE_LOCK) != 0
                     && let Kind::MainDb(shared) = &w.kind
                 {
                     // Capture and hand off before any other writer can start:
                     // sink order is commit order.
                     shared.end_hold();
                 }
-                if exclusive {
-                    w.exclusive_locks &= !mask;
-                }
+                w.exclusive_locks &= !mask;
                 return lock(real, ofst, n, flags);
             }
             let rc = lock(real, ofst, n, flags);
-            if rc == ffi::SQLITE_OK && exclusive {
+            if rc == ffi::SQLITE_OK {
                 w.exclusive_locks |= mask;
                 if covers_write && let Kind::MainDb(shared) = &w.kind {
                     shared.capture.lock().begin_hold();

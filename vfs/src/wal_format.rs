@@ -107,6 +107,106 @@ fn pair<const BE: bool>(p: &[u8]) -> (u32, u32) {
     }
 }
 
+/// The checksums of four equal quarters, each from a zero state: four
+/// independent chains the CPU can overlap (the portable path).
+fn quarter_sums<const BE: bool>(d: [&[u8]; 4]) -> [(u32, u32); 4] {
+    let (mut a1, mut a2, mut b1, mut b2) = (0u32, 0u32, 0u32, 0u32);
+    let (mut c1, mut c2, mut e1, mut e2) = (0u32, 0u32, 0u32, 0u32);
+    let quarters = d[0].chunks_exact(8).zip(d[1].chunks_exact(8));
+    let quarters = quarters.zip(d[2].chunks_exact(8).zip(d[3].chunks_exact(8)));
+    for ((p0, p1), (p2, p3)) in quarters {
+        let (w0, w1, w2, w3) = (
+            pair::<BE>(p0),
+            pair::<BE>(p1),
+            pair::<BE>(p2),
+            pair::<BE>(p3),
+        );
+        a1 = a1.wrapping_add(w0.0).wrapping_add(a2);
+        b1 = b1.wrapping_add(w1.0).wrapping_add(b2);
+        c1 = c1.wrapping_add(w2.0).wrapping_add(c2);
+        e1 = e1.wrapping_add(w3.0).wrapping_add(e2);
+        a2 = a2.wrapping_add(w0.1).wrapping_add(a1);
+        b2 = b2.wrapping_add(w1.1).wrapping_add(b1);
+        c2 = c2.wrapping_add(w2.1).wrapping_add(c1);
+        e2 = e2.wrapping_add(w3.1).wrapping_add(e1);
+    }
+    [(a1, a2), (b1, b2), (c1, c2), (e1, e2)]
+}
+
+/// Eight chains in the lanes of two pairs of SSE2 registers (baseline on
+/// x86_64), for little-endian checksum words, which x86 loads natively.
+/// Each step loads 16 bytes (two pairs) from every segment and transposes
+/// them so one vector holds the same word of four segments; two register
+/// sets keep two dependency chains in flight.
+#[cfg(target_arch = "x86_64")]
+fn eighth_sums_sse2(d: [&[u8]; 8]) -> [(u32, u32); 8] {
+    use std::arch::x86_64::{
+        __m128i, _mm_add_epi32, _mm_loadu_si128, _mm_setzero_si128, _mm_storeu_si128,
+        _mm_unpackhi_epi32, _mm_unpackhi_epi64, _mm_unpacklo_epi32, _mm_unpacklo_epi64,
+    };
+    let len = d[0].len();
+    assert!(
+        d.iter().all(|q| q.len() == len) && len % 16 == 0,
+        "equal 16-byte segments"
+    );
+    // SAFETY: SSE2 is part of the x86_64 baseline, so these intrinsics are
+    // always available; every load reads 16 bytes at offset `i` of a slice
+    // whose length is a multiple of 16 and greater than `i` (checked above),
+    // so it stays in bounds; unaligned loads/stores are used throughout.
+    unsafe {
+        let load = |q: &[u8], i: usize| _mm_loadu_si128(q.as_ptr().add(i).cast::<__m128i>());
+        let z = _mm_setzero_si128();
+        let (mut s1, mut s2, mut u1, mut u2) = (z, z, z, z);
+        let mut i = 0;
+        while i < len {
+            let (l0, l1, l2, l3) = (load(d[0], i), load(d[1], i), load(d[2], i), load(d[3], i));
+            let (m0, m1, m2, m3) = (load(d[4], i), load(d[5], i), load(d[6], i), load(d[7], i));
+            let t0 = _mm_unpacklo_epi32(l0, l1);
+            let t1 = _mm_unpacklo_epi32(l2, l3);
+            let t2 = _mm_unpackhi_epi32(l0, l1);
+            let t3 = _mm_unpackhi_epi32(l2, l3);
+            let r0 = _mm_unpacklo_epi32(m0, m1);
+            let r1 = _mm_unpacklo_epi32(m2, m3);
+            let r2 = _mm_unpackhi_epi32(m0, m1);
+            let r3 = _mm_unpackhi_epi32(m2, m3);
+            s1 = _mm_add_epi32(_mm_add_epi32(s1, _mm_unpacklo_epi64(t0, t1)), s2);
+            u1 = _mm_add_epi32(_mm_add_epi32(u1, _mm_unpacklo_epi64(r0, r1)), u2);
+            s2 = _mm_add_epi32(_mm_add_epi32(s2, _mm_unpackhi_epi64(t0, t1)), s1);
+            u2 = _mm_add_epi32(_mm_add_epi32(u2, _mm_unpackhi_epi64(r0, r1)), u1);
+            s1 = _mm_add_epi32(_mm_add_epi32(s1, _mm_unpacklo_epi64(t2, t3)), s2);
+            u1 = _mm_add_epi32(_mm_add_epi32(u1, _mm_unpacklo_epi64(r2, r3)), u2);
+            s2 = _mm_add_epi32(_mm_add_epi32(s2, _mm_unpackhi_epi64(t2, t3)), s1);
+            u2 = _mm_add_epi32(_mm_add_epi32(u2, _mm_unpackhi_epi64(r2, r3)), u1);
+            i += 16;
+        }
+        let mut x = [[0u32; 4]; 4];
+        for (dst, v) in x.iter_mut().zip([s1, s2, u1, u2]) {
+            _mm_storeu_si128(dst.as_mut_ptr().cast::<__m128i>(), v);
+        }
+        std::array::from_fn(|k| {
+            if k < 4 {
+                (x[0][k], x[1][k])
+            } else {
+                (x[2][k - 4], x[3][k - 4])
+            }
+        })
+    }
+}
+
+/// Folds segment checksums (each from a zero state, each `seg_pairs`
+/// pairs long, a power of two) onto `start`.
+fn fold(start: Checksum, seg_pairs: usize, sums: &[(u32, u32)]) -> Checksum {
+    let m = STEP_POWERS[seg_pairs.trailing_zeros() as usize];
+    let (mut s1, mut s2) = (start.0, start.1);
+    for &(x1, x2) in sums {
+        let t1 = m[0].wrapping_mul(s1).wrapping_add(m[1].wrapping_mul(s2));
+        let t2 = m[2].wrapping_mul(s1).wrapping_add(m[3].wrapping_mul(s2));
+        s1 = t1.wrapping_add(x1);
+        s2 = t2.wrapping_add(x2);
+    }
+    Checksum(s1, s2)
+}
+
 impl Checksum {
     /// Extends the checksum over `data` (length a multiple of 8), reading words
     /// in the order the WAL header names.
@@ -125,47 +225,24 @@ impl Checksum {
     /// One step is affine: `(s1, s2) <- M (s1, s2) + (a, a + b)` with
     /// `M = [[1, 1], [1, 2]]`, so `n` steps from state `S` give
     /// `M^n S + (the same steps from zero)`. A page is therefore cut into
-    /// four contiguous quarters checksummed from zero as independent chains
-    /// (which the CPU overlaps) and folded with `M^quarter`: the same result
-    /// as SQLite's serial loop, in fewer cycles.
+    /// equal contiguous segments checksummed from zero as independent chains
+    /// (eight SIMD lanes on x86_64, four scalar chains elsewhere) and folded
+    /// with `M^segment`: the same result as SQLite's serial loop, in a
+    /// fraction of the cycles.
     fn extend_as<const BE: bool>(self, data: &[u8]) -> Checksum {
         let pairs = data.len() / 8;
         if pairs < 64 || !pairs.is_power_of_two() {
             return self.serial::<BE>(data);
         }
+        #[cfg(target_arch = "x86_64")]
+        if !BE {
+            let e = data.len() / 8;
+            let seg: [&[u8]; 8] = std::array::from_fn(|k| &data[k * e..(k + 1) * e]);
+            return fold(self, pairs / 8, &eighth_sums_sse2(seg));
+        }
         let q = data.len() / 4;
-        let (d0, rest) = data.split_at(q);
-        let (d1, rest) = rest.split_at(q);
-        let (d2, d3) = rest.split_at(q);
-        let (mut a1, mut a2, mut b1, mut b2) = (0u32, 0u32, 0u32, 0u32);
-        let (mut c1, mut c2, mut e1, mut e2) = (0u32, 0u32, 0u32, 0u32);
-        let quarters = d0.chunks_exact(8).zip(d1.chunks_exact(8));
-        let quarters = quarters.zip(d2.chunks_exact(8).zip(d3.chunks_exact(8)));
-        for ((p0, p1), (p2, p3)) in quarters {
-            let (w0, w1, w2, w3) = (
-                pair::<BE>(p0),
-                pair::<BE>(p1),
-                pair::<BE>(p2),
-                pair::<BE>(p3),
-            );
-            a1 = a1.wrapping_add(w0.0).wrapping_add(a2);
-            b1 = b1.wrapping_add(w1.0).wrapping_add(b2);
-            c1 = c1.wrapping_add(w2.0).wrapping_add(c2);
-            e1 = e1.wrapping_add(w3.0).wrapping_add(e2);
-            a2 = a2.wrapping_add(w0.1).wrapping_add(a1);
-            b2 = b2.wrapping_add(w1.1).wrapping_add(b1);
-            c2 = c2.wrapping_add(w2.1).wrapping_add(c1);
-            e2 = e2.wrapping_add(w3.1).wrapping_add(e1);
-        }
-        let m = STEP_POWERS[(pairs / 4).trailing_zeros() as usize];
-        let (mut s1, mut s2) = (self.0, self.1);
-        for (x1, x2) in [(a1, a2), (b1, b2), (c1, c2), (e1, e2)] {
-            let t1 = m[0].wrapping_mul(s1).wrapping_add(m[1].wrapping_mul(s2));
-            let t2 = m[2].wrapping_mul(s1).wrapping_add(m[3].wrapping_mul(s2));
-            s1 = t1.wrapping_add(x1);
-            s2 = t2.wrapping_add(x2);
-        }
-        Checksum(s1, s2)
+        let seg: [&[u8]; 4] = std::array::from_fn(|k| &data[k * q..(k + 1) * q]);
+        fold(self, pairs / 4, &quarter_sums::<BE>(seg))
     }
 
     fn serial<const BE: bool>(self, data: &[u8]) -> Checksum {
