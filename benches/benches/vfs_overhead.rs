@@ -7,6 +7,11 @@
 //!   `INSERT INTO t(v) VALUES (?1)` with a 100-byte blob (cached statement),
 //!   i.e. one write transaction from BEGIN to durable (per `synchronous`)
 //!   commit, including, for walrelay, capture and hand-off to the sink.
+//! - `insert_commit_interleaved/sync=<LEVEL>`: the same insert, but each
+//!   measured insert on one VFS follows an untimed insert on the other, so
+//!   both are measured under the same conditions at the same moments (the
+//!   plain group runs `unix` for its whole measurement time, then
+//!   `walrelay`, and machine drift between the two lands on the ratio).
 //! - `point_read/sync=<LEVEL>`: latency of `SELECT v FROM t WHERE id = ?1`
 //!   (cached statement, one read transaction) with ids drawn uniformly from
 //!   the 10,000 pre-populated rows by a fixed-seed LCG.
@@ -203,27 +208,41 @@ impl Fixture {
         );
     }
 
-    /// Runs `iters` one-row autocommit inserts and returns the time spent in
-    /// them, excluding the periodic checkpoints.
-    fn timed_inserts(&mut self, iters: u64) -> Duration {
+    /// One one-row autocommit insert; returns its latency. The periodic
+    /// checkpoint that keeps the WAL bounded runs after it, untimed.
+    fn insert_one(&mut self) -> Duration {
         let mut stmt = self
             .conn
             .prepare_cached("INSERT INTO t(v) VALUES (?1)")
             .expect("prepare insert");
-        let mut total = Duration::ZERO;
-        let mut start = Instant::now();
-        for _ in 0..iters {
-            black_box(stmt.execute(params![self.value]).expect("insert"));
-            self.inserts += 1;
-            self.since_checkpoint += 1;
-            if self.since_checkpoint == CHECKPOINT_EVERY {
-                self.since_checkpoint = 0;
-                total += start.elapsed();
-                self.checkpoint();
-                start = Instant::now();
-            }
+        let start = Instant::now();
+        black_box(stmt.execute(params![self.value]).expect("insert"));
+        let took = start.elapsed();
+        drop(stmt);
+        self.inserts += 1;
+        self.since_checkpoint += 1;
+        if self.since_checkpoint == CHECKPOINT_EVERY {
+            self.since_checkpoint = 0;
+            self.checkpoint();
         }
-        total + start.elapsed()
+        took
+    }
+
+    /// Runs `iters` inserts and returns the time spent in them.
+    fn timed_inserts(&mut self, iters: u64) -> Duration {
+        (0..iters).map(|_| self.insert_one()).sum()
+    }
+
+    /// Runs `iters` inserts, each right after an (untimed) insert on
+    /// `other`, so that both VFSes are measured under the same conditions
+    /// at the same moments: drift and cache effects hit both alike.
+    fn timed_inserts_interleaved(&mut self, other: &mut Fixture, iters: u64) -> Duration {
+        (0..iters)
+            .map(|_| {
+                other.insert_one();
+                self.insert_one()
+            })
+            .sum()
     }
 
     fn point_read(&mut self) -> usize {
@@ -278,6 +297,21 @@ fn vfs_overhead(c: &mut Criterion) {
                     b.iter_custom(|iters| fx.timed_inserts(iters))
                 });
             }
+            group.finish();
+        }
+
+        {
+            let mut group =
+                c.benchmark_group(format!("insert_commit_interleaved/sync={}", sync.name()));
+            configure(&mut group);
+            let (a, b) = fixtures.split_at_mut(1);
+            let (unix, walrelay) = (&mut a[0], &mut b[0]);
+            group.bench_function(unix.vfs.name(), |bench| {
+                bench.iter_custom(|iters| unix.timed_inserts_interleaved(walrelay, iters))
+            });
+            group.bench_function(walrelay.vfs.name(), |bench| {
+                bench.iter_custom(|iters| walrelay.timed_inserts_interleaved(unix, iters))
+            });
             group.finish();
         }
 

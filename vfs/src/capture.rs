@@ -29,12 +29,13 @@
 //! another write whose capture could be wrong, so every later WAL write is
 //! refused until the database is reopened.
 
+use crate::buffer_pool::BufferPool;
 use crate::page_set::{CapturedTransaction, FrameNo, PageNo, PageSet, PageSetError, WalPosition};
 use crate::wal_format::{
     Checksum, FRAME_HEADER_BYTES, FrameHeader, WAL_HEADER_BYTES, WalFormatError, WalHeader,
     frame_at, frame_offset,
 };
-use bytes::Bytes;
+use std::sync::Arc;
 
 /// Why a transaction could not be captured. Once returned, the capture is
 /// poisoned and every later WAL write fails.
@@ -82,16 +83,14 @@ impl Shadow {
     }
 
     /// Copies a write at `offset`, which lies in the frame starting at
-    /// `start` (frames are `fb` bytes).
-    fn write(&mut self, offset: u64, start: u64, data: &[u8], fb: u64) {
+    /// `start`.
+    fn write(&mut self, offset: u64, start: u64, data: &[u8]) {
         if data.is_empty() {
             return;
         }
         if self.is_empty() {
             self.base = start;
             self.buf.clear();
-            // Most transactions are a frame or two: one allocation.
-            self.buf.reserve(2 * fb as usize);
         } else if start < self.base {
             // Never seen from SQLite (it writes forward from mxFrame + 1); kept
             // correct rather than asserted away.
@@ -190,6 +189,8 @@ pub(crate) struct Capture {
     /// and the per-frame page list.
     spare_covered: Vec<(u64, u64)>,
     spare_frames: Vec<(u32, usize)>,
+    /// Shadow buffers come from, and return to, here.
+    buffers: Arc<BufferPool>,
 }
 
 /// What a WAL write told the capture.
@@ -301,7 +302,11 @@ impl Capture {
             note.commit_frame_header = data[4..8] != [0, 0, 0, 0];
         }
         let hold = self.hold.as_mut().ok_or(CaptureError::WriteOutsideHold)?;
-        hold.shadow.write(offset, frame_start, data, fb);
+        if hold.shadow.buf.capacity() == 0 {
+            // Most transactions are a frame or two.
+            hold.shadow.buf = self.buffers.take(2 * fb as usize);
+        }
+        hold.shadow.write(offset, frame_start, data);
         Ok(note)
     }
 
@@ -377,7 +382,7 @@ impl Capture {
         let base_frame = frame_at(wal.page_size, shadow.base);
         let seed = self.chain_seed(&wal, base_frame, disk)?;
 
-        let buf = Bytes::from(std::mem::take(&mut shadow.buf));
+        let buf = self.buffers.freeze(std::mem::take(&mut shadow.buf));
         let mut ck = seed;
         let mut last_by_page = std::mem::take(&mut self.spare_frames);
         last_by_page.clear();

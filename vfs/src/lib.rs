@@ -28,6 +28,7 @@
 //! No panic crosses the FFI boundary.
 
 mod attach;
+mod buffer_pool;
 mod capture;
 mod page_set;
 mod shim;
