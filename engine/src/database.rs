@@ -364,6 +364,22 @@ impl Database {
         if options.readers == 0 {
             return Err(OpenError::Options("readers must be at least 1".into()));
         }
+        let meta_path = meta::sidecar_path(path);
+        let previous = meta::load(&meta_path).map_err(|e| meta_error(path, e))?;
+        let epoch = previous.map_or(1, |m| m.epoch.saturating_add(1));
+        let issuer = Arc::new(Issuer {
+            epoch: Epoch(epoch),
+            latest: AtomicU64::new(0),
+            last_commit_frame: AtomicU32::new(0),
+            downstream: options.sink.clone(),
+        });
+        // Attach first: a second open of the same database in this process
+        // fails here, before the epoch on disk moves or the file is touched.
+        let attachment = walrelay_vfs::attach(path, Arc::clone(&issuer) as Arc<dyn CaptureSink>)?;
+        // Only now touch the file: closing any descriptor of a database drops
+        // every POSIX lock this process holds on it, so the header check and
+        // the bootstrap must not run while another connection of this
+        // process has it open (the attach above refuses that case).
         let is_wal = inspect(path)?;
         if !is_wal {
             // Switching to WAL rewrites page 1 through a rollback journal,
@@ -382,18 +398,6 @@ impl Database {
             c.close().map_err(|(_, e)| map_open_error(path, e))?;
         }
 
-        let meta_path = meta::sidecar_path(path);
-        let previous = meta::load(&meta_path).map_err(|e| meta_error(path, e))?;
-        let epoch = previous.map_or(1, |m| m.epoch.saturating_add(1));
-        let issuer = Arc::new(Issuer {
-            epoch: Epoch(epoch),
-            latest: AtomicU64::new(0),
-            last_commit_frame: AtomicU32::new(0),
-            downstream: options.sink.clone(),
-        });
-        // Attach first: a second open of the same database in this process
-        // fails here, before the epoch on disk moves.
-        let attachment = walrelay_vfs::attach(path, Arc::clone(&issuer) as Arc<dyn CaptureSink>)?;
         meta::store(&meta_path, &meta::MetaFile { epoch }).map_err(|e| meta_error(path, e))?;
         let open = |flags: OpenFlags| {
             Connection::open_with_flags_and_vfs(path, flags, walrelay_vfs::VFS_NAME)
