@@ -73,7 +73,9 @@ impl WalReader for WalFile {
 /// State shared by every file SQLite opens for one attached database.
 pub(crate) struct DbShared {
     pub(crate) key: String,
-    pub(crate) sink: Arc<dyn CaptureSink>,
+    /// `None` for a replica: its WAL is written by the applier alone and
+    /// SQLite connections may only read.
+    pub(crate) sink: Option<Arc<dyn CaptureSink>>,
     pub(crate) capture: Mutex<Capture>,
     pub(crate) wal: WalFile,
     /// True from the moment a commit frame is written until its transaction
@@ -96,6 +98,10 @@ impl std::fmt::Debug for DbShared {
 }
 
 impl DbShared {
+    pub(crate) fn is_replica(&self) -> bool {
+        self.sink.is_none()
+    }
+
     pub(crate) fn mark_in_flight(&self) {
         // No lock needed to raise the flag: waiters re-check it under the
         // lock, and only lowering it must not race their wait.
@@ -115,8 +121,8 @@ impl DbShared {
     /// Ends a hold: captures, hands the transaction to the sink, settles.
     pub(crate) fn end_hold(&self) {
         let result = self.capture.lock().end_hold(&self.wal);
-        if let Ok(Some(txn)) = result {
-            let sink = Arc::clone(&self.sink);
+        if let (Ok(Some(txn)), Some(sink)) = (result, &self.sink) {
+            let sink = Arc::clone(sink);
             let outcome =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || sink.committed(txn)));
             let err = match outcome {
@@ -153,6 +159,16 @@ pub(crate) fn lookup(key: &str) -> Option<Arc<DbShared>> {
 /// transaction committed to it through the VFS goes to `sink`. Detached when
 /// the returned handle drops.
 pub fn attach(path: &Path, sink: Arc<dyn CaptureSink>) -> Result<Attachment, AttachError> {
+    attach_as(path, Some(sink))
+}
+
+/// Attaches a replica database: SQLite connections through the VFS may read
+/// it but never write its WAL; only a [`crate::ReplicaWal`] appends to it.
+pub fn attach_replica(path: &Path) -> Result<Attachment, AttachError> {
+    attach_as(path, None)
+}
+
+fn attach_as(path: &Path, sink: Option<Arc<dyn CaptureSink>>) -> Result<Attachment, AttachError> {
     crate::register().map_err(|e| AttachError::Register(e.code()))?;
     let key = crate::shim::full_pathname(path).map_err(|reason| AttachError::Path {
         path: path.to_path_buf(),

@@ -25,16 +25,28 @@
 //! - All access to an attached database must go through this VFS in this
 //!   process; the VFS never opens sockets.
 //!
+//! - A replica database is written only by its [`ReplicaWal`]: `append`
+//!   writes a transaction's frames past the wal-index watermark (invisible),
+//!   `confirm` moves the watermark so the whole transaction becomes visible
+//!   to new read transactions at once, `discard_unconfirmed` drops what was
+//!   never confirmed. SQLite connections on a replica may only read. On
+//!   open, the WAL is cut back to the persisted watermark before SQLite
+//!   reads it.
+//!
 //! No panic crosses the FFI boundary.
 
 mod attach;
 mod buffer_pool;
 mod capture;
 mod page_set;
+mod replica;
 mod shim;
 pub mod wal_format;
+pub mod wal_index;
+pub mod watermark;
 
-pub use attach::{AttachError, Attachment, CaptureSink, SinkError, attach};
+pub use attach::{AttachError, Attachment, CaptureSink, SinkError, attach, attach_replica};
 pub use capture::CaptureError;
 pub use page_set::{CapturedTransaction, FrameNo, PageNo, PageSet, PageSetError, WalPosition};
+pub use replica::{Appended, ApplyError, ReplicaInit, ReplicaOpenError, ReplicaWal};
 pub use shim::{RegisterError, VFS_NAME, register};

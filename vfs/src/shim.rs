@@ -396,6 +396,7 @@ unsafe extern "C" fn x_write(
                     }
                     write(real, buf, n, off)
                 }
+                Kind::Wal(shared) if shared.is_replica() => ffi::SQLITE_READONLY,
                 Kind::Wal(shared) => {
                     let data = std::slice::from_raw_parts(buf.cast::<u8>(), n.max(0) as usize);
                     let mut cap = shared.capture.lock();
@@ -439,6 +440,7 @@ unsafe extern "C" fn x_truncate(f: *mut ffi::sqlite3_file, size: ffi::sqlite3_in
                     }
                     truncate(real, size)
                 }
+                Kind::Wal(shared) if shared.is_replica() => ffi::SQLITE_READONLY,
                 Kind::Wal(shared) => {
                     let mut cap = shared.capture.lock();
                     let rc = truncate(real, size);
@@ -481,6 +483,7 @@ unsafe extern "C" fn x_shm_lock(
                 if covers_write
                     && w.exclusive_locks & (1 << WAL_WRITE_LOCK) != 0
                     && let Kind::MainDb(shared) = &w.kind
+                    && !shared.is_replica()
                 {
                     // Capture and hand off before any other writer can start:
                     // sink order is commit order.
@@ -492,7 +495,10 @@ unsafe extern "C" fn x_shm_lock(
             let rc = lock(real, ofst, n, flags);
             if rc == ffi::SQLITE_OK {
                 w.exclusive_locks |= mask;
-                if covers_write && let Kind::MainDb(shared) = &w.kind {
+                if covers_write
+                    && let Kind::MainDb(shared) = &w.kind
+                    && !shared.is_replica()
+                {
                     shared.capture.lock().begin_hold();
                 }
             }

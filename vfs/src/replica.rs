@@ -1,0 +1,815 @@
+//! The replica side: applying page sets to a replica's WAL ahead of the
+//! commit watermark, and moving the watermark.
+//!
+//! The applier is the replica's only writer. While any appended transaction
+//! is unconfirmed it holds the WAL write lock (lock 0 of `xShmLock`), so no
+//! SQLite connection can write, restart or truncate the WAL under it. It
+//! writes frames with the replica's own salts and checksum chain (the
+//! replica's WAL is not byte-identical to the primary's; its pages are) and
+//! fills the wal-index hash tables, but leaves the wal-index header alone:
+//! readers ignore every frame past the header's `mxFrame`.
+//!
+//! `confirm` publishes a new header (copy 1, barrier, copy 0, as SQLite's
+//! own writers do) naming the confirmed transaction's last frame: a read
+//! transaction that starts afterwards sees the whole transaction, one that
+//! started before keeps its snapshot. Nothing else ever changes `mxFrame`.
+//!
+//! Crash safety rests on one rule, applied on open before SQLite reads the
+//! WAL: everything past the persisted watermark is cut, and the wal-index is
+//! discarded so SQLite rebuilds it from what is left (see
+//! [`crate::watermark`]). The watermark is persisted only after the WAL
+//! frames it names are synced, and before a WAL restart makes the old
+//! generation unreadable.
+
+use crate::attach::{AttachError, Attachment, attach_replica};
+use crate::page_set::{FrameNo, PageSet};
+use crate::wal_format::{
+    Checksum, FrameHeader, WAL_HEADER_BYTES, WalHeader, frame_bytes, frame_offset,
+};
+use crate::wal_index::{
+    IndexError, IndexHeader, REGION_BYTES, Region, WAL_NREADER, WAL_READ_LOCK_0, WAL_WRITE_LOCK,
+    region_of,
+};
+use crate::watermark::{Watermark, WatermarkError, WatermarkFile};
+use libsqlite3_sys as ffi;
+use rusqlite::{Connection, OpenFlags};
+use std::collections::VecDeque;
+use std::ffi::{c_int, c_void};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use walrelay_replicator::Bookmark;
+
+/// Why a replica could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaOpenError {
+    #[error("replica I/O on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Watermark(#[from] WatermarkError),
+    #[error("replica {path} is inconsistent with its watermark: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Attach(#[from] AttachError),
+    #[error("SQLite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("page size {0} is not a power of two in 512..=65536")]
+    PageSize(u32),
+}
+
+/// Why an append, confirm or discard failed. A failed call changed nothing
+/// that readers can see.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("transaction {got} does not follow {after}: send {expected} next")]
+    Gap {
+        after: Bookmark,
+        got: Bookmark,
+        expected: Bookmark,
+    },
+    #[error("cannot confirm {requested}: the newest appended transaction is {last_appended}")]
+    NotAppended {
+        requested: Bookmark,
+        last_appended: Bookmark,
+    },
+    #[error("page set has page size {got}; this replica's is {expected}")]
+    PageSize { expected: u32, got: u32 },
+    #[error("an empty page set cannot be applied")]
+    EmptyPageSet,
+    #[error("timed out waiting for the WAL write lock")]
+    Busy,
+    #[error("replica WAL I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    #[error(transparent)]
+    Watermark(#[from] WatermarkError),
+    #[error("SQLite shared-memory call failed with code {0}")]
+    Shm(i32),
+}
+
+/// What `append` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Appended {
+    /// Frames written, unconfirmed and invisible.
+    Applied {
+        first_frame: FrameNo,
+        last_frame: FrameNo,
+    },
+    /// Already appended (or confirmed) before: ignored.
+    Duplicate,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    bookmark: Bookmark,
+    last_frame: u32,
+    checksum: Checksum,
+    db_pages: u32,
+}
+
+/// How to create a replica that does not exist yet.
+#[derive(Debug, Clone, Copy)]
+pub struct ReplicaInit {
+    pub page_size: u32,
+    /// The position the initial database file stands for.
+    pub bookmark: Bookmark,
+}
+
+/// The single writer of one replica database.
+pub struct ReplicaWal {
+    /// Owns the shared-memory mapping and the file `file` points into; only
+    /// ever used through `file`. Declared (so dropped) before the
+    /// attachment.
+    #[allow(dead_code)]
+    conn: Connection,
+    /// A separate connection for PASSIVE checkpoints, so that SQLite's own
+    /// WAL bookkeeping never shares a connection with the applier's lock.
+    ckpt: Connection,
+    file: *mut ffi::sqlite3_file,
+    attachment: Attachment,
+    path: PathBuf,
+    wal: File,
+    regions: Vec<Region>,
+    marks: WatermarkFile,
+    page_size: u32,
+    /// Salts of the current WAL generation (header bytes 16..24).
+    salt: [u8; 8],
+    checkpoint_seq: u32,
+    /// The current generation's WAL header is on disk.
+    generation_started: bool,
+    generation_checksum: Checksum,
+    next_frame: u32,
+    running: Checksum,
+    change: u32,
+    confirmed: Watermark,
+    persisted: Watermark,
+    pending: VecDeque<Pending>,
+    write_locked: bool,
+    lock_timeout: Duration,
+}
+
+impl std::fmt::Debug for ReplicaWal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicaWal")
+            .field("path", &self.path)
+            .field("confirmed", &self.confirmed.bookmark)
+            .field("pending", &self.pending.len())
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: `file` points into `conn`'s own file object, which moves with the
+// ReplicaWal and is only used through `&mut self`; the shm regions are
+// process-wide mappings owned by that connection.
+unsafe impl Send for ReplicaWal {}
+
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> ReplicaOpenError + '_ {
+    move |source| ReplicaOpenError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: sqlite3_randomness writes exactly `n` bytes into the buffer.
+    unsafe { ffi::sqlite3_randomness(4, b.as_mut_ptr().cast()) };
+    u32::from_ne_bytes(b)
+}
+
+impl ReplicaWal {
+    /// Opens the replica at `path`, creating it from `init` if it does not
+    /// exist. Before SQLite sees the WAL, everything past the persisted
+    /// watermark is cut. No other connection in this process may have the
+    /// database open (attach refuses a second opener).
+    pub fn open(path: &Path, init: ReplicaInit) -> Result<ReplicaWal, ReplicaOpenError> {
+        if !(512..=65536).contains(&init.page_size) || !init.page_size.is_power_of_two() {
+            return Err(ReplicaOpenError::PageSize(init.page_size));
+        }
+        // Attach before touching any file of the database (closing a
+        // descriptor would drop this process's POSIX locks on it).
+        let attachment = attach_replica(path)?;
+        let fresh = std::fs::metadata(path)
+            .map(|m| m.len() == 0)
+            .unwrap_or(true);
+        if fresh {
+            let c = Connection::open(path)?;
+            c.execute_batch(&format!(
+                "PRAGMA page_size={}; PRAGMA journal_mode=WAL;",
+                init.page_size
+            ))?;
+            c.close().map_err(|(_, e)| e)?;
+        }
+        let db_len = std::fs::metadata(path).map_err(io_err(path))?.len();
+        let initial = Watermark {
+            bookmark: init.bookmark,
+            salt: [0; 8],
+            frame: 0,
+            checksum: Checksum::default(),
+            db_pages: (db_len / u64::from(init.page_size)) as u32,
+            page_size: init.page_size,
+        };
+        let (marks, mark) = WatermarkFile::open(&WatermarkFile::path_for(path), initial)?;
+        let wal_path = sibling(path, "-wal");
+        let cut = cut_wal(path, &wal_path, &mark)?;
+        // Force SQLite to rebuild the wal-index from the cut WAL.
+        if let Ok(f) = OpenOptions::new().write(true).open(sibling(path, "-shm")) {
+            f.set_len(0).map_err(io_err(path))?;
+        }
+
+        let conn = Connection::open_with_flags_and_vfs(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            crate::VFS_NAME,
+        )?;
+        conn.busy_timeout(Duration::from_secs(5))?;
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        )?;
+        // A read transaction makes SQLite open the WAL and build the index.
+        let _: i64 = conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?;
+        let mut file: *mut ffi::sqlite3_file = std::ptr::null_mut();
+        // SAFETY: the handle is live; FILE_POINTER writes one pointer to
+        // the main database's sqlite3_file into `file`.
+        let rc = unsafe {
+            ffi::sqlite3_file_control(
+                conn.handle(),
+                c"main".as_ptr(),
+                ffi::SQLITE_FCNTL_FILE_POINTER,
+                (&raw mut file).cast::<c_void>(),
+            )
+        };
+        if rc != ffi::SQLITE_OK || file.is_null() {
+            return Err(ReplicaOpenError::Corrupt {
+                path: path.to_path_buf(),
+                reason: format!("no file pointer (SQLite code {rc})"),
+            });
+        }
+        let ckpt = Connection::open_with_flags_and_vfs(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            crate::VFS_NAME,
+        )?;
+        ckpt.busy_timeout(Duration::from_secs(5))?;
+        ckpt.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        )?;
+        // The checkpoint syncs the database file before the WAL restarts,
+        // which the restart's watermark relies on.
+        ckpt.execute_batch("PRAGMA wal_autocheckpoint=0; PRAGMA synchronous=NORMAL;")?;
+        let wal = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&wal_path)
+            .map_err(io_err(&wal_path))?;
+        let mut r = ReplicaWal {
+            conn,
+            ckpt,
+            file,
+            attachment,
+            path: path.to_path_buf(),
+            wal,
+            regions: Vec::new(),
+            marks,
+            page_size: mark.page_size,
+            salt: cut.map_or([0; 8], |h| salt_bytes(&h)),
+            checkpoint_seq: cut.map_or(0, |h| h.checkpoint_seq),
+            generation_started: cut.is_some(),
+            generation_checksum: cut.map_or(Checksum::default(), |h| h.checksum),
+            next_frame: mark.frame + 1,
+            running: if mark.frame > 0 {
+                mark.checksum
+            } else {
+                cut.map_or(Checksum::default(), |h| h.checksum)
+            },
+            change: 0,
+            confirmed: mark,
+            persisted: mark,
+            pending: VecDeque::new(),
+            write_locked: false,
+            lock_timeout: Duration::from_secs(5),
+        };
+        let header = r.read_index_header()?;
+        let seen = header.map_or(0, |h| h.max_frame);
+        if seen != mark.frame {
+            return Err(ReplicaOpenError::Corrupt {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "after recovery the WAL holds {seen} frames, the watermark names {}",
+                    mark.frame
+                ),
+            });
+        }
+        r.change = header.map_or(0, |h| h.change);
+        Ok(r)
+    }
+
+    /// The newest confirmed transaction.
+    pub fn confirmed(&self) -> Bookmark {
+        self.confirmed.bookmark
+    }
+
+    /// The newest appended transaction (confirmed or not).
+    pub fn last_appended(&self) -> Bookmark {
+        self.pending
+            .back()
+            .map_or(self.confirmed.bookmark, |p| p.bookmark)
+    }
+
+    /// The newest watermark that is durable on disk.
+    pub fn persisted(&self) -> Bookmark {
+        self.persisted.bookmark
+    }
+
+    pub fn page_size(&self) -> u32 {
+        self.page_size
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Frames in the current WAL generation (confirmed and not).
+    pub fn wal_frames(&self) -> u32 {
+        self.next_frame - 1
+    }
+
+    fn region(&mut self, index: usize) -> Result<Region, ApplyError> {
+        while self.regions.len() <= index {
+            let i = self.regions.len();
+            let mut p: *mut c_void = std::ptr::null_mut();
+            // SAFETY: `file` is the live main-db file of `conn`; xShmMap maps
+            // region `i` of REGION_BYTES (extending the file if needed) and
+            // keeps it mapped until the connection unmaps it at close.
+            let rc = unsafe {
+                let m = &*(*self.file).pMethods;
+                match m.xShmMap {
+                    Some(map) => map(self.file, i as c_int, REGION_BYTES as c_int, 1, &mut p),
+                    None => ffi::SQLITE_IOERR_SHMMAP,
+                }
+            };
+            if rc != ffi::SQLITE_OK || p.is_null() {
+                return Err(ApplyError::Shm(rc));
+            }
+            // SAFETY: SQLite's shm regions are page-aligned, REGION_BYTES
+            // long, and stay mapped while `conn` is open (it outlives the
+            // Region values, which live in `self`).
+            self.regions.push(unsafe { Region::new(p.cast(), i) });
+        }
+        Ok(self.regions[index])
+    }
+
+    fn read_index_header(&mut self) -> Result<Option<IndexHeader>, ReplicaOpenError> {
+        let r = self.region(0).map_err(|e| ReplicaOpenError::Corrupt {
+            path: self.path.clone(),
+            reason: e.to_string(),
+        })?;
+        let w0 = r.read_header_words(0);
+        Ok(IndexHeader::from_words(&w0))
+    }
+
+    fn shm_lock(&self, ofst: c_int, n: c_int, flags: c_int) -> c_int {
+        // SAFETY: `file` is the live main-db file of `conn`.
+        unsafe {
+            match (*(*self.file).pMethods).xShmLock {
+                Some(lock) => lock(self.file, ofst, n, flags),
+                None => ffi::SQLITE_IOERR_SHMLOCK,
+            }
+        }
+    }
+
+    fn lock_writer(&mut self) -> Result<(), ApplyError> {
+        if self.write_locked {
+            return Ok(());
+        }
+        let deadline = Instant::now() + self.lock_timeout;
+        let mut backoff = Duration::from_micros(10);
+        loop {
+            let rc = self.shm_lock(
+                WAL_WRITE_LOCK,
+                1,
+                ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE,
+            );
+            match rc {
+                ffi::SQLITE_OK => {
+                    self.write_locked = true;
+                    return Ok(());
+                }
+                ffi::SQLITE_BUSY if Instant::now() < deadline => {
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_millis(5));
+                }
+                ffi::SQLITE_BUSY => return Err(ApplyError::Busy),
+                rc => return Err(ApplyError::Shm(rc)),
+            }
+        }
+    }
+
+    fn unlock_writer(&mut self) {
+        if self.write_locked {
+            self.shm_lock(
+                WAL_WRITE_LOCK,
+                1,
+                ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE,
+            );
+            self.write_locked = false;
+        }
+    }
+
+    fn wal_header(&self) -> WalHeader {
+        WalHeader {
+            big_endian_checksums: cfg!(target_endian = "big"),
+            page_size: self.page_size,
+            checkpoint_seq: self.checkpoint_seq,
+            salt: [
+                u32::from_be_bytes([self.salt[0], self.salt[1], self.salt[2], self.salt[3]]),
+                u32::from_be_bytes([self.salt[4], self.salt[5], self.salt[6], self.salt[7]]),
+            ],
+            checksum: self.generation_checksum,
+        }
+    }
+
+    /// Writes a new WAL header (new salts): frame numbering restarts at 1.
+    fn start_generation(&mut self, salt1: u32) -> Result<(), ApplyError> {
+        let salt = [salt1, random_u32()];
+        self.checkpoint_seq = self.checkpoint_seq.wrapping_add(1);
+        let bytes = WalHeader::encode(
+            cfg!(target_endian = "big"),
+            self.page_size,
+            self.checkpoint_seq,
+            salt,
+        );
+        let h = WalHeader::decode(&bytes).map_err(|e| std::io::Error::other(e.to_string()))?;
+        self.salt = salt_bytes(&h);
+        self.generation_checksum = h.checksum;
+        self.wal.write_all_at(&bytes, 0)?;
+        self.generation_started = true;
+        self.next_frame = 1;
+        self.running = h.checksum;
+        Ok(())
+    }
+
+    /// Restarts the WAL once every confirmed frame is in the database file
+    /// and no reader uses the WAL, as SQLite's `walRestartLog` does.
+    fn maybe_restart(&mut self) -> Result<(), ApplyError> {
+        if !self.pending.is_empty() || self.confirmed.frame == 0 {
+            return Ok(());
+        }
+        let region0 = self.region(0)?;
+        if region0.backfilled() != self.confirmed.frame {
+            return Ok(());
+        }
+        let readers = (WAL_NREADER - 1) as c_int;
+        let first = WAL_READ_LOCK_0 + 1;
+        let rc = self.shm_lock(
+            first,
+            readers,
+            ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE,
+        );
+        if rc == ffi::SQLITE_BUSY {
+            return Ok(()); // a reader uses the WAL; try at a later append
+        }
+        if rc != ffi::SQLITE_OK {
+            return Err(ApplyError::Shm(rc));
+        }
+        let result = self.restart(region0);
+        self.shm_lock(
+            first,
+            readers,
+            ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE,
+        );
+        result
+    }
+
+    fn restart(&mut self, region0: Region) -> Result<(), ApplyError> {
+        let old_salt1 =
+            u32::from_be_bytes([self.salt[0], self.salt[1], self.salt[2], self.salt[3]]);
+        // The new generation's salts are decided before anything is written
+        // so that the watermark can name them first: a crash after this
+        // store but before the header write leaves an old-salt WAL that the
+        // next open truncates (watermark frame 0), with the database file
+        // already holding every confirmed page.
+        let salt = [old_salt1.wrapping_add(1), random_u32()];
+        let seq = self.checkpoint_seq.wrapping_add(1);
+        let bytes = WalHeader::encode(cfg!(target_endian = "big"), self.page_size, seq, salt);
+        let h = WalHeader::decode(&bytes).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let mark = Watermark {
+            salt: salt_bytes(&h),
+            frame: 0,
+            checksum: h.checksum,
+            ..self.confirmed
+        };
+        self.marks.store(&mark)?;
+        self.persisted = mark;
+        self.wal.write_all_at(&bytes, 0)?;
+        self.checkpoint_seq = seq;
+        self.salt = mark.salt;
+        self.generation_checksum = h.checksum;
+        self.generation_started = true;
+        self.next_frame = 1;
+        self.running = h.checksum;
+        self.confirmed = mark;
+        self.change = self.change.wrapping_add(1);
+        region0.publish_header(&self.index_header(0, mark.db_pages, h.checksum));
+        region0.reset_checkpoint_info();
+        Ok(())
+    }
+
+    fn index_header(&self, max_frame: u32, db_pages: u32, checksum: Checksum) -> IndexHeader {
+        IndexHeader {
+            change: self.change,
+            big_endian_checksums: cfg!(target_endian = "big"),
+            page_size: self.page_size,
+            max_frame,
+            db_pages,
+            frame_checksum: checksum,
+            salt_bytes: self.salt,
+        }
+    }
+
+    /// Writes `pages` as transaction `bookmark` past the watermark, where no
+    /// reader looks. A bookmark at or before the newest appended one is a
+    /// duplicate and is ignored; one that skips ahead is a `Gap` naming the
+    /// transaction to send next.
+    pub fn append(&mut self, bookmark: Bookmark, pages: &PageSet) -> Result<Appended, ApplyError> {
+        let last = self.last_appended();
+        if bookmark <= last {
+            return Ok(Appended::Duplicate);
+        }
+        let follows = if bookmark.epoch == last.epoch {
+            Some(bookmark) == last.next()
+        } else {
+            bookmark.epoch > last.epoch && bookmark.sequence.0 == 1
+        };
+        if !follows {
+            let expected = last.next().unwrap_or(last);
+            return Err(ApplyError::Gap {
+                after: last,
+                got: bookmark,
+                expected,
+            });
+        }
+        if pages.page_size() != self.page_size {
+            return Err(ApplyError::PageSize {
+                expected: self.page_size,
+                got: pages.page_size(),
+            });
+        }
+        if pages.is_empty() {
+            return Err(ApplyError::EmptyPageSet);
+        }
+        self.lock_writer()?;
+        let result = self.write_frames(bookmark, pages);
+        if result.is_err() && self.pending.is_empty() {
+            self.unlock_writer();
+        }
+        result
+    }
+
+    fn write_frames(
+        &mut self,
+        bookmark: Bookmark,
+        pages: &PageSet,
+    ) -> Result<Appended, ApplyError> {
+        self.maybe_restart()?;
+        if !self.generation_started {
+            self.start_generation(random_u32())?;
+        }
+        let wal = self.wal_header();
+        let first = self.next_frame;
+        let fb = frame_bytes(self.page_size) as usize;
+        let n = pages.len();
+        let mut buf = Vec::with_capacity(n * fb);
+        let mut ck = self.running;
+        for (i, (no, image)) in pages.pages().iter().enumerate() {
+            let commit = if i + 1 == n { pages.db_size_pages() } else { 0 };
+            let (h, next) = FrameHeader::encode(&wal, *no, commit, ck, image);
+            buf.extend_from_slice(&h);
+            buf.extend_from_slice(image);
+            ck = next;
+        }
+        self.wal
+            .write_all_at(&buf, frame_offset(self.page_size, FrameNo::new(first)))?;
+        for (i, (no, _)) in pages.pages().iter().enumerate() {
+            let frame = first + i as u32;
+            let (region, zero) = region_of(frame);
+            self.region(region)?.append(frame, zero, no.get())?;
+        }
+        let last = first + n as u32 - 1;
+        self.next_frame = last + 1;
+        self.running = ck;
+        self.pending.push_back(Pending {
+            bookmark,
+            last_frame: last,
+            checksum: ck,
+            db_pages: pages.db_size_pages(),
+        });
+        Ok(Appended::Applied {
+            first_frame: FrameNo::new(first),
+            last_frame: FrameNo::new(last),
+        })
+    }
+
+    /// Makes every appended transaction up to `bookmark` visible at once to
+    /// read transactions that start from now on. Confirming what is already
+    /// confirmed is a no-op; confirming what was never appended is an error.
+    pub fn confirm(&mut self, bookmark: Bookmark) -> Result<(), ApplyError> {
+        if bookmark <= self.confirmed.bookmark {
+            return Ok(());
+        }
+        let Some(idx) = self.pending.iter().rposition(|p| p.bookmark <= bookmark) else {
+            return Err(ApplyError::NotAppended {
+                requested: bookmark,
+                last_appended: self.last_appended(),
+            });
+        };
+        if bookmark > self.last_appended() {
+            return Err(ApplyError::NotAppended {
+                requested: bookmark,
+                last_appended: self.last_appended(),
+            });
+        }
+        let p = self.pending[idx];
+        let region0 = self.region(0)?;
+        self.change = self.change.wrapping_add(1);
+        region0.publish_header(&self.index_header(p.last_frame, p.db_pages, p.checksum));
+        self.pending.drain(..=idx);
+        self.confirmed = Watermark {
+            bookmark: p.bookmark,
+            salt: self.salt,
+            frame: p.last_frame,
+            checksum: p.checksum,
+            db_pages: p.db_pages,
+            page_size: self.page_size,
+        };
+        if self.pending.is_empty() {
+            self.unlock_writer();
+        }
+        Ok(())
+    }
+
+    /// Drops every unconfirmed transaction (a new primary's log replaces
+    /// them). Readers never saw them; the next append reuses their frames.
+    pub fn discard_unconfirmed(&mut self) -> Result<(), ApplyError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.pending.clear();
+        let frame = if self.confirmed.salt == self.salt {
+            self.confirmed.frame
+        } else {
+            0
+        };
+        self.next_frame = frame + 1;
+        self.running = if frame > 0 {
+            self.confirmed.checksum
+        } else {
+            self.generation_checksum
+        };
+        if frame > 0 {
+            let (region, zero) = region_of(frame);
+            self.region(region)?.clear_from((frame - zero) as usize);
+        }
+        self.unlock_writer();
+        Ok(())
+    }
+
+    /// Makes the confirmed watermark durable: syncs the WAL, then records
+    /// the watermark. Until this runs, a crash may roll the replica back to
+    /// the previous durable watermark (never past a confirmed transaction
+    /// to an unconfirmed one).
+    pub fn persist(&mut self) -> Result<(), ApplyError> {
+        if self.persisted == self.confirmed {
+            return Ok(());
+        }
+        self.wal.sync_data()?;
+        self.marks.store(&self.confirmed)?;
+        self.persisted = self.confirmed;
+        Ok(())
+    }
+
+    /// Copies confirmed frames into the database file (PASSIVE: never waits
+    /// for readers, never touches an unconfirmed frame, since SQLite
+    /// checkpoints only up to the wal-index `mxFrame`). Once everything is
+    /// copied and no reader uses the WAL, the next append restarts the WAL
+    /// at frame 1, which keeps it bounded. Returns (frames in the WAL,
+    /// frames backfilled).
+    pub fn checkpoint(&mut self) -> Result<(u32, u32), ApplyError> {
+        let (mut log, mut done) = (0, 0);
+        // SAFETY: `ckpt` is a live connection owned by self; the schema name
+        // is NUL-terminated; the out-pointers are valid locals.
+        let rc = unsafe {
+            ffi::sqlite3_wal_checkpoint_v2(
+                self.ckpt.handle(),
+                c"main".as_ptr(),
+                ffi::SQLITE_CHECKPOINT_PASSIVE,
+                &mut log,
+                &mut done,
+            )
+        };
+        match rc {
+            ffi::SQLITE_OK | ffi::SQLITE_BUSY => Ok((log.max(0) as u32, done.max(0) as u32)),
+            rc => Err(ApplyError::Shm(rc)),
+        }
+    }
+
+    /// The attachment this replica holds (for opening reader connections).
+    pub fn attachment(&self) -> &Attachment {
+        &self.attachment
+    }
+}
+
+impl Drop for ReplicaWal {
+    fn drop(&mut self) {
+        self.unlock_writer();
+    }
+}
+
+fn salt_bytes(h: &WalHeader) -> [u8; 8] {
+    let mut s = [0u8; 8];
+    s[..4].copy_from_slice(&h.salt[0].to_be_bytes());
+    s[4..].copy_from_slice(&h.salt[1].to_be_bytes());
+    s
+}
+
+/// Cuts the WAL back to the watermark before SQLite reads it. Returns the
+/// WAL header kept, if the watermark names frames of its generation.
+fn cut_wal(
+    db: &Path,
+    wal_path: &Path,
+    mark: &Watermark,
+) -> Result<Option<WalHeader>, ReplicaOpenError> {
+    let corrupt = |reason: String| ReplicaOpenError::Corrupt {
+        path: db.to_path_buf(),
+        reason,
+    };
+    let f = match OpenOptions::new().read(true).write(true).open(wal_path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if mark.frame > 0 {
+                return Err(corrupt(
+                    "the WAL holding confirmed frames is missing".into(),
+                ));
+            }
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(ReplicaOpenError::Io {
+                path: wal_path.to_path_buf(),
+                source: e,
+            });
+        }
+    };
+    if mark.frame == 0 {
+        // Nothing confirmed in this generation: all of it is unconfirmed or
+        // already backfilled into the database file.
+        f.set_len(0).map_err(io_err(wal_path))?;
+        return Ok(None);
+    }
+    let mut hb = [0u8; WAL_HEADER_BYTES];
+    f.read_exact_at(&mut hb, 0)
+        .map_err(|_| corrupt("the WAL header is missing".into()))?;
+    let h = WalHeader::decode(&hb).map_err(|e| corrupt(format!("WAL header: {e}")))?;
+    if salt_bytes(&h) != mark.salt || h.page_size != mark.page_size {
+        return Err(corrupt(
+            "the WAL is not the generation the watermark names".into(),
+        ));
+    }
+    let end = frame_offset(h.page_size, FrameNo::new(mark.frame)) + frame_bytes(h.page_size);
+    let len = f.metadata().map_err(io_err(wal_path))?.len();
+    if len < end {
+        return Err(corrupt(format!(
+            "the WAL ends at {len} bytes, before confirmed frame {}",
+            mark.frame
+        )));
+    }
+    let mut fh = [0u8; 24];
+    f.read_exact_at(&mut fh, frame_offset(h.page_size, FrameNo::new(mark.frame)))
+        .map_err(io_err(wal_path))?;
+    let frame = FrameHeader::decode(&fh);
+    if frame.checksum != mark.checksum || !frame.is_commit() {
+        return Err(corrupt(format!(
+            "frame {} is not the confirmed commit frame",
+            mark.frame
+        )));
+    }
+    f.set_len(end).map_err(io_err(wal_path))?;
+    f.sync_all().map_err(io_err(wal_path))?;
+    Ok(Some(h))
+}
