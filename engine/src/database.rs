@@ -140,8 +140,8 @@ const IN_BATCH: u8 = 2;
 
 /// A connection plus the authorizer switches the engine flips around its own
 /// BEGIN/COMMIT.
-struct Conn {
-    conn: Connection,
+pub(crate) struct Conn {
+    pub(crate) conn: Connection,
     auth: Arc<AtomicU8>,
 }
 
@@ -154,12 +154,19 @@ impl Conn {
     }
 }
 
-struct ReaderPool {
+pub(crate) struct ReaderPool {
     idle: Mutex<Vec<Conn>>,
     available: Condvar,
 }
 
 impl ReaderPool {
+    pub(crate) fn new(conns: Vec<Conn>) -> ReaderPool {
+        ReaderPool {
+            idle: Mutex::new(conns),
+            available: Condvar::new(),
+        }
+    }
+
     fn take(&self) -> Conn {
         let mut idle = self.idle.lock();
         loop {
@@ -176,17 +183,30 @@ impl ReaderPool {
 }
 
 pub(crate) struct Inner {
-    // Connections are declared (and so dropped) before the attachment.
+    // Readers are declared (and so dropped) before the role, whose
+    // attachment or applier must outlive every connection.
+    pub(crate) readers: ReaderPool,
+    pub(crate) role: Role,
+    pub(crate) path: PathBuf,
+    pub(crate) region: String,
+}
+
+/// What a database is in the replication topology.
+pub(crate) enum Role {
+    Primary(PrimaryRole),
+    Replica(crate::replica::ReplicaRole),
+}
+
+pub(crate) struct PrimaryRole {
     writer: Mutex<Conn>,
-    readers: ReaderPool,
     issuer: Arc<Issuer>,
     attachment: Attachment,
-    path: PathBuf,
-    region: String,
     checkpoint_threshold_frames: u32,
 }
 
-/// A primary database. Cheap to clone; every clone is the same database.
+/// A database: a primary ([`Database::open`]) or the read side of a
+/// replica ([`crate::Replica`]). Cheap to clone; every clone is the same
+/// database.
 #[derive(Clone)]
 pub struct Database {
     pub(crate) inner: Arc<Inner>,
@@ -254,7 +274,7 @@ fn inspect(path: &Path) -> Result<bool, OpenError> {
     Ok(head[18] == 2 && head[19] == 2)
 }
 
-fn map_open_error(path: &Path, e: rusqlite::Error) -> OpenError {
+pub(crate) fn map_open_error(path: &Path, e: rusqlite::Error) -> OpenError {
     let p = path_string(path);
     match e.sqlite_error_code() {
         Some(rusqlite::ErrorCode::NotADatabase) => OpenError::NotADatabase { path: p },
@@ -317,7 +337,11 @@ fn meta_error(path: &Path, e: meta::MetaError) -> OpenError {
     }
 }
 
-fn configure(conn: Connection, opts: &Options, writer: bool) -> Result<Conn, rusqlite::Error> {
+pub(crate) fn configure(
+    conn: Connection,
+    opts: &Options,
+    writer: bool,
+) -> Result<Conn, rusqlite::Error> {
     conn.busy_timeout(Duration::from_millis(opts.busy_timeout_ms))?;
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
     conn.execute_batch("PRAGMA wal_autocheckpoint=0;")?;
@@ -423,33 +447,54 @@ impl Database {
         }
         Ok(Database {
             inner: Arc::new(Inner {
-                writer: Mutex::new(writer),
-                readers: ReaderPool {
-                    idle: Mutex::new(readers),
-                    available: Condvar::new(),
-                },
-                issuer,
-                attachment,
+                readers: ReaderPool::new(readers),
+                role: Role::Primary(PrimaryRole {
+                    writer: Mutex::new(writer),
+                    issuer,
+                    attachment,
+                    checkpoint_threshold_frames: options.checkpoint_threshold_frames,
+                }),
                 path: path.to_path_buf(),
                 region: options.region.clone(),
-                checkpoint_threshold_frames: options.checkpoint_threshold_frames,
             }),
         })
     }
 
-    /// The newest bookmark issued: the database's current position.
-    pub fn latest_bookmark(&self) -> Bookmark {
-        let i = &self.inner.issuer;
-        Bookmark::new(i.epoch, Sequence(i.latest.load(Ordering::Acquire)))
+    fn primary(&self) -> Option<&PrimaryRole> {
+        match &self.inner.role {
+            Role::Primary(p) => Some(p),
+            Role::Replica(_) => None,
+        }
     }
 
-    /// The epoch this open of the database issues bookmarks in.
+    /// The newest bookmark this database can serve: the last issued on a
+    /// primary, the last confirmed on a replica.
+    pub fn latest_bookmark(&self) -> Bookmark {
+        match &self.inner.role {
+            Role::Primary(p) => {
+                let i = &p.issuer;
+                Bookmark::new(i.epoch, Sequence(i.latest.load(Ordering::Acquire)))
+            }
+            Role::Replica(r) => r.visible(),
+        }
+    }
+
+    /// The epoch this database's newest bookmark belongs to (on a primary,
+    /// the epoch this open issues bookmarks in).
     pub fn epoch(&self) -> Epoch {
-        self.inner.issuer.epoch
+        match &self.inner.role {
+            Role::Primary(p) => p.issuer.epoch,
+            Role::Replica(r) => r.visible().epoch,
+        }
     }
 
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// Whether this is a primary (writes) or a replica (reads only).
+    pub fn is_primary(&self) -> bool {
+        self.primary().is_some()
     }
 
     /// Starts a session (D1's `withSession`).
@@ -464,8 +509,12 @@ impl Database {
         Ok(Session::new(self.clone(), constraint, start))
     }
 
-    /// A bookmark this database can serve: not beyond what it has issued.
+    /// A bookmark this database can serve: not beyond what it has issued
+    /// (a replica instead waits for it, boundedly, when a query needs it).
     pub fn check_bookmark(&self, b: Bookmark) -> Result<(), SessionError> {
+        let Some(_) = self.primary() else {
+            return Ok(());
+        };
         let latest = self.latest_bookmark();
         if b > latest {
             return Err(SessionError::FutureBookmark {
@@ -477,15 +526,18 @@ impl Database {
     }
 
     /// Runs a checkpoint. Checkpoints never lose a captured transaction:
-    /// they only copy committed frames into the database file.
+    /// they only copy committed frames into the database file. On a replica
+    /// every mode runs as PASSIVE (its WAL restarts are the applier's).
     pub fn checkpoint(&self, mode: CheckpointMode) -> Result<CheckpointStats, CheckpointError> {
-        let w = self.inner.writer.lock();
-        checkpoint_on(&w.conn, mode)
+        match &self.inner.role {
+            Role::Primary(p) => checkpoint_on(&p.writer.lock().conn, mode),
+            Role::Replica(r) => r.checkpoint(),
+        }
     }
 
     fn meta(&self, started: Instant, bookmark: Bookmark) -> Meta {
         Meta {
-            served_by_primary: true,
+            served_by_primary: self.is_primary(),
             served_by_region: self.inner.region.clone(),
             bookmark,
             rows_read: 0,
@@ -497,7 +549,7 @@ impl Database {
     }
 
     fn check_capture(&self) -> Result<(), QueryError> {
-        match self.inner.attachment.poisoned() {
+        match self.primary().and_then(|p| p.attachment.poisoned()) {
             Some(e) => Err(QueryError::CaptureFailed(e)),
             None => Ok(()),
         }
@@ -505,19 +557,28 @@ impl Database {
 
     /// After a write failed: if capture failed, say so instead.
     fn explain(&self, e: QueryError) -> QueryError {
-        match self.inner.attachment.poisoned() {
+        match self.primary().and_then(|p| p.attachment.poisoned()) {
             Some(p) => QueryError::CaptureFailed(p),
             None => e,
         }
     }
 
     /// Runs one statement: on a reader if SQLite says it is read-only,
-    /// otherwise on the writer.
-    pub(crate) fn execute(&self, sql: &str, params: &[Value]) -> Result<Output, QueryError> {
+    /// otherwise on the writer (a replica refuses it). `at_least` is the
+    /// session's bookmark: the read must reflect at least that state.
+    pub(crate) fn execute(
+        &self,
+        sql: &str,
+        params: &[Value],
+        at_least: Option<Bookmark>,
+    ) -> Result<Output, QueryError> {
         let started = Instant::now();
         // A refused capture left a transaction in the local WAL that has no
         // bookmark and never will: serve nothing that could show it.
         self.check_capture()?;
+        if let (Role::Replica(r), Some(b)) = (&self.inner.role, at_least) {
+            r.wait_visible(b)?;
+        }
         let reader = self.inner.readers.take();
         let readonly = reader.conn.prepare_cached(sql).map(|s| s.readonly());
         let readonly = match readonly {
@@ -540,11 +601,18 @@ impl Database {
             if left_open {
                 return Err(tx_control_refused());
             }
-            // Any transaction this read could have seen has its bookmark once
-            // in-flight commits settle.
-            self.inner.attachment.wait_commit_settled();
-            self.check_capture()?;
-            let mut meta = self.meta(started, self.latest_bookmark());
+            let bookmark = match &self.inner.role {
+                Role::Primary(p) => {
+                    // Any transaction this read could have seen has its
+                    // bookmark once in-flight commits settle.
+                    p.attachment.wait_commit_settled();
+                    self.check_capture()?;
+                    self.latest_bookmark()
+                }
+                // Raised before a confirm publishes: at least what was seen.
+                Role::Replica(r) => r.reported(),
+            };
+            let mut meta = self.meta(started, bookmark);
             meta.rows_read = counts.rows_read;
             return Ok(Output {
                 columns,
@@ -553,7 +621,10 @@ impl Database {
             });
         }
         self.inner.readers.give(reader);
-        let w = self.inner.writer.lock();
+        let Some(p) = self.primary() else {
+            return Err(QueryError::ReadOnlyReplica);
+        };
+        let w = p.writer.lock();
         let r = run_statement(&w.conn, sql, params, Prepare::Cached);
         if !w.conn.is_autocommit() {
             let _ = w.engine_exec("ROLLBACK");
@@ -567,7 +638,7 @@ impl Database {
         meta.rows_written = counts.changes;
         meta.changes = counts.changes;
         meta.last_row_id = w.conn.last_insert_rowid();
-        self.maybe_checkpoint(&w.conn);
+        p.maybe_checkpoint(&w.conn);
         drop(w);
         meta.duration_us = started.elapsed().as_micros() as u64;
         Ok(Output {
@@ -584,7 +655,10 @@ impl Database {
     ) -> Result<Vec<Output>, QueryError> {
         let started = Instant::now();
         self.check_capture()?;
-        let w = self.inner.writer.lock();
+        let Some(p) = self.primary() else {
+            return Err(QueryError::ReadOnlyReplica);
+        };
+        let w = p.writer.lock();
         w.engine_exec("BEGIN IMMEDIATE")
             .map_err(|e| self.explain(QueryError::sql(e)))?;
         w.auth.fetch_or(IN_BATCH, Ordering::SeqCst);
@@ -625,7 +699,7 @@ impl Database {
         self.check_capture()?;
         let bookmark = self.latest_bookmark();
         let last_row_id = w.conn.last_insert_rowid();
-        self.maybe_checkpoint(&w.conn);
+        p.maybe_checkpoint(&w.conn);
         drop(w);
         Ok(outs
             .into_iter()
@@ -643,10 +717,12 @@ impl Database {
             })
             .collect())
     }
+}
 
+impl PrimaryRole {
     fn maybe_checkpoint(&self, conn: &Connection) {
-        let frames = self.inner.issuer.last_commit_frame.load(Ordering::Relaxed);
-        if frames >= self.inner.checkpoint_threshold_frames {
+        let frames = self.issuer.last_commit_frame.load(Ordering::Relaxed);
+        if frames >= self.checkpoint_threshold_frames {
             // Busy is fine: the next commit tries again.
             let _ = checkpoint_on(conn, CheckpointMode::Passive);
         }
@@ -728,7 +804,7 @@ fn run_statement(
     Ok((columns, rows, Counts { rows_read, changes }))
 }
 
-fn checkpoint_on(
+pub(crate) fn checkpoint_on(
     conn: &Connection,
     mode: CheckpointMode,
 ) -> Result<CheckpointStats, CheckpointError> {

@@ -17,6 +17,8 @@ pub enum OpenError {
     Options(String),
     #[error(transparent)]
     Attach(#[from] walrelay_vfs::AttachError),
+    #[error(transparent)]
+    Replica(#[from] walrelay_vfs::ReplicaOpenError),
     #[error("metadata file: {0}")]
     Meta(String),
     #[error(transparent)]
@@ -55,6 +57,16 @@ pub enum QueryError {
     CaptureFailed(#[from] walrelay_vfs::CaptureError),
     #[error("bookmark sequence exhausted for this epoch")]
     SequenceExhausted,
+    #[error("this is a read replica: it runs only read-only statements")]
+    ReadOnlyReplica,
+    #[error(
+        "the replica has not applied bookmark {requested} within {waited_ms} ms (it is at {visible})"
+    )]
+    ReplicaBehind {
+        requested: Bookmark,
+        visible: Bookmark,
+        waited_ms: u64,
+    },
 }
 
 pub(crate) const REFUSED_STATEMENT: &str = "transaction control (BEGIN, COMMIT, ROLLBACK, \

@@ -20,6 +20,11 @@
 //!   and writes (`QueryError::CaptureFailed`): its local WAL now holds a
 //!   transaction with no bookmark, which must never be observed. Reopening
 //!   it is the recovery (a later issue rolls it back to the log).
+//! - [`Replica`] is a read replica with the same sessions API: it applies
+//!   page sets from a primary (`append`, invisible) and reveals each
+//!   transaction atomically when it is confirmed (`confirm`); it refuses
+//!   writes. [`pair`] wires an in-process primary to a fresh replica,
+//!   confirming every commit at once.
 //! - The engine runs checkpoints (PASSIVE past a threshold, or on request);
 //!   SQLite's automatic checkpoints are off.
 //!
@@ -43,6 +48,7 @@
 mod database;
 mod error;
 mod meta;
+mod replica;
 mod session;
 mod value;
 
@@ -50,7 +56,8 @@ pub use database::{
     CheckpointMode, CheckpointStats, Database, Options, Synchronous, TransactionSink,
 };
 pub use error::{CheckpointError, OpenError, QueryError, SessionError};
+pub use replica::{Replica, ReplicaFeed, ReplicaOptions, pair};
 pub use session::{Constraint, Meta, QueryResult, RawResult, Session, Statement};
 pub use value::{Row, Value};
 pub use walrelay_replicator::{Bookmark, BookmarkParseError, Epoch, Sequence};
-pub use walrelay_vfs::{CapturedTransaction, PageNo, PageSet};
+pub use walrelay_vfs::{Appended, ApplyError, CapturedTransaction, PageNo, PageSet};

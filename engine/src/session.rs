@@ -133,7 +133,8 @@ impl Session {
     }
 
     fn execute(&self, sql: &str, params: &[Value]) -> Result<Output, QueryError> {
-        let out = self.db.execute(sql, params)?;
+        let at_least = *self.bookmark.lock();
+        let out = self.db.execute(sql, params, at_least)?;
         self.observe(out.meta.bookmark);
         Ok(out)
     }

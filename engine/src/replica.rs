@@ -1,0 +1,379 @@
+//! Read replicas: a database written only by its applier, read through the
+//! same sessions API as the primary.
+//!
+//! Two positions matter on a replica:
+//! - `visible`: the newest confirmed bookmark whose wal-index header has
+//!   been published. A read that needs bookmark `b` may start once
+//!   `visible >= b`: everything up to `b` is then in its snapshot.
+//! - `reported`: raised to a confirm's bookmark *before* the header is
+//!   published. A read reports it after finishing, so the bookmark a read
+//!   returns is never older than what it saw (possibly newer, which only
+//!   makes later reads wait for more).
+
+use crate::database::{
+    CheckpointStats, Conn, Database, Inner, Options, ReaderPool, Role, TransactionSink, configure,
+    map_open_error,
+};
+use crate::error::{CheckpointError, OpenError, QueryError, SessionError};
+use crate::session::{Constraint, Session};
+use parking_lot::{Condvar, Mutex, RwLock};
+use rusqlite::{Connection, OpenFlags};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use walrelay_replicator::Bookmark;
+use walrelay_vfs::{Appended, ApplyError, CapturedTransaction, PageSet, ReplicaInit, ReplicaWal};
+
+/// How to open a replica.
+#[derive(Debug, Clone)]
+pub struct ReplicaOptions {
+    /// Reader connections in the pool (at least 1).
+    pub readers: usize,
+    /// The region label reported in `served_by_region`.
+    pub region: String,
+    pub busy_timeout_ms: u64,
+    /// How long a read waits for the replica to reach its session's
+    /// bookmark before failing with `ReplicaBehind`.
+    pub max_wait_ms: u64,
+    /// Run a PASSIVE checkpoint once the replica's WAL holds this many
+    /// frames; the applier restarts the WAL once all of it is copied.
+    pub checkpoint_threshold_frames: u32,
+    /// Make the watermark durable after this many confirms (and whenever
+    /// [`Replica::persist`] is called). 1 = after every confirm.
+    pub persist_every_confirms: u32,
+    /// For a replica that does not exist yet: its page size, and the
+    /// bookmark its initial (empty) database stands for.
+    pub page_size: u32,
+    pub initial_bookmark: Bookmark,
+}
+
+impl Default for ReplicaOptions {
+    fn default() -> ReplicaOptions {
+        ReplicaOptions {
+            readers: 4,
+            region: "local".into(),
+            busy_timeout_ms: 5_000,
+            max_wait_ms: 1_000,
+            checkpoint_threshold_frames: 1_000,
+            persist_every_confirms: 64,
+            page_size: 4096,
+            initial_bookmark: Bookmark::ZERO,
+        }
+    }
+}
+
+struct Positions {
+    visible: Bookmark,
+    reported: Bookmark,
+    confirms_since_persist: u32,
+}
+
+pub(crate) struct ReplicaRole {
+    applier: Mutex<ReplicaWal>,
+    positions: Mutex<Positions>,
+    advanced: Condvar,
+    max_wait: Duration,
+    checkpoint_threshold_frames: u32,
+    persist_every_confirms: u32,
+}
+
+impl ReplicaRole {
+    pub(crate) fn visible(&self) -> Bookmark {
+        self.positions.lock().visible
+    }
+
+    pub(crate) fn reported(&self) -> Bookmark {
+        self.positions.lock().reported
+    }
+
+    /// Waits (boundedly) until bookmark `b` is visible.
+    pub(crate) fn wait_visible(&self, b: Bookmark) -> Result<(), QueryError> {
+        let deadline = Instant::now() + self.max_wait;
+        let mut p = self.positions.lock();
+        while p.visible < b {
+            if self.advanced.wait_until(&mut p, deadline).timed_out() && p.visible < b {
+                return Err(QueryError::ReplicaBehind {
+                    requested: b,
+                    visible: p.visible,
+                    waited_ms: self.max_wait.as_millis() as u64,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn checkpoint(&self) -> Result<CheckpointStats, CheckpointError> {
+        let (wal_frames, backfilled_frames) =
+            self.applier
+                .lock()
+                .checkpoint()
+                .map_err(|_| CheckpointError::Sqlite {
+                    code: rusqlite::ffi::SQLITE_ERROR,
+                })?;
+        Ok(CheckpointStats {
+            wal_frames,
+            backfilled_frames,
+        })
+    }
+}
+
+/// A read replica. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Replica {
+    db: Database,
+}
+
+impl Replica {
+    /// Opens the replica at `path`, creating it (empty, at
+    /// `options.initial_bookmark`) if needed. Before SQLite reads the WAL,
+    /// everything past the persisted watermark is cut.
+    pub fn open(path: impl AsRef<Path>, options: ReplicaOptions) -> Result<Replica, OpenError> {
+        let path = path.as_ref();
+        if options.readers == 0 {
+            return Err(OpenError::Options("readers must be at least 1".into()));
+        }
+        let applier = ReplicaWal::open(
+            path,
+            ReplicaInit {
+                page_size: options.page_size,
+                bookmark: options.initial_bookmark,
+            },
+        )?;
+        let confirmed = applier.confirmed();
+        let conn_opts = Options {
+            busy_timeout_ms: options.busy_timeout_ms,
+            region: options.region.clone(),
+            ..Options::default()
+        };
+        let mut readers: Vec<Conn> = Vec::with_capacity(options.readers);
+        for _ in 0..options.readers {
+            let c = Connection::open_with_flags_and_vfs(
+                path,
+                OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                walrelay_vfs::VFS_NAME,
+            )
+            .map_err(|e| map_open_error(path, e))?;
+            readers.push(configure(c, &conn_opts, false).map_err(|e| map_open_error(path, e))?);
+        }
+        let role = ReplicaRole {
+            applier: Mutex::new(applier),
+            positions: Mutex::new(Positions {
+                visible: confirmed,
+                reported: confirmed,
+                confirms_since_persist: 0,
+            }),
+            advanced: Condvar::new(),
+            max_wait: Duration::from_millis(options.max_wait_ms),
+            checkpoint_threshold_frames: options.checkpoint_threshold_frames,
+            persist_every_confirms: options.persist_every_confirms.max(1),
+        };
+        Ok(Replica {
+            db: Database {
+                inner: Arc::new(Inner {
+                    readers: ReaderPool::new(readers),
+                    role: Role::Replica(role),
+                    path: path.to_path_buf(),
+                    region: options.region,
+                }),
+            },
+        })
+    }
+
+    fn role(&self) -> &ReplicaRole {
+        match &self.db.inner.role {
+            Role::Replica(r) => r,
+            Role::Primary(_) => unreachable!("a Replica always wraps a replica role"),
+        }
+    }
+
+    /// The read side, with the primary's API (writes are refused).
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+
+    /// Starts a session on this replica.
+    pub fn session(&self, constraint: Constraint) -> Result<Session, SessionError> {
+        self.db.session(constraint)
+    }
+
+    /// The newest confirmed (and visible) bookmark.
+    pub fn confirmed(&self) -> Bookmark {
+        self.role().visible()
+    }
+
+    /// The newest appended bookmark, confirmed or not.
+    pub fn last_appended(&self) -> Bookmark {
+        self.role().applier.lock().last_appended()
+    }
+
+    /// The newest bookmark whose watermark is durable.
+    pub fn persisted(&self) -> Bookmark {
+        self.role().applier.lock().persisted()
+    }
+
+    /// Writes a transaction past the watermark: durable-ish, invisible.
+    pub fn append(&self, bookmark: Bookmark, pages: &PageSet) -> Result<Appended, ApplyError> {
+        self.role().applier.lock().append(bookmark, pages)
+    }
+
+    /// Makes every appended transaction up to `bookmark` visible to reads
+    /// that start from now on.
+    pub fn confirm(&self, bookmark: Bookmark) -> Result<(), ApplyError> {
+        let role = self.role();
+        let mut applier = role.applier.lock();
+        if bookmark <= applier.confirmed() {
+            return Ok(());
+        }
+        let last = applier.last_appended();
+        if bookmark > last {
+            return Err(ApplyError::NotAppended {
+                requested: bookmark,
+                last_appended: last,
+            });
+        }
+        {
+            let mut p = role.positions.lock();
+            p.reported = p.reported.max(bookmark);
+        }
+        applier.confirm(bookmark)?;
+        let visible = applier.confirmed();
+        let persist = {
+            let mut p = role.positions.lock();
+            p.visible = visible;
+            p.confirms_since_persist += 1;
+            p.confirms_since_persist >= role.persist_every_confirms
+        };
+        role.advanced.notify_all();
+        if applier.wal_frames() >= role.checkpoint_threshold_frames {
+            applier.checkpoint()?;
+            applier.persist()?;
+            role.positions.lock().confirms_since_persist = 0;
+        } else if persist {
+            applier.persist()?;
+            role.positions.lock().confirms_since_persist = 0;
+        }
+        Ok(())
+    }
+
+    /// Drops every unconfirmed transaction.
+    pub fn discard_unconfirmed(&self) -> Result<(), ApplyError> {
+        self.role().applier.lock().discard_unconfirmed()
+    }
+
+    /// Makes the confirmed watermark durable now.
+    pub fn persist(&self) -> Result<(), ApplyError> {
+        self.role().applier.lock().persist()?;
+        self.role().positions.lock().confirms_since_persist = 0;
+        Ok(())
+    }
+
+    /// Frames in the replica's current WAL generation.
+    pub fn wal_frames(&self) -> u32 {
+        self.role().applier.lock().wal_frames()
+    }
+}
+
+/// Feeds a primary's committed transactions to in-process replicas,
+/// confirming each at once (the replicator takes this over next).
+#[derive(Default)]
+pub struct ReplicaFeed {
+    replicas: RwLock<Vec<Replica>>,
+}
+
+impl std::fmt::Debug for ReplicaFeed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicaFeed")
+            .field("replicas", &self.replicas.read().len())
+            .finish()
+    }
+}
+
+impl ReplicaFeed {
+    pub fn add(&self, replica: Replica) {
+        self.replicas.write().push(replica);
+    }
+}
+
+impl TransactionSink for ReplicaFeed {
+    fn committed(&self, bookmark: Bookmark, txn: &CapturedTransaction) -> Result<(), String> {
+        for r in self.replicas.read().iter() {
+            r.append(bookmark, &txn.pages).map_err(|e| e.to_string())?;
+            r.confirm(bookmark).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+/// Opens the primary at `primary` and a fresh in-process replica of it at
+/// `replica` (any previous replica files there are replaced), wired so that
+/// every commit is appended to the replica and confirmed at once.
+///
+/// The replica starts as a page-for-page copy of the primary's database as
+/// opened (read through `sqlite_dbpage`, so no descriptor of the primary's
+/// files is opened outside SQLite), at the primary's opening bookmark.
+pub fn pair(
+    primary: impl AsRef<Path>,
+    replica: impl AsRef<Path>,
+    mut primary_options: Options,
+    replica_options: ReplicaOptions,
+) -> Result<(Database, Replica), OpenError> {
+    let replica = replica.as_ref();
+    if primary_options.sink.is_some() {
+        return Err(OpenError::Options("pair() installs its own sink".into()));
+    }
+    let feed = Arc::new(ReplicaFeed::default());
+    primary_options.sink = Some(feed.clone());
+    let db = Database::open(primary, primary_options)?;
+    let s = db
+        .session(Constraint::FirstPrimary)
+        .map_err(|e| OpenError::Options(e.to_string()))?;
+    let snapshot = s
+        .prepare("SELECT data FROM sqlite_dbpage ORDER BY pgno")
+        .raw()
+        .map_err(|e| OpenError::CantOpen {
+            path: db.path().display().to_string(),
+            reason: e.to_string(),
+        })?;
+    let mut image = Vec::new();
+    for row in snapshot.rows {
+        if let Some(crate::Value::Blob(page)) = row.into_iter().next() {
+            image.extend_from_slice(&page);
+        }
+    }
+    let page_size = if image.len() >= 18 {
+        match u16::from_be_bytes([image[16], image[17]]) {
+            1 => 65_536,
+            n => u32::from(n),
+        }
+    } else {
+        replica_options.page_size
+    };
+    for suffix in ["", "-wal", "-shm", "-walrelay-replica"] {
+        let mut p = replica.as_os_str().to_owned();
+        p.push(suffix);
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(OpenError::CantOpen {
+                    path: replica.display().to_string(),
+                    reason: e.to_string(),
+                });
+            }
+        }
+    }
+    std::fs::write(replica, &image).map_err(|e| OpenError::CantOpen {
+        path: replica.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    let r = Replica::open(
+        replica,
+        ReplicaOptions {
+            page_size,
+            initial_bookmark: db.latest_bookmark(),
+            ..replica_options
+        },
+    )?;
+    feed.add(r.clone());
+    Ok((db, r))
+}
