@@ -191,7 +191,9 @@ pub(crate) struct Inner {
     pub(crate) region: String,
 }
 
-/// What a database is in the replication topology.
+/// What a database is in the replication topology. One per database, held
+/// in its `Arc`, so the size difference between variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Role {
     Primary(PrimaryRole),
     Replica(crate::replica::ReplicaRole),
