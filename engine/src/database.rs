@@ -721,6 +721,17 @@ impl Database {
     }
 }
 
+impl Database {
+    /// Runs `f` while no write can commit on this primary (the writer is
+    /// held), so that what `f` reads is exactly the state at the returned
+    /// bookmark.
+    pub(crate) fn with_writes_paused<T>(&self, f: impl FnOnce() -> T) -> (T, Bookmark) {
+        let _writer = self.primary().map(|p| p.writer.lock());
+        let out = f();
+        (out, self.latest_bookmark())
+    }
+}
+
 impl PrimaryRole {
     fn maybe_checkpoint(&self, conn: &Connection) {
         let frames = self.issuer.last_commit_frame.load(Ordering::Relaxed);

@@ -305,75 +305,82 @@ impl TransactionSink for ReplicaFeed {
 }
 
 /// Opens the primary at `primary` and a fresh in-process replica of it at
-/// `replica` (any previous replica files there are replaced), wired so that
-/// every commit is appended to the replica and confirmed at once.
-///
-/// The replica starts as a page-for-page copy of the primary's database as
-/// opened (read through `sqlite_dbpage`, so no descriptor of the primary's
-/// files is opened outside SQLite), at the primary's opening bookmark.
+/// `replica` (see [`Replica::clone_of`]), wired so that every commit is
+/// appended to the replica and confirmed at once.
 pub fn pair(
     primary: impl AsRef<Path>,
     replica: impl AsRef<Path>,
     mut primary_options: Options,
     replica_options: ReplicaOptions,
 ) -> Result<(Database, Replica), OpenError> {
-    let replica = replica.as_ref();
     if primary_options.sink.is_some() {
         return Err(OpenError::Options("pair() installs its own sink".into()));
     }
     let feed = Arc::new(ReplicaFeed::default());
     primary_options.sink = Some(feed.clone());
     let db = Database::open(primary, primary_options)?;
-    let s = db
-        .session(Constraint::FirstPrimary)
-        .map_err(|e| OpenError::Options(e.to_string()))?;
-    let snapshot = s
-        .prepare("SELECT data FROM sqlite_dbpage ORDER BY pgno")
-        .raw()
-        .map_err(|e| OpenError::CantOpen {
-            path: db.path().display().to_string(),
-            reason: e.to_string(),
-        })?;
-    let mut image = Vec::new();
-    for row in snapshot.rows {
-        if let Some(crate::Value::Blob(page)) = row.into_iter().next() {
-            image.extend_from_slice(&page);
-        }
-    }
-    let page_size = if image.len() >= 18 {
-        match u16::from_be_bytes([image[16], image[17]]) {
-            1 => 65_536,
-            n => u32::from(n),
-        }
-    } else {
-        replica_options.page_size
-    };
-    for suffix in ["", "-wal", "-shm", "-walrelay-replica"] {
-        let mut p = replica.as_os_str().to_owned();
-        p.push(suffix);
-        match std::fs::remove_file(&p) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(OpenError::CantOpen {
-                    path: replica.display().to_string(),
-                    reason: e.to_string(),
-                });
-            }
-        }
-    }
-    std::fs::write(replica, &image).map_err(|e| OpenError::CantOpen {
-        path: replica.display().to_string(),
-        reason: e.to_string(),
-    })?;
-    let r = Replica::open(
-        replica,
-        ReplicaOptions {
-            page_size,
-            initial_bookmark: db.latest_bookmark(),
-            ..replica_options
-        },
-    )?;
+    let r = Replica::clone_of(&db, replica, replica_options)?;
     feed.add(r.clone());
     Ok((db, r))
+}
+
+impl Replica {
+    /// Creates a replica at `path` as a page-for-page copy of `primary` as
+    /// it stands now, at its latest bookmark (any previous replica files
+    /// there are replaced). The pages are read through `sqlite_dbpage` in
+    /// one read transaction, so no descriptor of the primary's files is
+    /// opened outside SQLite. Transactions the primary commits afterwards
+    /// must be fed to the replica in order, starting with the next one.
+    pub fn clone_of(
+        primary: &Database,
+        path: impl AsRef<Path>,
+        options: ReplicaOptions,
+    ) -> Result<Replica, OpenError> {
+        let path = path.as_ref();
+        let cant = |reason: String| OpenError::CantOpen {
+            path: path.display().to_string(),
+            reason,
+        };
+        let s = primary
+            .session(Constraint::FirstPrimary)
+            .map_err(|e| cant(e.to_string()))?;
+        // With writes paused the snapshot is exactly the state at `at`.
+        let (snapshot, at) = primary.with_writes_paused(|| {
+            s.prepare("SELECT data FROM sqlite_dbpage ORDER BY pgno")
+                .raw()
+        });
+        let snapshot = snapshot.map_err(|e| cant(e.to_string()))?;
+        let mut image = Vec::new();
+        for row in snapshot.rows {
+            if let Some(crate::Value::Blob(page)) = row.into_iter().next() {
+                image.extend_from_slice(&page);
+            }
+        }
+        let page_size = if image.len() >= 18 {
+            match u16::from_be_bytes([image[16], image[17]]) {
+                1 => 65_536,
+                n => u32::from(n),
+            }
+        } else {
+            options.page_size
+        };
+        for suffix in ["", "-wal", "-shm", "-walrelay-replica"] {
+            let mut p = path.as_os_str().to_owned();
+            p.push(suffix);
+            match std::fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(cant(e.to_string())),
+            }
+        }
+        std::fs::write(path, &image).map_err(|e| cant(e.to_string()))?;
+        Replica::open(
+            path,
+            ReplicaOptions {
+                page_size,
+                initial_bookmark: at,
+                ..options
+            },
+        )
+    }
 }
