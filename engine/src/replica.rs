@@ -139,6 +139,8 @@ impl Replica {
                 bookmark: options.initial_bookmark,
             },
         )?;
+        let mut applier = applier;
+        applier.set_wal_limit(options.checkpoint_threshold_frames);
         let confirmed = applier.confirmed();
         let conn_opts = Options {
             busy_timeout_ms: options.busy_timeout_ms,
@@ -244,11 +246,12 @@ impl Replica {
             p.confirms_since_persist >= role.persist_every_confirms
         };
         role.advanced.notify_all();
-        if applier.wal_frames() >= role.checkpoint_threshold_frames {
+        // Checkpoint ahead of the limit so that the restart at the limit
+        // rarely has to wait.
+        if applier.wal_frames() >= role.checkpoint_threshold_frames / 2 {
             applier.checkpoint()?;
-            applier.persist()?;
-            role.positions.lock().confirms_since_persist = 0;
-        } else if persist {
+        }
+        if persist {
             applier.persist()?;
             role.positions.lock().confirms_since_persist = 0;
         }

@@ -304,3 +304,90 @@ fn readers_never_see_a_partial_or_unconfirmed_transaction() {
             == logical_pages(&s)
     );
 }
+
+/// The replica checkpoints at this many WAL frames; with readers running,
+/// its WAL must stay within this many frames of 4 KiB pages.
+const CHECKPOINT_FRAMES: u32 = 1_000;
+const WAL_BOUND_FRAMES: u64 = 1_200;
+
+#[test]
+fn a_sustained_stream_keeps_the_replica_wal_bounded_while_readers_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (db, replica) = pair(
+        dir.path().join("p.db"),
+        dir.path().join("r.db"),
+        Options {
+            synchronous: Synchronous::Off,
+            checkpoint_threshold_frames: 2_000,
+            ..Options::default()
+        },
+        ReplicaOptions {
+            readers: 2,
+            checkpoint_threshold_frames: CHECKPOINT_FRAMES,
+            persist_every_confirms: 256,
+            ..ReplicaOptions::default()
+        },
+    )
+    .expect("pair");
+    let s = db.session(Constraint::FirstPrimary).expect("session");
+    s.prepare("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
+        .run()
+        .expect("create");
+    let txns: i64 = if soak() { 1_000_000 } else { 100_000 };
+    let wal = dir.path().join("r.db-wal");
+    let done = AtomicBool::new(false);
+    let reads = AtomicU64::new(0);
+    let mut max_wal = 0u64;
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| {
+                let rs = replica
+                    .session(Constraint::FirstUnconstrained)
+                    .expect("session");
+                let mut last = 0;
+                while !done.load(Ordering::Relaxed) {
+                    let r = rs
+                        .prepare("SELECT count(*) AS n FROM t")
+                        .first()
+                        .expect("read")
+                        .expect("row");
+                    let n = r.get("n").and_then(Value::as_i64).expect("count");
+                    assert!(n >= last, "a reader went back in time");
+                    last = n;
+                    reads.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        let insert = s.prepare("INSERT INTO t(v) VALUES (?1)");
+        for i in 0..txns {
+            insert
+                .clone()
+                .bind([format!("row {i}")])
+                .run()
+                .expect("insert");
+            if i % 16 == 0 {
+                max_wal = max_wal.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
+            }
+        }
+        done.store(true, Ordering::Relaxed);
+    });
+    let bound = 32 + WAL_BOUND_FRAMES * (4096 + 24);
+    eprintln!(
+        "{txns} transactions, {} concurrent reads, replica WAL peaked at {max_wal} bytes (bound {bound})",
+        reads.load(Ordering::Relaxed)
+    );
+    assert!(
+        max_wal <= bound,
+        "replica WAL reached {max_wal} bytes, bound {bound}"
+    );
+    assert_eq!(replica.confirmed(), db.latest_bookmark());
+    let rs = replica
+        .session(Constraint::FirstUnconstrained)
+        .expect("session");
+    let r = rs
+        .prepare("SELECT count(*) AS n FROM t")
+        .first()
+        .expect("read")
+        .expect("row");
+    assert_eq!(r.get("n"), Some(&Value::Integer(txns)));
+}

@@ -152,6 +152,9 @@ pub struct ReplicaWal {
     pending: VecDeque<Pending>,
     write_locked: bool,
     lock_timeout: Duration,
+    /// Past this many confirmed frames, an append first checkpoints and
+    /// restarts the WAL, waiting for readers if it must.
+    wal_limit_frames: u32,
 }
 
 impl std::fmt::Debug for ReplicaWal {
@@ -304,6 +307,7 @@ impl ReplicaWal {
             pending: VecDeque::new(),
             write_locked: false,
             lock_timeout: Duration::from_secs(5),
+            wal_limit_frames: 4096,
         };
         let header = r.read_index_header()?;
         let seen = header.map_or(0, |h| h.max_frame);
@@ -471,9 +475,31 @@ impl ReplicaWal {
         if !self.pending.is_empty() || self.confirmed.frame == 0 {
             return Ok(());
         }
+        if self.confirmed.frame < self.wal_limit_frames {
+            return self.try_restart().map(|_| ());
+        }
+        // Over the limit: copy everything into the database file and wait
+        // (boundedly) for readers to leave the WAL. Once the WAL is fully
+        // backfilled, new readers read the database file alone (SQLite's
+        // read lock 0), so only readers already running hold us up.
+        let deadline = Instant::now() + self.lock_timeout;
+        let mut backoff = Duration::from_micros(20);
+        loop {
+            self.checkpoint()?;
+            if self.try_restart()? || Instant::now() >= deadline {
+                return Ok(());
+            }
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_millis(2));
+        }
+    }
+
+    /// Restarts the WAL if it is fully backfilled and no reader holds a
+    /// WAL read lock; returns whether it did.
+    fn try_restart(&mut self) -> Result<bool, ApplyError> {
         let region0 = self.region(0)?;
         if region0.backfilled() != self.confirmed.frame {
-            return Ok(());
+            return Ok(false);
         }
         let readers = (WAL_NREADER - 1) as c_int;
         let first = WAL_READ_LOCK_0 + 1;
@@ -483,7 +509,7 @@ impl ReplicaWal {
             ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE,
         );
         if rc == ffi::SQLITE_BUSY {
-            return Ok(()); // a reader uses the WAL; try at a later append
+            return Ok(false); // a reader uses the WAL
         }
         if rc != ffi::SQLITE_OK {
             return Err(ApplyError::Shm(rc));
@@ -494,7 +520,7 @@ impl ReplicaWal {
             readers,
             ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE,
         );
-        result
+        result.map(|()| true)
     }
 
     fn restart(&mut self, region0: Region) -> Result<(), ApplyError> {
@@ -704,6 +730,14 @@ impl ReplicaWal {
         Ok(())
     }
 
+    /// Bounds the WAL: once it holds `frames` confirmed frames, the next
+    /// append (with nothing unconfirmed) checkpoints and restarts it first.
+    /// Unconfirmed frames cannot be restarted away, so the WAL holds at
+    /// most this bound plus the unconfirmed window plus one transaction.
+    pub fn set_wal_limit(&mut self, frames: u32) {
+        self.wal_limit_frames = frames.max(1);
+    }
+
     /// Copies confirmed frames into the database file (PASSIVE: never waits
     /// for readers, never touches an unconfirmed frame, since SQLite
     /// checkpoints only up to the wal-index `mxFrame`). Once everything is
@@ -711,6 +745,12 @@ impl ReplicaWal {
     /// at frame 1, which keeps it bounded. Returns (frames in the WAL,
     /// frames backfilled).
     pub fn checkpoint(&mut self) -> Result<(u32, u32), ApplyError> {
+        // The database file must never hold a page of a transaction past
+        // the durable watermark: after a crash the WAL is cut back to that
+        // watermark, and a newer page already in the file would mix two
+        // states. So the watermark catches up with what the checkpoint may
+        // copy (everything confirmed) first.
+        self.persist()?;
         let (mut log, mut done) = (0, 0);
         // SAFETY: `ckpt` is a live connection owned by self; the schema name
         // is NUL-terminated; the out-pointers are valid locals.
