@@ -277,18 +277,30 @@ fn a_replica_killed_at_random_points_reopens_to_exactly_a_confirmed_prefix() {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn child");
+        // Half the kills count from spawn (and so also land while the child
+        // opens and cuts the replica); half from the moment it has opened,
+        // so that a slow start cannot keep kills away from the apply loop.
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut text = String::new();
+        if cycle % 2 == 1 {
+            let mut line = String::new();
+            while stdout.read_line(&mut line).expect("read") > 0 {
+                // libtest prints "test crash_child ... " before the test's own
+                // output, on the same line.
+                let opened = line.contains("opened ");
+                text.push_str(&line);
+                line.clear();
+                if opened {
+                    break;
+                }
+            }
+        }
         std::thread::sleep(delay);
         child.kill().expect("SIGKILL");
         child.wait().expect("reap");
-        let mut text = String::new();
-        child
-            .stdout
-            .take()
-            .expect("stdout")
-            .read_to_string(&mut text)
-            .expect("read stdout");
+        stdout.read_to_string(&mut text).expect("read stdout");
         for line in text.lines() {
-            if let Some(seq) = line.strip_prefix("confirming ") {
+            if let Some((_, seq)) = line.split_once("confirming ") {
                 bound = bound.max(seq.trim().parse().expect("seq"));
             }
         }
@@ -336,7 +348,7 @@ fn a_replica_killed_at_random_points_reopens_to_exactly_a_confirmed_prefix() {
         .expect("spawn child");
     let stdout = child.stdout.take().expect("stdout");
     for line in BufReader::new(stdout).lines() {
-        if line.expect("line") == "done" {
+        if line.expect("line").ends_with("done") {
             break;
         }
     }
