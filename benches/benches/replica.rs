@@ -99,7 +99,7 @@ impl Primary {
     fn exec(&mut self, sql: &str) {
         self.conn.execute_batch(sql).expect("primary exec");
         self.commits += 1;
-        if self.commits % 500 == 0 {
+        if self.commits.is_multiple_of(500) {
             checkpoint(&self.conn);
         }
     }
