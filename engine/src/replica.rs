@@ -41,6 +41,10 @@ pub struct ReplicaOptions {
     /// Make the watermark durable after this many confirms (and whenever
     /// [`Replica::persist`] is called). 1 = after every confirm.
     pub persist_every_confirms: u32,
+    /// fsync the replica's WAL and watermark when persisting (power-loss
+    /// safe). Off: like SQLite at synchronous=OFF, safe against process
+    /// crashes only.
+    pub durable: bool,
     /// For a replica that does not exist yet: its page size, and the
     /// bookmark its initial (empty) database stands for.
     pub page_size: u32,
@@ -56,6 +60,7 @@ impl Default for ReplicaOptions {
             max_wait_ms: 1_000,
             checkpoint_threshold_frames: 1_000,
             persist_every_confirms: 64,
+            durable: true,
             page_size: 4096,
             initial_bookmark: Bookmark::ZERO,
         }
@@ -141,6 +146,12 @@ impl Replica {
         )?;
         let mut applier = applier;
         applier.set_wal_limit(options.checkpoint_threshold_frames);
+        applier
+            .set_sync(options.durable)
+            .map_err(|e| OpenError::CantOpen {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })?;
         let confirmed = applier.confirmed();
         let conn_opts = Options {
             busy_timeout_ms: options.busy_timeout_ms,

@@ -155,6 +155,9 @@ pub struct ReplicaWal {
     /// Past this many confirmed frames, an append first checkpoints and
     /// restarts the WAL, waiting for readers if it must.
     wal_limit_frames: u32,
+    /// fsync the WAL and the watermark when persisting (power-loss safe);
+    /// without it they survive process crashes only.
+    sync: bool,
 }
 
 impl std::fmt::Debug for ReplicaWal {
@@ -308,6 +311,7 @@ impl ReplicaWal {
             write_locked: false,
             lock_timeout: Duration::from_secs(5),
             wal_limit_frames: 4096,
+            sync: true,
         };
         let header = r.read_index_header()?;
         let seen = header.map_or(0, |h| h.max_frame);
@@ -541,7 +545,7 @@ impl ReplicaWal {
             checksum: h.checksum,
             ..self.confirmed
         };
-        self.marks.store(&mark)?;
+        self.marks.store_with(&mark, self.sync)?;
         self.persisted = mark;
         self.wal.write_all_at(&bytes, 0)?;
         self.checkpoint_seq = seq;
@@ -724,9 +728,26 @@ impl ReplicaWal {
         if self.persisted == self.confirmed {
             return Ok(());
         }
-        self.wal.sync_data()?;
-        self.marks.store(&self.confirmed)?;
+        if self.sync {
+            self.wal.sync_data()?;
+        }
+        self.marks.store_with(&self.confirmed, self.sync)?;
         self.persisted = self.confirmed;
+        Ok(())
+    }
+
+    /// Whether persisting fsyncs (the default). Off, the replica is like a
+    /// SQLite database at `synchronous=OFF`: a process crash loses nothing
+    /// persisted, a power loss may lose the newest persisted watermarks
+    /// (never expose an unconfirmed frame: the cut on open still applies,
+    /// and a watermark naming frames that did not reach the disk is
+    /// refused as corrupt rather than trusted).
+    pub fn set_sync(&mut self, sync: bool) -> Result<(), ApplyError> {
+        self.sync = sync;
+        let mode = if sync { "NORMAL" } else { "OFF" };
+        self.ckpt
+            .execute_batch(&format!("PRAGMA synchronous={mode};"))
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
         Ok(())
     }
 

@@ -174,10 +174,18 @@ impl WatermarkFile {
 
     /// Durably replaces the watermark (the older slot is overwritten).
     pub fn store(&mut self, w: &Watermark) -> Result<(), WatermarkError> {
+        self.store_with(w, true)
+    }
+
+    /// Replaces the watermark; `sync` = false leaves it in the page cache
+    /// (survives a process crash, not a power loss).
+    pub fn store_with(&mut self, w: &Watermark, sync: bool) -> Result<(), WatermarkError> {
         self.sequence += 1;
         let slot = (self.sequence % 2) * SLOT_BYTES as u64;
         self.file.write_all_at(&w.encode(self.sequence), slot)?;
-        self.file.sync_data()?;
+        if sync {
+            self.file.sync_data()?;
+        }
         Ok(())
     }
 
