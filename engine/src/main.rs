@@ -4,7 +4,9 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::time::Instant;
-use walrelay_engine::{CheckpointMode, Constraint, Database, Meta, Options, Synchronous, Value};
+use walrelay_engine::{
+    CheckpointMode, Constraint, Meta, Options, ReplicaOptions, Synchronous, Value, pair,
+};
 
 #[derive(Parser)]
 #[command(
@@ -19,8 +21,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Open a database through the capturing VFS, run a small workload
-    /// through sessions, and print bookmarks and meta as it goes.
+    /// Open a database through the capturing VFS with an in-process read
+    /// replica, run a small workload through sessions, and print bookmarks
+    /// and meta as it goes.
     Demo {
         /// Database file (a fresh temporary one if omitted).
         #[arg(long)]
@@ -55,18 +58,28 @@ fn demo(db_path: Option<PathBuf>, orders: u32) -> Result<()> {
         }
     };
     println!("walrelay demo: {}", path.display());
-    let db = Database::open(
+    let mut replica_path = path.clone().into_os_string();
+    replica_path.push(".replica");
+    let (db, replica) = pair(
         &path,
+        &replica_path,
         Options {
             synchronous: Synchronous::Normal,
+            region: "primary-region".into(),
             ..Options::default()
         },
+        ReplicaOptions {
+            region: "replica-region".into(),
+            ..ReplicaOptions::default()
+        },
     )
-    .with_context(|| format!("opening {}", path.display()))?;
+    .with_context(|| format!("opening {} with an in-process replica", path.display()))?;
     println!(
-        "opened: epoch {} latest bookmark {}",
+        "opened: epoch {} latest bookmark {}; replica at {} confirmed {}",
         db.epoch().0,
-        db.latest_bookmark()
+        db.latest_bookmark(),
+        std::path::Path::new(&replica_path).display(),
+        replica.confirmed()
     );
 
     let s = db.session(Constraint::FirstPrimary)?;
@@ -108,8 +121,8 @@ fn demo(db_path: Option<PathBuf>, orders: u32) -> Result<()> {
         .context("session has a bookmark after writing")?;
     println!("session bookmark after writes: {bookmark}");
 
-    println!("a new session continuing from that bookmark reads its writes:");
-    let s2 = db.session(Constraint::Bookmark(bookmark))?;
+    println!("a new session on the replica, continuing from that bookmark, reads those writes:");
+    let s2 = replica.session(Constraint::Bookmark(bookmark))?;
     let r = s2
         .prepare(
             "SELECT c.name AS name, count(*) AS orders, sum(o.amount_cents) AS cents \
@@ -125,10 +138,17 @@ fn demo(db_path: Option<PathBuf>, orders: u32) -> Result<()> {
         );
     }
     show("report", &r.meta);
-    assert!(
+    anyhow::ensure!(
         Some(r.meta.bookmark) >= last,
         "a read after a write reflects it"
     );
+    match s2
+        .prepare("INSERT INTO orders(customer, amount_cents, placed_at) VALUES (1, 1, 'now')")
+        .run()
+    {
+        Err(e) => println!("a write on the replica is refused: {e}"),
+        Ok(_) => anyhow::bail!("the replica accepted a write"),
+    }
 
     match s.prepare("SELECT * FROM missing_table").all() {
         Err(e) => println!("bad input is a typed error: {e}"),
