@@ -321,6 +321,26 @@ impl TransactionSink for ReplicaFeed {
 /// Opens the primary at `primary` and a fresh in-process replica of it at
 /// `replica` (see [`Replica::clone_of`]), wired so that every commit is
 /// appended to the replica and confirmed at once.
+///
+/// ```
+/// use walrelay_engine::{Constraint, Options, ReplicaOptions, pair};
+/// # let dir = tempfile::tempdir()?;
+/// let (db, replica) = pair(
+///     dir.path().join("app.db"),
+///     dir.path().join("app-replica.db"),
+///     Options::default(),
+///     ReplicaOptions::default(),
+/// )?;
+/// let w = db.session(Constraint::FirstPrimary)?;
+/// w.prepare("CREATE TABLE orders(id INTEGER PRIMARY KEY, item TEXT)").run()?;
+/// let written = w.prepare("INSERT INTO orders(item) VALUES ('pen')").run()?;
+/// // A replica serves a session at least as new as its bookmark.
+/// let r = replica.session(Constraint::Bookmark(written.meta.bookmark))?;
+/// let rows = r.prepare("SELECT item FROM orders").all()?;
+/// assert_eq!(rows.results.len(), 1);
+/// assert!(!rows.meta.served_by_primary);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn pair(
     primary: impl AsRef<Path>,
     replica: impl AsRef<Path>,
