@@ -235,16 +235,7 @@ impl ReplicaWal {
             f.set_len(0).map_err(io_err(path))?;
         }
 
-        let conn = Connection::open_with_flags_and_vfs(
-            path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-            crate::VFS_NAME,
-        )?;
-        conn.busy_timeout(Duration::from_secs(5))?;
-        conn.set_db_config(
-            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
-            true,
-        )?;
+        let conn = open_rw(path)?;
         // A read transaction makes SQLite open the WAL and build the index.
         let _: i64 = conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?;
         let mut file: *mut ffi::sqlite3_file = std::ptr::null_mut();
@@ -264,16 +255,7 @@ impl ReplicaWal {
                 reason: format!("no file pointer (SQLite code {rc})"),
             });
         }
-        let ckpt = Connection::open_with_flags_and_vfs(
-            path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-            crate::VFS_NAME,
-        )?;
-        ckpt.busy_timeout(Duration::from_secs(5))?;
-        ckpt.set_db_config(
-            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
-            true,
-        )?;
+        let ckpt = open_rw(path)?;
         // The checkpoint syncs the database file before the WAL restarts,
         // which the restart's watermark relies on.
         ckpt.execute_batch("PRAGMA wal_autocheckpoint=0; PRAGMA synchronous=NORMAL;")?;
@@ -800,6 +782,22 @@ impl Drop for ReplicaWal {
     fn drop(&mut self) {
         self.unlock_writer();
     }
+}
+
+/// A read-write connection of the replica through the walrelay VFS (which
+/// still refuses it any WAL write); never checkpoints on close.
+fn open_rw(path: &Path) -> Result<Connection, rusqlite::Error> {
+    let c = Connection::open_with_flags_and_vfs(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        crate::VFS_NAME,
+    )?;
+    c.busy_timeout(Duration::from_secs(5))?;
+    c.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+        true,
+    )?;
+    Ok(c)
 }
 
 fn salt_bytes(h: &WalHeader) -> [u8; 8] {

@@ -18,6 +18,8 @@
 
 use crate::attach::{DbShared, lookup};
 use crate::capture::CaptureError;
+// Lock indexes of `xShmLock` (not byte offsets), as in wal.c.
+use crate::wal_index::{WAL_CKPT_LOCK, WAL_WRITE_LOCK};
 use libsqlite3_sys as ffi;
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -28,11 +30,6 @@ use std::sync::OnceLock;
 /// The name the VFS registers under.
 pub const VFS_NAME: &str = "walrelay";
 const VFS_NAME_C: &CStr = c"walrelay";
-
-/// Lock indexes of `xShmLock` (not byte offsets): WAL_WRITE_LOCK and
-/// WAL_CKPT_LOCK in wal.c.
-const WAL_WRITE_LOCK: c_int = 0;
-const WAL_CKPT_LOCK: c_int = 1;
 
 enum Kind {
     MainDb(Arc<DbShared>),
