@@ -722,13 +722,68 @@ impl Database {
 }
 
 impl Database {
-    /// Runs `f` while no write can commit on this primary (the writer is
-    /// held), so that what `f` reads is exactly the state at the returned
-    /// bookmark.
-    pub(crate) fn with_writes_paused<T>(&self, f: impl FnOnce() -> T) -> (T, Bookmark) {
-        let _writer = self.primary().map(|p| p.writer.lock());
-        let out = f();
-        (out, self.latest_bookmark())
+    /// The whole database as one byte image, page for page, and the
+    /// bookmark it stands for: writes are paused, a TRUNCATE checkpoint
+    /// moves every frame into the database file, and the file is read
+    /// through the writer connection's own SQLite file object (opening
+    /// another descriptor would drop this process's POSIX locks on it).
+    pub(crate) fn snapshot_image(&self) -> Result<(Vec<u8>, Bookmark), CheckpointError> {
+        let Some(p) = self.primary() else {
+            return Err(CheckpointError::Sqlite {
+                code: ffi::SQLITE_MISUSE,
+            });
+        };
+        let w = p.writer.lock();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match checkpoint_on(&w.conn, CheckpointMode::Truncate) {
+                Ok(_) => break,
+                Err(CheckpointError::Busy) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let mut file: *mut ffi::sqlite3_file = std::ptr::null_mut();
+        // SAFETY: the writer connection is live and held exclusively;
+        // FILE_POINTER stores a pointer to its main database file.
+        let rc = unsafe {
+            ffi::sqlite3_file_control(
+                w.conn.handle(),
+                c"main".as_ptr(),
+                ffi::SQLITE_FCNTL_FILE_POINTER,
+                (&raw mut file).cast(),
+            )
+        };
+        if rc != ffi::SQLITE_OK || file.is_null() {
+            return Err(CheckpointError::Sqlite { code: rc });
+        }
+        let mut size: ffi::sqlite3_int64 = 0;
+        // SAFETY: `file` is the open main-db file of the held connection;
+        // xFileSize writes one integer, xRead fills exactly the buffer it is
+        // given (zero-filling past the end, which cannot happen here).
+        let image = unsafe {
+            let m = &*(*file).pMethods;
+            let (Some(file_size), Some(read)) = (m.xFileSize, m.xRead) else {
+                return Err(CheckpointError::Sqlite {
+                    code: ffi::SQLITE_MISUSE,
+                });
+            };
+            let rc = file_size(file, &mut size);
+            if rc != ffi::SQLITE_OK {
+                return Err(CheckpointError::Sqlite { code: rc });
+            }
+            let mut image = vec![0u8; size.max(0) as usize];
+            for (i, chunk) in image.chunks_mut(1 << 20).enumerate() {
+                let off = (i as ffi::sqlite3_int64) << 20;
+                let rc = read(file, chunk.as_mut_ptr().cast(), chunk.len() as i32, off);
+                if rc != ffi::SQLITE_OK {
+                    return Err(CheckpointError::Sqlite { code: rc });
+                }
+            }
+            image
+        };
+        Ok((image, self.latest_bookmark()))
     }
 }
 

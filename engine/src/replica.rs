@@ -361,10 +361,11 @@ pub fn pair(
 impl Replica {
     /// Creates a replica at `path` as a page-for-page copy of `primary` as
     /// it stands now, at its latest bookmark (any previous replica files
-    /// there are replaced). The pages are read through `sqlite_dbpage` in
-    /// one read transaction, so no descriptor of the primary's files is
-    /// opened outside SQLite. Transactions the primary commits afterwards
-    /// must be fed to the replica in order, starting with the next one.
+    /// there are replaced). The primary's writes pause while its WAL is
+    /// checkpointed (TRUNCATE) and its database file is read through
+    /// SQLite's own file object. Transactions the primary commits
+    /// afterwards must be fed to the replica in order, starting with the
+    /// next one.
     pub fn clone_of(
         primary: &Database,
         path: impl AsRef<Path>,
@@ -375,21 +376,7 @@ impl Replica {
             path: path.display().to_string(),
             reason,
         };
-        let s = primary
-            .session(Constraint::FirstPrimary)
-            .map_err(|e| cant(e.to_string()))?;
-        // With writes paused the snapshot is exactly the state at `at`.
-        let (snapshot, at) = primary.with_writes_paused(|| {
-            s.prepare("SELECT data FROM sqlite_dbpage ORDER BY pgno")
-                .raw()
-        });
-        let snapshot = snapshot.map_err(|e| cant(e.to_string()))?;
-        let mut image = Vec::new();
-        for row in snapshot.rows {
-            if let Some(crate::Value::Blob(page)) = row.into_iter().next() {
-                image.extend_from_slice(&page);
-            }
-        }
+        let (image, at) = primary.snapshot_image().map_err(|e| cant(e.to_string()))?;
         let page_size = if image.len() >= 18 {
             match u16::from_be_bytes([image[16], image[17]]) {
                 1 => 65_536,
