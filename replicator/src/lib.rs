@@ -13,12 +13,15 @@
 //!
 //! # Status
 //!
-//! Today the crate holds only the identity and position types that every
-//! other layer must agree on. The log format and the replication protocol
-//! will be added here later and will be expressed in terms of these types.
+//! Today the crate holds the identity and position types that every other
+//! layer must agree on, and the log record format ([`record`]): one
+//! transaction's pages with its bookmark, CRC-checked, every length bounded
+//! before allocation. The replication protocol comes next.
 
 pub mod bookmark;
 pub mod ids;
+pub mod record;
 
 pub use bookmark::{Bookmark, BookmarkParseError, Epoch, Sequence};
 pub use ids::{DatabaseId, DatabaseIdParseError};
+pub use record::{Record, RecordError};

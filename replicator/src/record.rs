@@ -1,0 +1,335 @@
+//! The log record: one committed transaction, as the replicator ships and
+//! stores it. This module is the only place that reads or writes it.
+//!
+//! ```text
+//! record (big-endian)
+//!  0  magic        b"WRRC"                          4
+//!  4  version      u16 (1)                          2
+//!  6  flags        u16 (0; nonzero is refused)      2
+//!  8  total_len    u32: bytes of the whole record   4   (header + pages + crc)
+//! 12  bookmark     epoch u32, sequence u64         12
+//! 24  previous     epoch u32, sequence u64         12   (the record before it)
+//! 36  page_size    u32 (power of two, 512..=65536)  4
+//! 40  db_pages     u32: database size after commit  4
+//! 44  page_count   u32                              4
+//! 48  pages        page_count x (page_no u32, image[page_size])
+//!  .. crc32        u32 over bytes 0 .. total_len-4  4
+//! ```
+//!
+//! Every length is checked against hard bounds before anything is
+//! allocated, and `total_len` must equal what the header implies, so a
+//! decoder never trusts a size it has not verified. Page images decode as
+//! slices of the input buffer: no copy.
+
+use crate::bookmark::Bookmark;
+use bytes::{BufMut, Bytes, BytesMut};
+
+pub const MAGIC: [u8; 4] = *b"WRRC";
+pub const VERSION: u16 = 1;
+pub const HEADER_BYTES: usize = 48;
+pub const CRC_BYTES: usize = 4;
+/// The largest page count one record may carry (a 4 KiB-page transaction
+/// of 1 GiB); larger transactions are refused, not truncated.
+pub const MAX_PAGES: u32 = 262_144;
+/// The largest record, whatever its page size.
+pub const MAX_RECORD_BYTES: u64 = 1 << 30;
+
+/// One transaction's pages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub bookmark: Bookmark,
+    pub previous: Bookmark,
+    pub page_size: u32,
+    pub db_pages: u32,
+    /// Strictly increasing page numbers, each image `page_size` bytes.
+    pub pages: Vec<(u32, Bytes)>,
+}
+
+/// Why bytes are not a valid record. Decoding never panics.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    #[error("record needs {need} bytes, {have} available")]
+    Truncated { need: u64, have: u64 },
+    #[error("bad record magic {0:02x?}")]
+    BadMagic([u8; 4]),
+    #[error("unsupported record version {0}")]
+    UnsupportedVersion(u16),
+    #[error("unknown record flags {0:#06x}")]
+    UnknownFlags(u16),
+    #[error("page size {0} is not a power of two in 512..=65536")]
+    PageSize(u32),
+    #[error("{0} pages exceed the limit of {MAX_PAGES}")]
+    TooManyPages(u32),
+    #[error("record length {stated} does not match the {implied} bytes its header implies")]
+    LengthMismatch { stated: u64, implied: u64 },
+    #[error("record of {0} bytes exceeds the limit")]
+    TooLarge(u64),
+    #[error("record checksum mismatch: stored {stored:08x}, computed {computed:08x}")]
+    Crc { stored: u32, computed: u32 },
+    #[error("page numbers must be nonzero and strictly increasing (page {0})")]
+    PageOrder(u32),
+    #[error("page {page} lies beyond the database size of {db_pages} pages")]
+    PageBeyondEnd { page: u32, db_pages: u32 },
+    #[error("the bookmark {bookmark} does not come after the previous one {previous}")]
+    BookmarkOrder {
+        bookmark: Bookmark,
+        previous: Bookmark,
+    },
+    #[error("a page image is {len} bytes, not the page size {page_size}")]
+    ImageSize { len: usize, page_size: u32 },
+}
+
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn bookmark_at(b: &[u8], at: usize) -> Bookmark {
+    let mut raw = [0u8; Bookmark::BYTE_LEN];
+    raw.copy_from_slice(&b[at..at + Bookmark::BYTE_LEN]);
+    Bookmark::from_bytes(raw)
+}
+
+/// Bytes a record of `page_count` pages of `page_size` occupies.
+pub fn encoded_len(page_size: u32, page_count: u32) -> u64 {
+    HEADER_BYTES as u64 + u64::from(page_count) * (4 + u64::from(page_size)) + CRC_BYTES as u64
+}
+
+fn valid_page_size(page_size: u32) -> bool {
+    (512..=65_536).contains(&page_size) && page_size.is_power_of_two()
+}
+
+impl Record {
+    /// Checks the invariants every record holds.
+    pub fn validate(&self) -> Result<(), RecordError> {
+        if !valid_page_size(self.page_size) {
+            return Err(RecordError::PageSize(self.page_size));
+        }
+        if self.pages.len() as u64 > u64::from(MAX_PAGES) {
+            return Err(RecordError::TooManyPages(
+                self.pages.len().min(u32::MAX as usize) as u32,
+            ));
+        }
+        if self.bookmark <= self.previous {
+            return Err(RecordError::BookmarkOrder {
+                bookmark: self.bookmark,
+                previous: self.previous,
+            });
+        }
+        let mut last = 0;
+        for (no, image) in &self.pages {
+            if *no <= last {
+                return Err(RecordError::PageOrder(*no));
+            }
+            if *no > self.db_pages {
+                return Err(RecordError::PageBeyondEnd {
+                    page: *no,
+                    db_pages: self.db_pages,
+                });
+            }
+            if image.len() != self.page_size as usize {
+                return Err(RecordError::ImageSize {
+                    len: image.len(),
+                    page_size: self.page_size,
+                });
+            }
+            last = *no;
+        }
+        Ok(())
+    }
+
+    /// Encodes the record (validating it first).
+    pub fn encode(&self) -> Result<Bytes, RecordError> {
+        self.validate()?;
+        let total = encoded_len(self.page_size, self.pages.len() as u32);
+        if total > MAX_RECORD_BYTES {
+            return Err(RecordError::TooLarge(total));
+        }
+        let mut b = BytesMut::with_capacity(total as usize);
+        b.put_slice(&MAGIC);
+        b.put_u16(VERSION);
+        b.put_u16(0);
+        b.put_u32(total as u32);
+        b.put_slice(&self.bookmark.to_bytes());
+        b.put_slice(&self.previous.to_bytes());
+        b.put_u32(self.page_size);
+        b.put_u32(self.db_pages);
+        b.put_u32(self.pages.len() as u32);
+        for (no, image) in &self.pages {
+            b.put_u32(*no);
+            b.put_slice(image);
+        }
+        let crc = crc32fast::hash(&b);
+        b.put_u32(crc);
+        debug_assert_eq!(b.len() as u64, total);
+        Ok(b.freeze())
+    }
+
+    /// The length of the record at the start of `buf`, from its header
+    /// alone (so a stream reader knows how much to wait for), with every
+    /// bound checked.
+    pub fn peek_len(buf: &[u8]) -> Result<u64, RecordError> {
+        if buf.len() < HEADER_BYTES {
+            return Err(RecordError::Truncated {
+                need: HEADER_BYTES as u64,
+                have: buf.len() as u64,
+            });
+        }
+        let magic = [buf[0], buf[1], buf[2], buf[3]];
+        if magic != MAGIC {
+            return Err(RecordError::BadMagic(magic));
+        }
+        let version = u16::from_be_bytes([buf[4], buf[5]]);
+        if version != VERSION {
+            return Err(RecordError::UnsupportedVersion(version));
+        }
+        let flags = u16::from_be_bytes([buf[6], buf[7]]);
+        if flags != 0 {
+            return Err(RecordError::UnknownFlags(flags));
+        }
+        let stated = u64::from(be32(buf, 8));
+        let page_size = be32(buf, 36);
+        if !valid_page_size(page_size) {
+            return Err(RecordError::PageSize(page_size));
+        }
+        let count = be32(buf, 44);
+        if count > MAX_PAGES {
+            return Err(RecordError::TooManyPages(count));
+        }
+        let implied = encoded_len(page_size, count);
+        if implied > MAX_RECORD_BYTES {
+            return Err(RecordError::TooLarge(implied));
+        }
+        if stated != implied {
+            return Err(RecordError::LengthMismatch { stated, implied });
+        }
+        Ok(implied)
+    }
+
+    /// Decodes the record at the start of `buf`; returns it and the bytes
+    /// it used. Page images are slices of `buf`.
+    pub fn decode(buf: &Bytes) -> Result<(Record, usize), RecordError> {
+        let total = Record::peek_len(buf)?;
+        if (buf.len() as u64) < total {
+            return Err(RecordError::Truncated {
+                need: total,
+                have: buf.len() as u64,
+            });
+        }
+        let total = total as usize;
+        let body = &buf[..total - CRC_BYTES];
+        let stored = be32(buf, total - CRC_BYTES);
+        let computed = crc32fast::hash(body);
+        if stored != computed {
+            return Err(RecordError::Crc { stored, computed });
+        }
+        let page_size = be32(buf, 36);
+        let count = be32(buf, 44) as usize;
+        let mut pages = Vec::with_capacity(count);
+        let mut at = HEADER_BYTES;
+        for _ in 0..count {
+            let no = be32(buf, at);
+            pages.push((no, buf.slice(at + 4..at + 4 + page_size as usize)));
+            at += 4 + page_size as usize;
+        }
+        let record = Record {
+            bookmark: bookmark_at(buf, 12),
+            previous: bookmark_at(buf, 24),
+            page_size,
+            db_pages: be32(buf, 40),
+            pages,
+        };
+        record.validate()?;
+        Ok((record, total))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bookmark::{Epoch, Sequence};
+
+    fn record(pages: &[u32]) -> Record {
+        Record {
+            bookmark: Bookmark::new(Epoch(1), Sequence(2)),
+            previous: Bookmark::new(Epoch(1), Sequence(1)),
+            page_size: 512,
+            db_pages: 10,
+            pages: pages
+                .iter()
+                .map(|&n| (n, Bytes::from(vec![n as u8; 512])))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_share_the_input_buffer() {
+        let r = record(&[1, 3, 10]);
+        let bytes = r.encode().expect("encode");
+        assert_eq!(bytes.len() as u64, encoded_len(512, 3));
+        let (back, used) = Record::decode(&bytes).expect("decode");
+        assert_eq!(back, r);
+        assert_eq!(used, bytes.len());
+        let p = back.pages[0].1.as_ptr() as usize;
+        let range = bytes.as_ptr() as usize..bytes.as_ptr() as usize + bytes.len();
+        assert!(
+            range.contains(&p),
+            "page images are slices of the input, not copies"
+        );
+    }
+
+    #[test]
+    fn any_flipped_bit_is_detected() {
+        let bytes = record(&[1, 2]).encode().expect("encode");
+        for i in 0..bytes.len() {
+            let mut b = bytes.to_vec();
+            b[i] ^= 0x01;
+            assert!(
+                Record::decode(&Bytes::from(b)).is_err(),
+                "flip at byte {i} went unnoticed"
+            );
+        }
+    }
+
+    #[test]
+    fn truncated_records_are_refused_at_every_length() {
+        let bytes = record(&[4]).encode().expect("encode");
+        for len in 0..bytes.len() {
+            assert!(matches!(
+                Record::decode(&bytes.slice(..len)),
+                Err(RecordError::Truncated { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn huge_stated_sizes_are_refused_before_allocating() {
+        let mut b = record(&[1]).encode().expect("encode").to_vec();
+        b[44..48].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert_eq!(
+            Record::peek_len(&b),
+            Err(RecordError::TooManyPages(u32::MAX))
+        );
+        let mut b = record(&[1]).encode().expect("encode").to_vec();
+        b[36..40].copy_from_slice(&1000u32.to_be_bytes());
+        assert_eq!(Record::peek_len(&b), Err(RecordError::PageSize(1000)));
+        let mut b = record(&[1]).encode().expect("encode").to_vec();
+        b[8..12].copy_from_slice(&7u32.to_be_bytes());
+        assert!(matches!(
+            Record::peek_len(&b),
+            Err(RecordError::LengthMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn invalid_records_are_refused_on_encode() {
+        assert_eq!(record(&[2, 2]).encode(), Err(RecordError::PageOrder(2)));
+        assert_eq!(record(&[0]).encode(), Err(RecordError::PageOrder(0)));
+        assert!(matches!(
+            record(&[11]).encode(),
+            Err(RecordError::PageBeyondEnd { .. })
+        ));
+        let mut r = record(&[1]);
+        r.previous = r.bookmark;
+        assert!(matches!(r.encode(), Err(RecordError::BookmarkOrder { .. })));
+    }
+}
