@@ -494,6 +494,11 @@ impl Database {
         &self.inner.path
     }
 
+    /// What the capturing VFS has seen on this primary (None on a replica).
+    pub fn capture_stats(&self) -> Option<walrelay_vfs::CaptureStats> {
+        self.primary().map(|p| p.attachment.stats())
+    }
+
     /// Whether this is a primary (writes) or a replica (reads only).
     pub fn is_primary(&self) -> bool {
         self.primary().is_some()

@@ -14,6 +14,11 @@ struct Coverage {
     transactions: usize,
     wal_generations: usize,
     failed_batches: usize,
+    /// Writes landing on frames already written in the same transaction
+    /// (pages rewritten after a spill, checksum rewrites, savepoint rewinds).
+    overwrites: u64,
+    /// Transactions that spilled frames and then rolled back.
+    spilled_rollbacks: u64,
 }
 
 fn run_seed(seed: u64, steps: usize) -> Coverage {
@@ -85,6 +90,9 @@ fn run_seed(seed: u64, steps: usize) -> Coverage {
         }
         assert_same_pages(&copy, &s, &context);
     }
+    let stats = db.capture_stats().expect("a primary");
+    cov.overwrites = stats.overwrites;
+    cov.spilled_rollbacks = stats.rolled_back_holds;
     drop(s);
     drop(db);
     cov
@@ -106,14 +114,22 @@ fn replaying_captured_page_sets_reproduces_the_primary_after_every_transaction()
 
 #[test]
 fn fixed_seed_replay_of_the_capture_workload() {
-    let mut restarts = 0;
+    let (mut restarts, mut overwrites, mut spilled_rollbacks) = (0, 0, 0);
     for seed in [1u64, 42, 0xdead_beef] {
         let cov = run_seed(seed, 120);
+        eprintln!("seed {seed}: {cov:?}");
         assert!(
             cov.failed_batches > 0,
             "seed {seed} exercises rolled-back batches"
         );
         restarts += cov.wal_generations - 1;
+        overwrites += cov.overwrites;
+        spilled_rollbacks += cov.spilled_rollbacks;
     }
     assert!(restarts > 0, "the fixed seeds exercise WAL restarts");
+    assert!(overwrites > 0, "the fixed seeds rewrite frames in place");
+    assert!(
+        spilled_rollbacks > 0,
+        "the fixed seeds roll back transactions that spilled"
+    );
 }

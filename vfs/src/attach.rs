@@ -4,7 +4,7 @@
 //! the walrelay VFS; opening an unattached database is refused, so that no
 //! connection can write a walrelay database without being captured.
 
-use crate::capture::{Capture, CaptureError, WalReader};
+use crate::capture::{Capture, CaptureError, CaptureStats, WalReader};
 use crate::page_set::CapturedTransaction;
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
@@ -203,6 +203,11 @@ impl Attachment {
     /// The absolute path SQLite uses for this database.
     pub fn path(&self) -> &str {
         &self.shared.key
+    }
+
+    /// What capture has seen so far.
+    pub fn stats(&self) -> CaptureStats {
+        self.shared.capture.lock().stats()
     }
 
     /// The error that stopped capture, if any. A poisoned database refuses

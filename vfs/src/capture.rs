@@ -83,10 +83,11 @@ impl Shadow {
     }
 
     /// Copies a write at `offset`, which lies in the frame starting at
-    /// `start`.
-    fn write(&mut self, offset: u64, start: u64, data: &[u8]) {
+    /// `start`. Returns whether it landed on bytes this hold had already
+    /// written (a page rewritten in place, a checksum rewrite, a rewind).
+    fn write(&mut self, offset: u64, start: u64, data: &[u8]) -> bool {
         if data.is_empty() {
-            return;
+            return false;
         }
         if self.is_empty() {
             self.base = start;
@@ -100,6 +101,7 @@ impl Shadow {
         }
         let rel = (offset - self.base) as usize;
         let end = rel + data.len();
+        let overwrite = rel < self.buf.len();
         if rel == self.buf.len() {
             // The usual case, an append: no zero fill before the copy.
             self.buf.extend_from_slice(data);
@@ -110,6 +112,7 @@ impl Shadow {
             self.buf[rel..end].copy_from_slice(data);
         }
         self.cover(offset, offset + data.len() as u64);
+        overwrite
     }
 
     fn cover(&mut self, start: u64, end: u64) {
@@ -185,12 +188,28 @@ pub(crate) struct Capture {
     last_commit: Option<([u32; 2], FrameNo, Checksum)>,
     hold: Option<Hold>,
     poisoned: Option<CaptureError>,
+    stats: CaptureStats,
     /// Allocations kept from one hold to the next: the covered-range list
     /// and the per-frame page list.
     spare_covered: Vec<(u64, u64)>,
     spare_frames: Vec<(u32, usize)>,
     /// Shadow buffers come from, and return to, here.
     buffers: Arc<BufferPool>,
+}
+
+/// Counters of what capture has seen, for tests and operators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CaptureStats {
+    /// Transactions captured and handed to the sink.
+    pub transactions: u64,
+    /// Write-lock holds that wrote frames but committed none (rollbacks).
+    pub rolled_back_holds: u64,
+    /// WAL writes that landed on bytes written earlier in the same hold:
+    /// pages rewritten after a spill, `walRewriteChecksums`, savepoint
+    /// rewinds.
+    pub overwrites: u64,
+    /// New WAL headers (first write or restart with new salts).
+    pub wal_restarts: u64,
 }
 
 /// What a WAL write told the capture.
@@ -204,6 +223,10 @@ pub(crate) struct WriteNote {
 impl Capture {
     pub fn poisoned(&self) -> Option<&CaptureError> {
         self.poisoned.as_ref()
+    }
+
+    pub fn stats(&self) -> CaptureStats {
+        self.stats
     }
 
     fn poison(&mut self, e: CaptureError) -> CaptureError {
@@ -306,7 +329,9 @@ impl Capture {
             // Most transactions are a frame or two.
             hold.shadow.buf = self.buffers.take(2 * fb as usize);
         }
-        hold.shadow.write(offset, frame_start, data);
+        if hold.shadow.write(offset, frame_start, data) {
+            self.stats.overwrites += 1;
+        }
         Ok(note)
     }
 
@@ -344,6 +369,7 @@ impl Capture {
         if let Some(h) = hold.new_header {
             self.header = Some(h);
             self.last_commit = None;
+            self.stats.wal_restarts += 1;
         }
         if hold.shadow.is_empty() {
             return Ok(None);
@@ -375,6 +401,7 @@ impl Capture {
             }
         }
         let Some(commit_idx) = commit_idx else {
+            self.stats.rolled_back_holds += 1;
             return Ok(None); // rollback: nothing committed
         };
         shadow.fill_holes((commit_idx + 1) * fb, disk)?;
@@ -420,6 +447,7 @@ impl Capture {
         self.spare_frames = last_by_page;
         let commit_frame = FrameNo::new(base_frame.get() + commit_idx as u32);
         self.last_commit = Some((wal.salt, commit_frame, ck));
+        self.stats.transactions += 1;
         Ok(Some(CapturedTransaction {
             pages: PageSet::new(wal.page_size, db_size_pages, pages)?,
             wal: WalPosition {

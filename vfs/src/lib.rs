@@ -46,7 +46,7 @@ pub mod wal_index;
 pub mod watermark;
 
 pub use attach::{AttachError, Attachment, CaptureSink, SinkError, attach, attach_replica};
-pub use capture::CaptureError;
+pub use capture::{CaptureError, CaptureStats};
 pub use page_set::{CapturedTransaction, FrameNo, PageNo, PageSet, PageSetError, WalPosition};
 pub use replica::{Appended, ApplyError, ReplicaInit, ReplicaOpenError, ReplicaWal};
 pub use shim::{RegisterError, VFS_NAME, register};

@@ -178,7 +178,7 @@ fn a_spilling_transaction_with_savepoint_rollbacks_replays_exactly() {
     let base = dir.path().join("base.db");
     std::fs::copy(&path, &base).expect("copy");
     let rec = Arc::new(Recorder::default());
-    let _att = attach(&path, rec.clone()).expect("attach");
+    let att = attach(&path, rec.clone()).expect("attach");
     let c = open(&path);
     c.execute_batch("PRAGMA cache_size=10; CREATE TABLE t(a INTEGER PRIMARY KEY, b BLOB);")
         .expect("setup");
@@ -196,6 +196,14 @@ fn a_spilling_transaction_with_savepoint_rollbacks_replays_exactly() {
          COMMIT;",
     )
     .expect("transaction");
+    // Pages spilled and then changed again are rewritten in place (and the
+    // savepoint rewind overwrites frames): capture followed offsets.
+    let stats = att.stats();
+    assert!(
+        stats.overwrites > 0,
+        "the transaction rewrote frames: {stats:?}"
+    );
+    assert_eq!(stats.transactions, 2);
     replay(&base, &rec.0.lock().expect("lock"));
     let want = logical_pages(&c);
     let got = std::fs::read(&base).expect("read");
