@@ -16,12 +16,15 @@
 //! Today the crate holds the identity and position types that every other
 //! layer must agree on, and the log record format ([`record`]): one
 //! transaction's pages with its bookmark, CRC-checked, every length bounded
-//! before allocation. The replication protocol comes next.
+//! before allocation; and the wire format of the replication protocol's
+//! messages ([`wire`]). The sans-IO protocol cores come next.
 
 pub mod bookmark;
 pub mod ids;
 pub mod record;
+pub mod wire;
 
 pub use bookmark::{Bookmark, BookmarkParseError, Epoch, Sequence};
 pub use ids::{DatabaseId, DatabaseIdParseError};
 pub use record::{Record, RecordError};
+pub use wire::{Message, RefuseReason, Role, WireError};
