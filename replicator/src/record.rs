@@ -79,11 +79,11 @@ pub enum RecordError {
     ImageSize { len: usize, page_size: u32 },
 }
 
-fn be32(b: &[u8], at: usize) -> u32 {
+pub(crate) fn be32(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
-fn bookmark_at(b: &[u8], at: usize) -> Bookmark {
+pub(crate) fn bookmark_at(b: &[u8], at: usize) -> Bookmark {
     let mut raw = [0u8; Bookmark::BYTE_LEN];
     raw.copy_from_slice(&b[at..at + Bookmark::BYTE_LEN]);
     Bookmark::from_bytes(raw)

@@ -25,7 +25,7 @@
 
 use crate::bookmark::{Bookmark, Epoch};
 use crate::ids::DatabaseId;
-use crate::record::{MAX_RECORD_BYTES, Record, RecordError};
+use crate::record::{MAX_RECORD_BYTES, Record, RecordError, be32, bookmark_at};
 use bytes::{BufMut, Bytes, BytesMut};
 
 pub const VERSION: u8 = 1;
@@ -118,16 +118,6 @@ const CATCH_UP: u8 = 5;
 const CATCH_UP_DONE: u8 = 6;
 const HEARTBEAT: u8 = 7;
 const REFUSE: u8 = 8;
-
-fn bookmark_at(b: &[u8], at: usize) -> Bookmark {
-    let mut raw = [0u8; Bookmark::BYTE_LEN];
-    raw.copy_from_slice(&b[at..at + Bookmark::BYTE_LEN]);
-    Bookmark::from_bytes(raw)
-}
-
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
 
 fn be64(b: &[u8], at: usize) -> u64 {
     let mut raw = [0u8; 8];
