@@ -21,10 +21,12 @@
 
 pub mod bookmark;
 pub mod ids;
+pub mod quorum;
 pub mod record;
 pub mod wire;
 
 pub use bookmark::{Bookmark, BookmarkParseError, Epoch, Sequence};
 pub use ids::{DatabaseId, DatabaseIdParseError};
+pub use quorum::{FollowerId, QuorumError, QuorumTracker};
 pub use record::{Record, RecordError};
 pub use wire::{Message, RefuseReason, Role, WireError};
