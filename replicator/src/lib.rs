@@ -23,10 +23,12 @@ pub mod bookmark;
 pub mod ids;
 pub mod quorum;
 pub mod record;
+pub mod segments;
 pub mod wire;
 
 pub use bookmark::{Bookmark, BookmarkParseError, Epoch, Sequence};
 pub use ids::{DatabaseId, DatabaseIdParseError};
 pub use quorum::{FollowerId, QuorumError, QuorumTracker};
 pub use record::{Record, RecordError};
+pub use segments::{Recovery, SegmentError, SegmentLog};
 pub use wire::{Message, RefuseReason, Role, WireError};
