@@ -20,6 +20,7 @@
 //! messages ([`wire`]). The sans-IO protocol cores come next.
 
 pub mod bookmark;
+pub mod follower;
 pub mod ids;
 pub mod quorum;
 pub mod record;
@@ -27,6 +28,7 @@ pub mod segments;
 pub mod wire;
 
 pub use bookmark::{Bookmark, BookmarkParseError, Epoch, Sequence};
+pub use follower::{Follower, FollowerAction, FollowerEvent};
 pub use ids::{DatabaseId, DatabaseIdParseError};
 pub use quorum::{FollowerId, QuorumError, QuorumTracker};
 pub use record::{Record, RecordError};
