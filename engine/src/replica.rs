@@ -385,9 +385,7 @@ impl Replica {
         } else {
             options.page_size
         };
-        for suffix in ["", "-wal", "-shm", "-walrelay-replica"] {
-            let mut p = path.as_os_str().to_owned();
-            p.push(suffix);
+        for p in walrelay_vfs::replica_files(path) {
             match std::fs::remove_file(&p) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

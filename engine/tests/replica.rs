@@ -21,6 +21,26 @@ fn replica_options() -> ReplicaOptions {
     }
 }
 
+/// A primary whose commits are recorded (not fed anywhere), and a replica
+/// cloned from it: tests feed the replica by hand.
+fn recorded_primary_and_replica(
+    dir: &tempfile::TempDir,
+    options: Options,
+    replica_options: ReplicaOptions,
+) -> (Database, Arc<Recorder>, Replica) {
+    let rec = Arc::new(Recorder::default());
+    let db = Database::open(
+        dir.path().join("p.db"),
+        Options {
+            sink: Some(rec.clone()),
+            ..options
+        },
+    )
+    .expect("open");
+    let replica = Replica::clone_of(&db, dir.path().join("r.db"), replica_options).expect("clone");
+    (db, rec, replica)
+}
+
 fn run_mirrored(seed: u64, steps: usize) {
     let dir = tempfile::tempdir().expect("tempdir");
     let page_size = [512u32, 1024, 4096][seed as usize % 3];
@@ -126,17 +146,8 @@ fn a_replica_refuses_writes_with_a_clear_error() {
 #[test]
 fn a_read_ahead_of_the_replica_waits_for_the_confirm_or_fails_clearly() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let rec = Arc::new(Recorder::default());
-    let db = Database::open(
-        dir.path().join("p.db"),
-        Options {
-            sink: Some(rec.clone()),
-            ..Options::default()
-        },
-    )
-    .expect("open");
-    let replica =
-        Replica::clone_of(&db, dir.path().join("r.db"), replica_options()).expect("clone");
+    let (db, rec, replica) =
+        recorded_primary_and_replica(&dir, Options::default(), replica_options());
     let ps = db.session(Constraint::FirstPrimary).expect("session");
     ps.prepare("CREATE TABLE t(x)").run().expect("create");
     let ahead = ps.bookmark().expect("wrote");
@@ -172,26 +183,18 @@ const TOTAL: i64 = ACCOUNTS * 1_000;
 #[test]
 fn readers_never_see_a_partial_or_unconfirmed_transaction() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let rec = Arc::new(Recorder::default());
-    let db = Database::open(
-        dir.path().join("p.db"),
+    let (db, rec, replica) = recorded_primary_and_replica(
+        &dir,
         Options {
-            sink: Some(rec.clone()),
             synchronous: Synchronous::Off,
             ..Options::default()
         },
-    )
-    .expect("open");
-    let replica = Replica::clone_of(
-        &db,
-        dir.path().join("r.db"),
         ReplicaOptions {
             readers: 3,
             checkpoint_threshold_frames: 256,
             ..replica_options()
         },
-    )
-    .expect("clone");
+    );
     let s = db.session(Constraint::FirstPrimary).expect("session");
     s.batch([
         s.prepare("CREATE TABLE acct(id INTEGER PRIMARY KEY, bal INTEGER NOT NULL)"),

@@ -30,7 +30,7 @@ use crate::wal_index::{
     IndexError, IndexHeader, REGION_BYTES, Region, WAL_NREADER, WAL_READ_LOCK_0, WAL_WRITE_LOCK,
     region_of,
 };
-use crate::watermark::{Watermark, WatermarkError, WatermarkFile};
+use crate::watermark::{Watermark, WatermarkError, WatermarkFile, sibling};
 use libsqlite3_sys as ffi;
 use rusqlite::{Connection, OpenFlags};
 use std::collections::VecDeque;
@@ -182,10 +182,15 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> ReplicaOpenError + '_ {
     }
 }
 
-fn sibling(path: &Path, suffix: &str) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(suffix);
-    PathBuf::from(s)
+/// Every file a replica database consists of: the database, its WAL, its
+/// wal-index and its watermark.
+pub fn replica_files(db: &Path) -> [PathBuf; 4] {
+    [
+        db.to_path_buf(),
+        sibling(db, "-wal"),
+        sibling(db, "-shm"),
+        WatermarkFile::path_for(db),
+    ]
 }
 
 fn random_u32() -> u32 {

@@ -34,6 +34,13 @@ use walrelay_replicator::Bookmark;
 const MAGIC: &[u8; 8] = b"WRWMARK1";
 const SLOT_BYTES: usize = 64;
 
+/// `<db><suffix>`: the naming of every file that belongs to a database.
+pub(crate) fn sibling(db: &Path, suffix: &str) -> PathBuf {
+    let mut s = db.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
 /// A confirmed position in the replica's WAL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Watermark {
@@ -116,9 +123,7 @@ pub struct WatermarkFile {
 impl WatermarkFile {
     /// `<db>-walrelay-replica`.
     pub fn path_for(db: &Path) -> PathBuf {
-        let mut s = db.as_os_str().to_owned();
-        s.push("-walrelay-replica");
-        PathBuf::from(s)
+        sibling(db, "-walrelay-replica")
     }
 
     /// Opens (or creates, with `initial`) the watermark file and returns the

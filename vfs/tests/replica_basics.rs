@@ -40,6 +40,16 @@ fn count(c: &Connection) -> i64 {
         .unwrap_or(-1)
 }
 
+fn open_replica(path: &Path) -> Result<ReplicaWal, walrelay_vfs::ReplicaOpenError> {
+    ReplicaWal::open(
+        path,
+        ReplicaInit {
+            page_size: 4096,
+            bookmark: Bookmark::ZERO,
+        },
+    )
+}
+
 fn b(seq: u64) -> Bookmark {
     Bookmark::new(Epoch(1), Sequence(seq))
 }
@@ -78,14 +88,7 @@ fn pair() -> Pair {
 #[test]
 fn appended_transactions_stay_invisible_until_confirmed_then_match_the_primary() {
     let p = pair();
-    let mut r = ReplicaWal::open(
-        &p.replica_path,
-        ReplicaInit {
-            page_size: 4096,
-            bookmark: Bookmark::ZERO,
-        },
-    )
-    .expect("open replica");
+    let mut r = open_replica(&p.replica_path).expect("open replica");
     let reader = open_vfs(&p.replica_path, OpenFlags::SQLITE_OPEN_READ_ONLY);
     p.primary
         .execute_batch("CREATE TABLE t(x INTEGER PRIMARY KEY, v BLOB)")
@@ -127,14 +130,7 @@ fn appended_transactions_stay_invisible_until_confirmed_then_match_the_primary()
 #[test]
 fn duplicates_are_ignored_gaps_name_the_next_bookmark_and_discard_drops_unconfirmed() {
     let p = pair();
-    let mut r = ReplicaWal::open(
-        &p.replica_path,
-        ReplicaInit {
-            page_size: 4096,
-            bookmark: Bookmark::ZERO,
-        },
-    )
-    .expect("open replica");
+    let mut r = open_replica(&p.replica_path).expect("open replica");
     let reader = open_vfs(&p.replica_path, OpenFlags::SQLITE_OPEN_READ_ONLY);
     p.primary
         .execute_batch("CREATE TABLE t(x)")
@@ -184,14 +180,7 @@ fn reopening_cuts_everything_past_the_persisted_watermark() {
     }
     let t = p.rec.0.lock().expect("lock").clone();
     {
-        let mut r = ReplicaWal::open(
-            &p.replica_path,
-            ReplicaInit {
-                page_size: 4096,
-                bookmark: Bookmark::ZERO,
-            },
-        )
-        .expect("open");
+        let mut r = open_replica(&p.replica_path).expect("open");
         for (i, txn) in t.iter().enumerate().take(4) {
             r.append(b(i as u64 + 1), &txn.pages).expect("append");
         }
@@ -200,14 +189,7 @@ fn reopening_cuts_everything_past_the_persisted_watermark() {
         r.confirm(b(3)).expect("confirm, not persisted");
         // dropped with 3 confirmed-not-persisted and 4 unconfirmed
     }
-    let r = ReplicaWal::open(
-        &p.replica_path,
-        ReplicaInit {
-            page_size: 4096,
-            bookmark: Bookmark::ZERO,
-        },
-    )
-    .expect("reopen");
+    let r = open_replica(&p.replica_path).expect("reopen");
     assert_eq!(r.confirmed(), b(2));
     let reader = open_vfs(&p.replica_path, OpenFlags::SQLITE_OPEN_READ_ONLY);
     assert_eq!(count(&reader), 1, "exactly the persisted prefix");
@@ -219,14 +201,7 @@ fn checkpoints_and_restarts_keep_the_replica_wal_bounded_while_readers_read() {
     p.primary
         .execute_batch("CREATE TABLE t(x INTEGER PRIMARY KEY, v TEXT)")
         .expect("create");
-    let mut r = ReplicaWal::open(
-        &p.replica_path,
-        ReplicaInit {
-            page_size: 4096,
-            bookmark: Bookmark::ZERO,
-        },
-    )
-    .expect("open replica");
+    let mut r = open_replica(&p.replica_path).expect("open replica");
     let reader = open_vfs(&p.replica_path, OpenFlags::SQLITE_OPEN_READ_ONLY);
     let wal = format!("{}-wal", p.replica_path.display());
     let mut seq = 0u64;
