@@ -20,7 +20,7 @@
 
 use crate::bookmark::{Bookmark, Epoch};
 use crate::ids::DatabaseId;
-use crate::record::Record;
+use crate::record::Encoded;
 use crate::wire::{Message, RefuseReason, Role};
 
 /// What happened to the follower.
@@ -31,6 +31,13 @@ pub enum FollowerEvent {
     Synced {
         upto: Bookmark,
     },
+    /// A record streamed by a peer follower during catch-up: confirmed
+    /// history, so it is taken whatever its epoch, if it follows the log.
+    CatchUpRecord(Encoded),
+    /// The peer serving catch-up says it has sent everything confirmed.
+    CatchUpDone {
+        upto: Bookmark,
+    },
 }
 
 /// What the follower asks its IO to do, in order.
@@ -39,7 +46,7 @@ pub enum FollowerAction {
     /// Make the epoch durable before anything else is done in it.
     PersistEpoch(Epoch),
     /// Append the record to the log (not yet durable).
-    Append(Record),
+    Append(Encoded),
     /// Make everything appended up to `upto` durable, then report
     /// [`FollowerEvent::Synced`].
     Sync {
@@ -51,6 +58,14 @@ pub enum FollowerAction {
         upto: Bookmark,
     },
     Send(Message),
+    /// The leader no longer holds our position: fetch confirmed records
+    /// after `from` from a peer follower.
+    CatchUpFromPeer {
+        from: Bookmark,
+    },
+    /// The catch-up stream broke the log's order: drop it (and try
+    /// another peer later).
+    AbandonCatchUp,
 }
 
 /// One follower's protocol state.
@@ -176,10 +191,32 @@ impl Follower {
             }
             FollowerEvent::Received(Message::Confirm { confirmed })
             | FollowerEvent::Received(Message::Heartbeat { confirmed, .. }) => {
-                self.confirmed = self.confirmed.max(confirmed.min(self.durable));
+                self.confirmed = self.confirmed.max(confirmed);
             }
+            FollowerEvent::CatchUpRecord(record) => {
+                if record.bookmark <= self.last_appended {
+                    // already held
+                } else if record.previous != self.last_appended {
+                    out.push(FollowerAction::AbandonCatchUp);
+                } else {
+                    self.last_appended = record.bookmark;
+                    self.confirmed = self.confirmed.max(record.bookmark);
+                    out.push(FollowerAction::Append(record));
+                    self.request_sync(&mut out);
+                }
+            }
+            FollowerEvent::CatchUpDone { upto } => {
+                self.confirmed = self.confirmed.max(upto.min(self.last_appended));
+            }
+            FollowerEvent::Received(Message::Refuse {
+                reason: RefuseReason::Behind,
+                ..
+            }) => out.push(FollowerAction::CatchUpFromPeer {
+                from: self.last_appended,
+            }),
             FollowerEvent::Received(Message::CatchUp { from }) => {
-                let upto = self.confirmed;
+                // Serve only what is both confirmed and durable here.
+                let upto = self.confirmed.min(self.durable);
                 if from < upto {
                     out.push(FollowerAction::ServeCatchUp { after: from, upto });
                 } else {
@@ -206,17 +243,19 @@ mod tests {
         Bookmark::new(Epoch(e), Sequence(s))
     }
 
-    fn rec(e: u32, s: u64, prev: Bookmark) -> Record {
-        Record {
+    fn rec(e: u32, s: u64, prev: Bookmark) -> Encoded {
+        crate::record::Record {
             bookmark: b(e, s),
             previous: prev,
             page_size: 512,
             db_pages: 1,
             pages: vec![(1, Bytes::from(vec![s as u8; 512]))],
         }
+        .to_encoded()
+        .expect("valid record")
     }
 
-    fn append(f: &mut Follower, r: Record) -> Vec<FollowerAction> {
+    fn append(f: &mut Follower, r: Encoded) -> Vec<FollowerAction> {
         f.handle(FollowerEvent::Received(Message::Append(r)))
     }
 
@@ -255,7 +294,7 @@ mod tests {
     #[test]
     fn older_epochs_are_fenced_and_newer_ones_are_persisted_first() {
         let mut f = Follower::new(DB, Epoch(3), b(3, 5));
-        let a = append(&mut f, rec(2, 6, b(3, 5)));
+        let a = append(&mut f, rec(2, 6, b(2, 5)));
         assert_eq!(
             a,
             vec![FollowerAction::Send(Message::Refuse {

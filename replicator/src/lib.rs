@@ -22,15 +22,21 @@
 pub mod bookmark;
 pub mod follower;
 pub mod ids;
+pub mod leader;
 pub mod quorum;
 pub mod record;
 pub mod segments;
+pub mod subscriber;
 pub mod wire;
 
 pub use bookmark::{Bookmark, BookmarkParseError, Epoch, Sequence};
 pub use follower::{Follower, FollowerAction, FollowerEvent};
 pub use ids::{DatabaseId, DatabaseIdParseError};
+pub use leader::{
+    CloseReason, Leader, LeaderAction, LeaderConfig, LeaderError, LeaderEvent, PeerId,
+};
 pub use quorum::{FollowerId, QuorumError, QuorumTracker};
-pub use record::{Record, RecordError};
+pub use record::{Encoded, Record, RecordError};
 pub use segments::{Recovery, SegmentError, SegmentLog};
+pub use subscriber::{Source, Subscriber, SubscriberAction, SubscriberEvent};
 pub use wire::{Message, RefuseReason, Role, WireError};

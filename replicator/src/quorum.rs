@@ -53,6 +53,19 @@ impl QuorumTracker {
         self.durable.get(f.0).copied()
     }
 
+    /// Sets follower `f`'s position to what it reported on (re)connecting,
+    /// even if lower than before (a cut corrupt tail): only what a follower
+    /// holds now may count towards confirming later records. The confirmed
+    /// watermark never moves back.
+    pub fn reset(&mut self, f: FollowerId, durable: Bookmark) -> Result<(), QuorumError> {
+        let slot = self
+            .durable
+            .get_mut(f.0)
+            .ok_or(QuorumError::UnknownFollower(f.0))?;
+        *slot = durable;
+        Ok(())
+    }
+
     /// Records that follower `f` holds everything up to `durable`. Returns
     /// the new confirmed watermark if it advanced. Acks never move a
     /// follower backwards (a stale or reordered ack changes nothing).

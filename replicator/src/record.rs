@@ -243,6 +243,50 @@ impl Record {
     }
 }
 
+/// A validated record still in its encoded form: the position fields the
+/// protocol needs plus the bytes that are stored and sent as they are. The
+/// replicator moves records in this form (followers never look at pages);
+/// only a replica decodes the pages, with [`Encoded::record`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Encoded {
+    pub bookmark: Bookmark,
+    pub previous: Bookmark,
+    /// Exactly one whole record, CRC checked.
+    pub bytes: Bytes,
+}
+
+impl Encoded {
+    /// Validates the record at the start of `buf` (every bound and the CRC)
+    /// and keeps a slice of it; returns the bytes it used.
+    pub fn decode(buf: &Bytes) -> Result<(Encoded, usize), RecordError> {
+        let (record, used) = Record::decode(buf)?;
+        Ok((
+            Encoded {
+                bookmark: record.bookmark,
+                previous: record.previous,
+                bytes: buf.slice(..used),
+            },
+            used,
+        ))
+    }
+
+    /// The record's pages (slices of `bytes`, no copy).
+    pub fn record(&self) -> Result<Record, RecordError> {
+        Record::decode(&self.bytes).map(|(r, _)| r)
+    }
+}
+
+impl Record {
+    /// Encodes the record once, for storing and sending.
+    pub fn to_encoded(&self) -> Result<Encoded, RecordError> {
+        Ok(Encoded {
+            bookmark: self.bookmark,
+            previous: self.previous,
+            bytes: self.encode()?,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,8 @@
 //!  5 CatchUp     from bookmark (12): send every record after it  = 12
 //!  6 CatchUpDone upto bookmark (12): the stream has caught up    = 12
 //!  7 Heartbeat   epoch u32, confirmed bookmark (12), sent_us u64 = 24
-//!  8 Refuse      epoch u32 (the receiver's), reason u8           = 5
+//!  8 Refuse      epoch u32 (the receiver's), reason u8 (1 stale epoch,
+//!                2 wrong database, 3 gap, 4 behind, 5 diverged)  = 5
 //! ```
 //!
 //! A frame's length is checked against [`MAX_FRAME_BYTES`] before anything
@@ -25,7 +26,7 @@
 
 use crate::bookmark::{Bookmark, Epoch};
 use crate::ids::DatabaseId;
-use crate::record::{MAX_RECORD_BYTES, Record, RecordError, be32, bookmark_at};
+use crate::record::{Encoded, MAX_RECORD_BYTES, RecordError, be32, bookmark_at};
 use bytes::{BufMut, Bytes, BytesMut};
 
 pub const VERSION: u8 = 1;
@@ -51,6 +52,12 @@ pub enum RefuseReason {
     WrongDatabase,
     /// An append did not follow the receiver's log.
     Gap,
+    /// The leader no longer holds the records after the peer's position:
+    /// catch up from a follower first, then subscribe again.
+    Behind,
+    /// The peer's log holds records the leader's history does not (a
+    /// diverged tail from an older epoch); it cannot be used until repaired.
+    Diverged,
 }
 
 /// One protocol message.
@@ -62,7 +69,7 @@ pub enum Message {
         role: Role,
         last_durable: Bookmark,
     },
-    Append(Record),
+    Append(Encoded),
     Ack {
         durable: Bookmark,
     },
@@ -156,7 +163,7 @@ impl Message {
                 kind_and_body(&mut b, HANDSHAKE, &body);
             }
             Message::Append(record) => {
-                let (head, rec) = encode_append(&record.encode()?);
+                let (head, rec) = encode_append(&record.bytes);
                 let mut out = BytesMut::with_capacity(head.len() + rec.len());
                 out.put_slice(&head);
                 out.put_slice(&rec);
@@ -183,6 +190,8 @@ impl Message {
                     RefuseReason::StaleEpoch => 1,
                     RefuseReason::WrongDatabase => 2,
                     RefuseReason::Gap => 3,
+                    RefuseReason::Behind => 4,
+                    RefuseReason::Diverged => 5,
                 });
                 kind_and_body(&mut b, REFUSE, &body);
             }
@@ -254,7 +263,7 @@ impl Message {
                 }
             }
             APPEND => {
-                let (record, used) = Record::decode(&body)?;
+                let (record, used) = Encoded::decode(&body)?;
                 if used != body.len() {
                     return Err(WireError::RecordLength {
                         frame: body.len() as u64,
@@ -301,6 +310,8 @@ impl Message {
                     1 => RefuseReason::StaleEpoch,
                     2 => RefuseReason::WrongDatabase,
                     3 => RefuseReason::Gap,
+                    4 => RefuseReason::Behind,
+                    5 => RefuseReason::Diverged,
                     r => return Err(WireError::UnknownReason(r)),
                 };
                 Message::Refuse {
@@ -341,13 +352,17 @@ mod tests {
                 role: Role::Follower,
                 last_durable: b(3, 9),
             },
-            Message::Append(Record {
-                bookmark: b(3, 10),
-                previous: b(3, 9),
-                page_size: 512,
-                db_pages: 2,
-                pages: vec![(2, Bytes::from(vec![7u8; 512]))],
-            }),
+            Message::Append(
+                crate::record::Record {
+                    bookmark: b(3, 10),
+                    previous: b(3, 9),
+                    page_size: 512,
+                    db_pages: 2,
+                    pages: vec![(2, Bytes::from(vec![7u8; 512]))],
+                }
+                .to_encoded()
+                .expect("valid record"),
+            ),
             Message::Ack { durable: b(3, 10) },
             Message::Confirm {
                 confirmed: b(3, 10),
@@ -431,7 +446,7 @@ mod tests {
     #[test]
     fn appends_share_the_encoded_record() {
         let rec = match &all()[1] {
-            Message::Append(r) => r.encode().expect("encode"),
+            Message::Append(r) => r.bytes.clone(),
             _ => unreachable!("the second message is an append"),
         };
         let (_, body) = encode_append(&rec);

@@ -1,0 +1,499 @@
+//! The leader's protocol core: the primary side of replication. Sans-IO:
+//! events in (a transaction committed, a peer connected or spoke, time
+//! passed), actions out (send, confirmed, close, fenced).
+//!
+//! Rules:
+//! - **Fan-out.** Every committed record goes at once to every streaming
+//!   follower and replica, all sends sharing the record's bytes.
+//! - **Quorum.** The confirmed watermark is the highest bookmark that W of
+//!   the N followers acknowledged as durable ([`QuorumTracker`]). Each
+//!   advance is reported ([`LeaderAction::Confirmed`], the output gate) and
+//!   broadcast to replicas and followers.
+//! - **Tail.** The leader keeps the records a peer may still need: every
+//!   unconfirmed record, and confirmed ones up to `tail_limit_bytes`. A
+//!   peer that connects at a position inside the tail is streamed the rest;
+//!   one behind the tail is told so ([`RefuseReason::Behind`]) and catches
+//!   up from a follower; one whose position is not in this leader's history
+//!   is refused as diverged.
+//! - **Fencing.** A follower that has accepted a newer epoch ends this
+//!   leader ([`LeaderAction::Fenced`]): it must stop writing.
+
+use crate::bookmark::{Bookmark, Epoch};
+use crate::ids::DatabaseId;
+use crate::quorum::{FollowerId, QuorumError, QuorumTracker};
+use crate::record::Encoded;
+use crate::wire::{Message, RefuseReason, Role};
+use std::collections::{HashMap, VecDeque};
+
+/// A connection, as the transport names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PeerId(pub u64);
+
+/// How a leader is set up.
+#[derive(Debug, Clone)]
+pub struct LeaderConfig {
+    pub database: DatabaseId,
+    /// This leader's epoch: every record it issues carries it.
+    pub epoch: Epoch,
+    /// N: the durability followers.
+    pub followers: usize,
+    /// W: acknowledgements that make a record confirmed (a majority of N).
+    pub write_quorum: usize,
+    /// The last record before this leader's first, already confirmed.
+    pub start: Bookmark,
+    /// Confirmed records kept for lagging peers, in bytes.
+    pub tail_limit_bytes: usize,
+    /// How often streaming peers get a heartbeat carrying the watermark.
+    pub heartbeat_interval_us: u64,
+}
+
+/// Why a leader cannot be built or cannot take a record.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LeaderError {
+    #[error(transparent)]
+    Quorum(#[from] QuorumError),
+    #[error("record {bookmark} does not follow {last} (its previous is {previous})")]
+    OutOfOrder {
+        bookmark: Bookmark,
+        previous: Bookmark,
+        last: Bookmark,
+    },
+    #[error("record {bookmark} is not in this leader's epoch {epoch}")]
+    WrongEpoch { bookmark: Bookmark, epoch: Epoch },
+    #[error("this leader was fenced by epoch {0}")]
+    Fenced(Epoch),
+}
+
+/// What happened to the leader.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaderEvent {
+    /// The transport connected to follower number `index` (0..N).
+    FollowerConnected {
+        peer: PeerId,
+        index: usize,
+    },
+    /// A replica connected to the leader.
+    ReplicaConnected {
+        peer: PeerId,
+    },
+    Disconnected {
+        peer: PeerId,
+    },
+    Received {
+        peer: PeerId,
+        message: Message,
+    },
+    /// Time passed (microseconds on the driver's monotonic clock).
+    Tick {
+        now_us: u64,
+    },
+}
+
+/// Why the leader drops a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// The peer must catch up from a follower before it can stream.
+    Behind,
+    /// The peer's log is not a prefix of this leader's history.
+    Diverged,
+    /// The peer serves another database or spoke out of turn.
+    Protocol,
+}
+
+/// What the leader asks its IO to do, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaderAction {
+    /// Send a message. An `Append` shares the record's bytes: send it with
+    /// [`crate::wire::encode_append`], not a copy.
+    Send {
+        peer: PeerId,
+        message: Message,
+    },
+    /// Everything up to this bookmark is durable on W followers: results
+    /// held for it may be released.
+    Confirmed(Bookmark),
+    Close {
+        peer: PeerId,
+        reason: CloseReason,
+    },
+    /// A follower holds a newer epoch: this leader must stop.
+    Fenced(Epoch),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Follower(usize),
+    Replica,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Peer {
+    kind: Kind,
+    streaming: bool,
+    /// A gap was refused: resend from the next acknowledged position.
+    resync: bool,
+}
+
+/// One leader's protocol state.
+#[derive(Debug)]
+pub struct Leader {
+    config: LeaderConfig,
+    quorum: QuorumTracker,
+    last: Bookmark,
+    /// Records after `tail_start`, in order.
+    tail: VecDeque<Encoded>,
+    tail_start: Bookmark,
+    tail_bytes: usize,
+    peers: HashMap<PeerId, Peer>,
+    last_heartbeat_us: Option<u64>,
+    fenced: Option<Epoch>,
+}
+
+impl Leader {
+    pub fn new(config: LeaderConfig) -> Result<Leader, LeaderError> {
+        let quorum = QuorumTracker::new(config.followers, config.write_quorum, config.start)?;
+        Ok(Leader {
+            last: config.start,
+            tail_start: config.start,
+            quorum,
+            config,
+            tail: VecDeque::new(),
+            tail_bytes: 0,
+            peers: HashMap::new(),
+            last_heartbeat_us: None,
+            fenced: None,
+        })
+    }
+
+    /// The last record committed through this leader.
+    pub fn last(&self) -> Bookmark {
+        self.last
+    }
+    pub fn confirmed(&self) -> Bookmark {
+        self.quorum.confirmed()
+    }
+    pub fn epoch(&self) -> Epoch {
+        self.config.epoch
+    }
+    /// Bytes of records committed but not yet confirmed (backpressure).
+    pub fn unconfirmed_bytes(&self) -> usize {
+        let confirmed = self.confirmed();
+        self.tail
+            .iter()
+            .rev()
+            .take_while(|r| r.bookmark > confirmed)
+            .map(|r| r.bytes.len())
+            .sum()
+    }
+    /// The durable position each follower last reported (None: never).
+    pub fn follower_durable(&self, index: usize) -> Option<Bookmark> {
+        self.quorum.durable(FollowerId(index))
+    }
+    /// Followers currently streaming.
+    pub fn streaming_followers(&self) -> usize {
+        self.peers
+            .values()
+            .filter(|p| p.streaming && matches!(p.kind, Kind::Follower(_)))
+            .count()
+    }
+
+    fn send(out: &mut Vec<LeaderAction>, peer: PeerId, message: Message) {
+        out.push(LeaderAction::Send { peer, message });
+    }
+
+    /// Takes the next committed record and fans it out.
+    pub fn committed(&mut self, record: Encoded) -> Result<Vec<LeaderAction>, LeaderError> {
+        if let Some(e) = self.fenced {
+            return Err(LeaderError::Fenced(e));
+        }
+        if record.bookmark.epoch != self.config.epoch {
+            return Err(LeaderError::WrongEpoch {
+                bookmark: record.bookmark,
+                epoch: self.config.epoch,
+            });
+        }
+        if record.previous != self.last || record.bookmark <= self.last {
+            return Err(LeaderError::OutOfOrder {
+                bookmark: record.bookmark,
+                previous: record.previous,
+                last: self.last,
+            });
+        }
+        let mut out = Vec::new();
+        let mut ids: Vec<PeerId> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.streaming)
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort_unstable(); // deterministic order for the simulator
+        for id in ids {
+            Self::send(&mut out, id, Message::Append(record.clone()));
+        }
+        self.last = record.bookmark;
+        self.tail_bytes += record.bytes.len();
+        self.tail.push_back(record);
+        Ok(out)
+    }
+
+    /// Handles one event; returns the actions to carry out, in order.
+    pub fn handle(&mut self, event: LeaderEvent) -> Vec<LeaderAction> {
+        let mut out = Vec::new();
+        match event {
+            LeaderEvent::FollowerConnected { peer, index } => {
+                if index >= self.config.followers {
+                    out.push(LeaderAction::Close {
+                        peer,
+                        reason: CloseReason::Protocol,
+                    });
+                    return out;
+                }
+                self.peers.insert(
+                    peer,
+                    Peer {
+                        kind: Kind::Follower(index),
+                        streaming: false,
+                        resync: false,
+                    },
+                );
+                Self::send(
+                    &mut out,
+                    peer,
+                    Message::Handshake {
+                        database: self.config.database,
+                        epoch: self.config.epoch,
+                        role: Role::Leader,
+                        last_durable: self.last,
+                    },
+                );
+            }
+            LeaderEvent::ReplicaConnected { peer } => {
+                self.peers.insert(
+                    peer,
+                    Peer {
+                        kind: Kind::Replica,
+                        streaming: false,
+                        resync: false,
+                    },
+                );
+            }
+            LeaderEvent::Disconnected { peer } => {
+                self.peers.remove(&peer);
+            }
+            LeaderEvent::Received { peer, message } => self.received(peer, message, &mut out),
+            LeaderEvent::Tick { now_us } => {
+                let due = self
+                    .last_heartbeat_us
+                    .is_none_or(|t| now_us.saturating_sub(t) >= self.config.heartbeat_interval_us);
+                if due {
+                    self.last_heartbeat_us = Some(now_us);
+                    for id in self.streaming_ids() {
+                        Self::send(
+                            &mut out,
+                            id,
+                            Message::Heartbeat {
+                                epoch: self.config.epoch,
+                                confirmed: self.confirmed(),
+                                sent_us: now_us,
+                            },
+                        );
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn streaming_ids(&self) -> Vec<PeerId> {
+        let mut ids: Vec<PeerId> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.streaming)
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Where `position` stands against this leader's history.
+    fn locate(&self, position: Bookmark) -> Result<usize, CloseReason> {
+        if position == self.tail_start {
+            return Ok(0);
+        }
+        if position < self.tail_start {
+            return Err(CloseReason::Behind);
+        }
+        match self.tail.binary_search_by(|r| r.bookmark.cmp(&position)) {
+            Ok(i) => Ok(i + 1),
+            Err(_) => Err(CloseReason::Diverged),
+        }
+    }
+
+    fn stream_from(&self, peer: PeerId, from: usize, out: &mut Vec<LeaderAction>) {
+        for r in self.tail.iter().skip(from) {
+            Self::send(out, peer, Message::Append(r.clone()));
+        }
+    }
+
+    fn refuse_and_close(&self, peer: PeerId, reason: CloseReason, out: &mut Vec<LeaderAction>) {
+        let refuse = match reason {
+            CloseReason::Behind => RefuseReason::Behind,
+            CloseReason::Diverged => RefuseReason::Diverged,
+            CloseReason::Protocol => RefuseReason::WrongDatabase,
+        };
+        Self::send(
+            out,
+            peer,
+            Message::Refuse {
+                epoch: self.config.epoch,
+                reason: refuse,
+            },
+        );
+        out.push(LeaderAction::Close { peer, reason });
+    }
+
+    fn received(&mut self, peer: PeerId, message: Message, out: &mut Vec<LeaderAction>) {
+        let Some(state) = self.peers.get(&peer).copied() else {
+            return; // a message racing its connection's close
+        };
+        match (state.kind, message) {
+            (
+                kind,
+                Message::Handshake {
+                    database,
+                    epoch,
+                    role,
+                    last_durable,
+                },
+            ) => {
+                let role_ok = matches!(
+                    (kind, role),
+                    (Kind::Follower(_), Role::Follower) | (Kind::Replica, Role::Replica)
+                );
+                if database != self.config.database || !role_ok || state.streaming {
+                    self.refuse_and_close(peer, CloseReason::Protocol, out);
+                    self.peers.remove(&peer);
+                    return;
+                }
+                if epoch > self.config.epoch {
+                    self.fence(epoch, out);
+                    return;
+                }
+                let from = match self.locate(last_durable) {
+                    Ok(from) => from,
+                    Err(reason) => {
+                        self.refuse_and_close(peer, reason, out);
+                        self.peers.remove(&peer);
+                        return;
+                    }
+                };
+                if let Kind::Follower(index) = kind {
+                    // Only what it holds now counts; everything up to its
+                    // position is durable there.
+                    let _ = self.quorum.reset(FollowerId(index), Bookmark::ZERO);
+                    self.ack(index, last_durable, out);
+                }
+                if let Some(p) = self.peers.get_mut(&peer) {
+                    p.streaming = true;
+                }
+                self.stream_from(peer, from, out);
+                Self::send(
+                    out,
+                    peer,
+                    Message::Confirm {
+                        confirmed: self.confirmed(),
+                    },
+                );
+            }
+            (Kind::Follower(index), Message::Ack { durable }) => {
+                if durable > self.last {
+                    self.refuse_and_close(peer, CloseReason::Diverged, out);
+                    self.peers.remove(&peer);
+                    return;
+                }
+                if state.resync {
+                    if let Some(p) = self.peers.get_mut(&peer) {
+                        p.resync = false;
+                    }
+                    match self.locate(durable) {
+                        Ok(from) => self.stream_from(peer, from, out),
+                        Err(reason) => {
+                            self.refuse_and_close(peer, reason, out);
+                            self.peers.remove(&peer);
+                            return;
+                        }
+                    }
+                }
+                self.ack(index, durable, out);
+            }
+            (_, Message::Refuse { epoch, reason }) => match reason {
+                RefuseReason::StaleEpoch if epoch > self.config.epoch => self.fence(epoch, out),
+                RefuseReason::Gap => {
+                    if let Some(p) = self.peers.get_mut(&peer) {
+                        p.resync = true;
+                    }
+                }
+                _ => {
+                    out.push(LeaderAction::Close {
+                        peer,
+                        reason: CloseReason::Protocol,
+                    });
+                    self.peers.remove(&peer);
+                }
+            },
+            // Heartbeats from peers only prove liveness; nothing else is
+            // theirs to send.
+            (_, Message::Heartbeat { .. }) => {}
+            _ => {
+                out.push(LeaderAction::Close {
+                    peer,
+                    reason: CloseReason::Protocol,
+                });
+                self.peers.remove(&peer);
+            }
+        }
+    }
+
+    fn fence(&mut self, epoch: Epoch, out: &mut Vec<LeaderAction>) {
+        if self.fenced.is_none() {
+            self.fenced = Some(epoch);
+            out.push(LeaderAction::Fenced(epoch));
+        }
+    }
+
+    fn ack(&mut self, index: usize, durable: Bookmark, out: &mut Vec<LeaderAction>) {
+        let before = self.confirmed();
+        if self.quorum.ack(FollowerId(index), durable).is_err() {
+            return;
+        }
+        let after = self.confirmed();
+        if after > before {
+            // The invariant the output gate rests on: never confirm what
+            // this leader has not issued.
+            assert!(
+                after <= self.last,
+                "confirmed {after} beyond last {}",
+                self.last
+            );
+            out.push(LeaderAction::Confirmed(after));
+            for id in self.streaming_ids() {
+                Self::send(out, id, Message::Confirm { confirmed: after });
+            }
+            self.trim();
+        }
+    }
+
+    fn trim(&mut self) {
+        let confirmed = self.confirmed();
+        while self.tail_bytes > self.config.tail_limit_bytes {
+            match self.tail.front() {
+                Some(r) if r.bookmark <= confirmed => {
+                    self.tail_bytes -= r.bytes.len();
+                    self.tail_start = r.bookmark;
+                    self.tail.pop_front();
+                }
+                _ => break,
+            }
+        }
+    }
+}

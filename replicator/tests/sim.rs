@@ -1,0 +1,386 @@
+//! A seeded, deterministic simulation of one leader, N followers and a
+//! replica, driven through the same sans-IO cores the real transport
+//! drives. Connections are FIFO (like TCP) but deliveries across
+//! connections interleave at random; followers crash (losing unsynced
+//! appends and their connection) and restart; syncs complete late.
+//!
+//! Checked after every step:
+//! - the confirmed watermark never moves back and never passes the last
+//!   record issued;
+//! - every confirmed record is durable on at least W followers;
+//! - the replica never reveals more than the leader confirmed, and what it
+//!   reveals is exactly the leader's history.
+//!
+//! `WALRELAY_SEED=n` replays one seed; `WALRELAY_SOAK=1` runs many more.
+
+use bytes::Bytes;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::collections::VecDeque;
+use walrelay_replicator::{
+    Bookmark, DatabaseId, Encoded, Epoch, Follower, FollowerAction, FollowerEvent, Leader,
+    LeaderAction, LeaderConfig, LeaderEvent, Message, PeerId, Record, Sequence, Source, Subscriber,
+    SubscriberAction, SubscriberEvent,
+};
+
+const DB: DatabaseId = DatabaseId(42);
+const N: usize = 5;
+const W: usize = 3;
+const REPLICA_PEER: PeerId = PeerId(100);
+
+fn b(s: u64) -> Bookmark {
+    Bookmark::new(Epoch(1), Sequence(s))
+}
+
+fn record(s: u64) -> Encoded {
+    Record {
+        bookmark: b(s),
+        previous: b(s - 1),
+        page_size: 512,
+        db_pages: 1,
+        pages: vec![(1, Bytes::from(vec![s as u8; 512]))],
+    }
+    .to_encoded()
+    .expect("valid record")
+}
+
+/// A follower's storage under the crash model: appends are volatile until
+/// a sync covers them.
+struct SimFollower {
+    core: Follower,
+    log: Vec<Encoded>,
+    durable_len: usize,
+    up: bool,
+    /// Syncs issued and not yet completed.
+    pending_syncs: VecDeque<Bookmark>,
+    /// Connection generation, so messages of a dead connection are dropped.
+    conn: u64,
+}
+
+impl SimFollower {
+    fn durable(&self) -> Bookmark {
+        self.log[..self.durable_len]
+            .last()
+            .map_or(b(0), |r| r.bookmark)
+    }
+}
+
+enum Wire {
+    ToFollower(usize, u64, Message),
+    ToLeader(PeerId, u64, Message),
+    ToReplica(Message),
+}
+
+struct Sim {
+    rng: SmallRng,
+    leader: Leader,
+    followers: Vec<SimFollower>,
+    replica: Subscriber,
+    replica_visible: Vec<Encoded>,
+    replica_applied: Vec<Encoded>,
+    /// One FIFO queue per connection direction.
+    queues: Vec<VecDeque<Wire>>,
+    issued: Vec<Encoded>,
+    confirmed: Bookmark,
+}
+
+// Queues 0..N: leader to follower i; N..2N: follower i to leader; 2N: to
+// the replica; 2N+1: replica to leader.
+
+impl Sim {
+    fn new(seed: u64) -> Sim {
+        let leader = Leader::new(LeaderConfig {
+            database: DB,
+            epoch: Epoch(1),
+            followers: N,
+            write_quorum: W,
+            start: b(0),
+            tail_limit_bytes: 1 << 20,
+            heartbeat_interval_us: 1_000,
+        })
+        .expect("leader");
+        let followers = (0..N)
+            .map(|_| SimFollower {
+                core: Follower::new(DB, Epoch(1), b(0)),
+                log: Vec::new(),
+                durable_len: 0,
+                up: true,
+                pending_syncs: VecDeque::new(),
+                conn: 0,
+            })
+            .collect();
+        let mut sim = Sim {
+            rng: SmallRng::seed_from_u64(seed),
+            leader,
+            followers,
+            replica: Subscriber::new(DB, b(0)),
+            replica_visible: Vec::new(),
+            replica_applied: Vec::new(),
+            queues: (0..2 * N + 2).map(|_| VecDeque::new()).collect(),
+            issued: Vec::new(),
+            confirmed: b(0),
+        };
+        for i in 0..N {
+            sim.connect_follower(i);
+        }
+        let a = sim
+            .leader
+            .handle(LeaderEvent::ReplicaConnected { peer: REPLICA_PEER });
+        sim.leader_actions(a);
+        let a = sim
+            .replica
+            .handle(SubscriberEvent::Connected(Source::Leader));
+        sim.replica_actions(a);
+        sim
+    }
+
+    fn peer(i: usize, conn: u64) -> PeerId {
+        PeerId((i as u64) << 32 | conn)
+    }
+
+    fn connect_follower(&mut self, i: usize) {
+        self.followers[i].conn += 1;
+        let peer = Self::peer(i, self.followers[i].conn);
+        let a = self
+            .leader
+            .handle(LeaderEvent::FollowerConnected { peer, index: i });
+        self.leader_actions(a);
+    }
+
+    fn leader_actions(&mut self, actions: Vec<LeaderAction>) {
+        for a in actions {
+            match a {
+                LeaderAction::Send { peer, message } if peer == REPLICA_PEER => {
+                    self.queues[2 * N].push_back(Wire::ToReplica(message));
+                }
+                LeaderAction::Send { peer, message } => {
+                    let i = (peer.0 >> 32) as usize;
+                    let conn = peer.0 & 0xffff_ffff;
+                    self.queues[i].push_back(Wire::ToFollower(i, conn, message));
+                }
+                LeaderAction::Confirmed(c) => {
+                    assert!(c > self.confirmed, "confirmed moved back");
+                    assert!(c <= self.leader.last());
+                    self.confirmed = c;
+                    // Every confirmed record is durable on W followers.
+                    let holders = self.followers.iter().filter(|f| f.durable() >= c).count();
+                    assert!(holders >= W, "{c} confirmed but durable on {holders}");
+                }
+                LeaderAction::Close { peer, .. } => {
+                    let i = (peer.0 >> 32) as usize;
+                    if i < N {
+                        self.followers[i].conn += 1; // drop the connection
+                        let a = self.leader.handle(LeaderEvent::Disconnected { peer });
+                        self.leader_actions(a);
+                    }
+                }
+                LeaderAction::Fenced(e) => panic!("fenced by {e} with one leader"),
+            }
+        }
+    }
+
+    fn follower_actions(&mut self, i: usize, actions: Vec<FollowerAction>) {
+        let f = &mut self.followers[i];
+        for a in actions {
+            match a {
+                FollowerAction::PersistEpoch(_) => {}
+                FollowerAction::Append(r) => {
+                    assert_eq!(
+                        r.previous,
+                        f.log.last().map_or(b(0), |l| l.bookmark),
+                        "append out of order"
+                    );
+                    f.log.push(r);
+                }
+                FollowerAction::Sync { upto } => f.pending_syncs.push_back(upto),
+                FollowerAction::Send(m) => {
+                    let peer = Self::peer(i, f.conn);
+                    self.queues[N + i].push_back(Wire::ToLeader(peer, f.conn, m));
+                }
+                FollowerAction::ServeCatchUp { .. }
+                | FollowerAction::CatchUpFromPeer { .. }
+                | FollowerAction::AbandonCatchUp => {}
+            }
+        }
+    }
+
+    fn replica_actions(&mut self, actions: Vec<SubscriberAction>) {
+        for a in actions {
+            match a {
+                SubscriberAction::DiscardUnconfirmed => {
+                    self.replica_applied.truncate(self.replica_visible.len());
+                }
+                SubscriberAction::Apply(r) => self.replica_applied.push(r),
+                SubscriberAction::Confirm(c) => {
+                    assert!(
+                        c <= self.confirmed,
+                        "replica revealed {c} past {}",
+                        self.confirmed
+                    );
+                    let n = self.replica_applied.partition_point(|r| r.bookmark <= c);
+                    self.replica_visible = self.replica_applied[..n].to_vec();
+                    assert_eq!(
+                        self.replica_visible[..],
+                        self.issued[..n],
+                        "replica history differs"
+                    );
+                }
+                SubscriberAction::Send(_, m) => {
+                    self.queues[2 * N + 1].push_back(Wire::ToLeader(REPLICA_PEER, 0, m))
+                }
+                SubscriberAction::Close(_)
+                | SubscriberAction::CatchUpFromFollower
+                | SubscriberAction::Refused(_) => panic!("replica dropped: {a:?}"),
+            }
+        }
+    }
+
+    fn step(&mut self) {
+        let choice = self.rng.random_range(0..100);
+        self.step_with(choice);
+    }
+
+    fn step_with(&mut self, choice: u32) {
+        match choice {
+            0..25 => {
+                let s = self.issued.len() as u64 + 1;
+                let r = record(s);
+                self.issued.push(r.clone());
+                let a = self.leader.committed(r).expect("in order");
+                self.leader_actions(a);
+            }
+            25..75 => {
+                // Deliver the head of a random non-empty queue.
+                let busy: Vec<usize> = (0..self.queues.len())
+                    .filter(|&q| !self.queues[q].is_empty())
+                    .collect();
+                if busy.is_empty() {
+                    return;
+                }
+                let q = busy[self.rng.random_range(0..busy.len())];
+                match self.queues[q].pop_front().expect("non-empty") {
+                    Wire::ToFollower(i, conn, m) => {
+                        if self.followers[i].up && self.followers[i].conn == conn {
+                            let a = self.followers[i].core.handle(FollowerEvent::Received(m));
+                            self.follower_actions(i, a);
+                        }
+                    }
+                    Wire::ToLeader(peer, conn, m) => {
+                        let live = peer == REPLICA_PEER || {
+                            let i = (peer.0 >> 32) as usize;
+                            self.followers[i].up && self.followers[i].conn == conn
+                        };
+                        if live {
+                            let a = self
+                                .leader
+                                .handle(LeaderEvent::Received { peer, message: m });
+                            self.leader_actions(a);
+                        }
+                    }
+                    Wire::ToReplica(m) => {
+                        let a = self
+                            .replica
+                            .handle(SubscriberEvent::Received(Source::Leader, m));
+                        self.replica_actions(a);
+                    }
+                }
+            }
+            75..90 => {
+                // A sync completes.
+                let i = self.rng.random_range(0..N);
+                let f = &mut self.followers[i];
+                if let Some(upto) = f.pending_syncs.pop_front() {
+                    let n = f.log.partition_point(|r| r.bookmark <= upto);
+                    f.durable_len = f.durable_len.max(n);
+                    let a = f.core.handle(FollowerEvent::Synced { upto });
+                    self.follower_actions(i, a);
+                }
+            }
+            90..94 => {
+                // Crash a follower: unsynced appends are lost.
+                let i = self.rng.random_range(0..N);
+                if self.followers[i].up {
+                    let old = Self::peer(i, self.followers[i].conn);
+                    let f = &mut self.followers[i];
+                    f.up = false;
+                    f.log.truncate(f.durable_len);
+                    f.pending_syncs.clear();
+                    f.conn += 1;
+                    let a = self.leader.handle(LeaderEvent::Disconnected { peer: old });
+                    self.leader_actions(a);
+                }
+            }
+            94..98 => {
+                // Restart a crashed follower from its durable log.
+                let i = self.rng.random_range(0..N);
+                if !self.followers[i].up {
+                    let f = &mut self.followers[i];
+                    f.up = true;
+                    f.core = Follower::new(DB, Epoch(1), f.durable());
+                    self.connect_follower(i);
+                }
+            }
+            _ => {
+                let a = self.leader.handle(LeaderEvent::Tick {
+                    now_us: self.rng.random_range(0..1_000_000),
+                });
+                self.leader_actions(a);
+            }
+        }
+    }
+
+    /// Brings every follower back and lets everything settle.
+    fn settle(&mut self) {
+        for i in 0..N {
+            if !self.followers[i].up {
+                let f = &mut self.followers[i];
+                f.up = true;
+                f.core = Follower::new(DB, Epoch(1), f.durable());
+                self.connect_follower(i);
+            }
+        }
+        for _ in 0..1_000_000 {
+            let idle = self.queues.iter().all(|q| q.is_empty())
+                && self.followers.iter().all(|f| f.pending_syncs.is_empty());
+            if idle {
+                return;
+            }
+            // Deliveries and syncs only: no new records, no crashes.
+            let choice = self.rng.random_range(25..90);
+            self.step_with(choice);
+        }
+        panic!("did not settle");
+    }
+}
+
+fn run(seed: u64, steps: usize) {
+    let mut sim = Sim::new(seed);
+    for _ in 0..steps {
+        sim.step();
+    }
+    sim.settle();
+    let issued = sim.issued.len() as u64;
+    assert_eq!(
+        sim.confirmed,
+        b(issued),
+        "seed {seed}: all confirmed after settling"
+    );
+    assert_eq!(
+        sim.replica.confirmed(),
+        b(issued),
+        "seed {seed}: replica caught up"
+    );
+}
+
+#[test]
+fn quorum_commit_survives_follower_crashes_and_the_replica_mirrors_confirmed_history() {
+    let soak = std::env::var("WALRELAY_SOAK").is_ok();
+    let seeds: Vec<u64> = match std::env::var("WALRELAY_SEED") {
+        Ok(s) => vec![s.parse().expect("WALRELAY_SEED is a number")],
+        Err(_) => (0..if soak { 2_000 } else { 100 }).collect(),
+    };
+    for seed in seeds {
+        eprintln!("sim seed {seed}");
+        run(seed, if soak { 20_000 } else { 3_000 });
+    }
+}
