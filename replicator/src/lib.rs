@@ -20,9 +20,12 @@
 //! messages ([`wire`]). The sans-IO protocol cores come next.
 
 pub mod bookmark;
+pub mod epoch_file;
 pub mod follower;
 pub mod ids;
 pub mod leader;
+pub mod net;
+pub mod node;
 pub mod quorum;
 pub mod record;
 pub mod segments;

@@ -65,10 +65,11 @@ impl SimFollower {
     }
 }
 
+/// A message in flight, by destination.
 enum Wire {
-    ToFollower(usize, u64, Message),
-    ToLeader(PeerId, u64, Message),
-    ToReplica(Message),
+    Follower(usize, u64, Message),
+    Leader(PeerId, u64, Message),
+    Replica(Message),
 }
 
 struct Sim {
@@ -151,12 +152,12 @@ impl Sim {
         for a in actions {
             match a {
                 LeaderAction::Send { peer, message } if peer == REPLICA_PEER => {
-                    self.queues[2 * N].push_back(Wire::ToReplica(message));
+                    self.queues[2 * N].push_back(Wire::Replica(message));
                 }
                 LeaderAction::Send { peer, message } => {
                     let i = (peer.0 >> 32) as usize;
                     let conn = peer.0 & 0xffff_ffff;
-                    self.queues[i].push_back(Wire::ToFollower(i, conn, message));
+                    self.queues[i].push_back(Wire::Follower(i, conn, message));
                 }
                 LeaderAction::Confirmed(c) => {
                     assert!(c > self.confirmed, "confirmed moved back");
@@ -195,7 +196,7 @@ impl Sim {
                 FollowerAction::Sync { upto } => f.pending_syncs.push_back(upto),
                 FollowerAction::Send(m) => {
                     let peer = Self::peer(i, f.conn);
-                    self.queues[N + i].push_back(Wire::ToLeader(peer, f.conn, m));
+                    self.queues[N + i].push_back(Wire::Leader(peer, f.conn, m));
                 }
                 FollowerAction::ServeCatchUp { .. }
                 | FollowerAction::CatchUpFromPeer { .. }
@@ -226,7 +227,7 @@ impl Sim {
                     );
                 }
                 SubscriberAction::Send(_, m) => {
-                    self.queues[2 * N + 1].push_back(Wire::ToLeader(REPLICA_PEER, 0, m))
+                    self.queues[2 * N + 1].push_back(Wire::Leader(REPLICA_PEER, 0, m))
                 }
                 SubscriberAction::Close(_)
                 | SubscriberAction::CatchUpFromFollower
@@ -259,13 +260,13 @@ impl Sim {
                 }
                 let q = busy[self.rng.random_range(0..busy.len())];
                 match self.queues[q].pop_front().expect("non-empty") {
-                    Wire::ToFollower(i, conn, m) => {
+                    Wire::Follower(i, conn, m) => {
                         if self.followers[i].up && self.followers[i].conn == conn {
                             let a = self.followers[i].core.handle(FollowerEvent::Received(m));
                             self.follower_actions(i, a);
                         }
                     }
-                    Wire::ToLeader(peer, conn, m) => {
+                    Wire::Leader(peer, conn, m) => {
                         let live = peer == REPLICA_PEER || {
                             let i = (peer.0 >> 32) as usize;
                             self.followers[i].up && self.followers[i].conn == conn
@@ -277,7 +278,7 @@ impl Sim {
                             self.leader_actions(a);
                         }
                     }
-                    Wire::ToReplica(m) => {
+                    Wire::Replica(m) => {
                         let a = self
                             .replica
                             .handle(SubscriberEvent::Received(Source::Leader, m));

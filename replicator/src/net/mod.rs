@@ -1,0 +1,89 @@
+//! Transports: move framed [`Message`]s over TCP between nodes.
+//!
+//! # Contract
+//!
+//! A transport owns sockets and nothing else. It dials and accepts
+//! connections, sends messages (an `Append` is written as a frame header
+//! followed by the record's shared bytes, never a copy) and hands every
+//! decoded message to a [`NetHandler`] on the transport's own threads. When
+//! a read yields several messages, each is handed over and then
+//! [`NetHandler::drained`] is called once: the point where a follower
+//! issues one sync for everything that arrived together (group commit).
+//!
+//! Two implementations share this contract: [`std_net::StdTransport`]
+//! (portable: blocking sockets, a reader thread per connection, writes on
+//! the caller's thread) and, on Linux, an io_uring transport. Which one runs
+//! is chosen at run time ([`open`]).
+//!
+//! Sizes are checked before allocation: a frame longer than
+//! [`crate::wire::MAX_FRAME_BYTES`] closes its connection.
+
+pub mod std_net;
+
+use crate::wire::Message;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// A connection, unique for the transport's lifetime.
+pub type ConnId = u64;
+
+/// Receives what happens on a transport's connections. Called from the
+/// transport's threads; must not block for long (a follower's sync is the
+/// exception: it is what paces a connection).
+pub trait NetHandler: Send + Sync {
+    /// An inbound connection was accepted.
+    fn accepted(&self, conn: ConnId, from: SocketAddr);
+    /// An outbound connection asked for with `tag` is up.
+    fn connected(&self, conn: ConnId, tag: u64);
+    /// An outbound connection asked for with `tag` could not be made.
+    fn connect_failed(&self, tag: u64, error: io::Error);
+    fn message(&self, conn: ConnId, message: Message);
+    /// Every complete message of the last read was handed over.
+    fn drained(&self, conn: ConnId) {
+        let _ = conn;
+    }
+    /// The connection is gone (peer closed, error, bad frame, or `close`).
+    fn closed(&self, conn: ConnId, error: Option<String>);
+}
+
+/// What every transport offers.
+pub trait Transport: Send + Sync {
+    /// Starts accepting on `addr`; returns the bound address.
+    fn listen(&self, addr: SocketAddr) -> io::Result<SocketAddr>;
+    /// Dials `addr` in the background; reports `connected` or
+    /// `connect_failed` with `tag`.
+    fn connect(&self, addr: SocketAddr, tag: u64);
+    /// Sends one message. An error shuts the connection down; its reader
+    /// then reports `closed`. Neither `send` nor `close` ever calls the
+    /// handler on the caller's thread, so callers may hold their own locks
+    /// (which the handler also takes) while calling them.
+    fn send(&self, conn: ConnId, message: &Message);
+    fn close(&self, conn: ConnId);
+    /// "std" or "io_uring".
+    fn backend(&self) -> &'static str;
+}
+
+/// Which transport to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// io_uring where the kernel allows it, std otherwise.
+    Auto,
+    Std,
+    IoUring,
+}
+
+/// Opens a transport delivering to `handler`. `Auto` picks io_uring when
+/// it is available and std otherwise; `WALRELAY_NET=std` forces std.
+pub fn open(backend: Backend, handler: Arc<dyn NetHandler>) -> io::Result<Arc<dyn Transport>> {
+    let forced_std = std::env::var("WALRELAY_NET").is_ok_and(|v| v == "std");
+    match backend {
+        Backend::Std => Ok(Arc::new(std_net::StdTransport::new(handler))),
+        Backend::Auto if forced_std => Ok(Arc::new(std_net::StdTransport::new(handler))),
+        Backend::Auto => Ok(Arc::new(std_net::StdTransport::new(handler))),
+        Backend::IoUring => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the io_uring transport is not built yet",
+        )),
+    }
+}

@@ -1,0 +1,288 @@
+//! A durability follower process's runtime: the [`Follower`] core over a
+//! [`SegmentLog`] and a transport.
+//!
+//! Group commit falls out of the transport contract: every message of one
+//! read is appended (staged) first, then `drained` issues one sync for all
+//! of them and the ack goes out. While that sync runs, new records wait in
+//! the socket and form the next group.
+
+use super::NodeError;
+use crate::bookmark::Bookmark;
+use crate::epoch_file;
+use crate::follower::{Follower, FollowerAction, FollowerEvent};
+use crate::ids::DatabaseId;
+use crate::net::{self, Backend, ConnId, NetHandler, Transport};
+use crate::segments::{Recovery, SegmentLog};
+use crate::wire::{Message, Role};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+/// How to run a follower.
+#[derive(Debug, Clone)]
+pub struct FollowerNodeConfig {
+    pub database: DatabaseId,
+    pub listen: SocketAddr,
+    pub dir: PathBuf,
+    /// The other followers, to catch up from when the leader is past us.
+    pub peers: Vec<SocketAddr>,
+    pub segment_bytes: u64,
+    pub backend: Backend,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Conn {
+    /// Accepted: a leader, or a peer/replica asking for catch-up.
+    Inbound,
+    /// Dialed by us to catch up.
+    CatchUpSource,
+}
+
+struct Core {
+    follower: Follower,
+    log: SegmentLog,
+    conns: HashMap<ConnId, Conn>,
+    leader: Option<ConnId>,
+    sync_requested: bool,
+    catching_up: bool,
+    next_peer: usize,
+    /// A storage failure stops the follower taking records: acking after
+    /// one could claim durability it does not have.
+    broken: Option<String>,
+}
+
+struct State {
+    config: FollowerNodeConfig,
+    core: Mutex<Core>,
+    transport: OnceLock<Arc<dyn Transport>>,
+}
+
+/// A running follower. Dropping it does not stop its threads; the process
+/// owns them.
+pub struct FollowerNode {
+    state: Arc<State>,
+    addr: SocketAddr,
+    recovery: Recovery,
+}
+
+impl std::fmt::Debug for FollowerNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FollowerNode")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl FollowerNode {
+    /// Recovers the log (cutting a torn or corrupt tail), then listens.
+    pub fn start(config: FollowerNodeConfig) -> Result<FollowerNode, NodeError> {
+        std::fs::create_dir_all(&config.dir).map_err(|e| NodeError::Io(e.to_string()))?;
+        let epoch = epoch_file::load(&config.dir).map_err(|e| NodeError::Storage(e.to_string()))?;
+        let (log, recovery) = SegmentLog::open(
+            &config.dir.join("log"),
+            config.segment_bytes,
+            Bookmark::ZERO,
+        )
+        .map_err(|e| NodeError::Storage(e.to_string()))?;
+        let last = log.last();
+        let state = Arc::new(State {
+            core: Mutex::new(Core {
+                follower: Follower::new(config.database, epoch, last),
+                log,
+                conns: HashMap::new(),
+                leader: None,
+                sync_requested: false,
+                catching_up: false,
+                next_peer: 0,
+                broken: None,
+            }),
+            transport: OnceLock::new(),
+            config,
+        });
+        let transport = net::open(
+            state.config.backend,
+            Arc::clone(&state) as Arc<dyn NetHandler>,
+        )
+        .map_err(|e| NodeError::Io(e.to_string()))?;
+        let addr = transport
+            .listen(state.config.listen)
+            .map_err(|e| NodeError::Io(format!("listen on {}: {e}", state.config.listen)))?;
+        let _ = state.transport.set(transport);
+        Ok(FollowerNode {
+            state,
+            addr,
+            recovery,
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+    pub fn recovery(&self) -> Recovery {
+        self.recovery
+    }
+    pub fn durable(&self) -> Bookmark {
+        self.state.core.lock().follower.durable()
+    }
+    pub fn backend(&self) -> &'static str {
+        self.state.transport().backend()
+    }
+}
+
+impl State {
+    fn transport(&self) -> &Arc<dyn Transport> {
+        self.transport
+            .get()
+            .expect("transport set before any connection")
+    }
+
+    /// Carries out actions; `reply` is where a `Send` goes.
+    fn run(&self, core: &mut Core, reply: Option<ConnId>, actions: Vec<FollowerAction>) {
+        for action in actions {
+            match action {
+                FollowerAction::PersistEpoch(e) => {
+                    if let Err(err) = epoch_file::store(&self.config.dir, e) {
+                        core.broken = Some(err.to_string());
+                        return;
+                    }
+                }
+                FollowerAction::Append(record) => {
+                    if let Err(err) = core.log.append(&record.bytes) {
+                        core.broken = Some(err.to_string());
+                        return;
+                    }
+                }
+                FollowerAction::Sync { .. } => core.sync_requested = true,
+                FollowerAction::ServeCatchUp { after, upto } => {
+                    let Some(to) = reply else { continue };
+                    match core.log.read_after(after) {
+                        Ok(records) => {
+                            for bytes in records {
+                                match crate::record::Encoded::decode(&bytes) {
+                                    Ok((e, _)) if e.bookmark <= upto => {
+                                        self.transport().send(to, &Message::Append(e));
+                                    }
+                                    _ => break,
+                                }
+                            }
+                            self.transport().send(to, &Message::CatchUpDone { upto });
+                        }
+                        Err(_) => self.transport().close(to),
+                    }
+                }
+                FollowerAction::Send(m) => {
+                    if let Some(to) = reply.or(core.leader) {
+                        self.transport().send(to, &m);
+                    }
+                }
+                FollowerAction::CatchUpFromPeer { .. } => {
+                    if !core.catching_up && !self.config.peers.is_empty() {
+                        core.catching_up = true;
+                        let peer = self.config.peers[core.next_peer % self.config.peers.len()];
+                        core.next_peer += 1;
+                        self.transport().connect(peer, 0);
+                    }
+                }
+                FollowerAction::AbandonCatchUp => {
+                    let sources: Vec<ConnId> = core
+                        .conns
+                        .iter()
+                        .filter(|(_, k)| **k == Conn::CatchUpSource)
+                        .map(|(c, _)| *c)
+                        .collect();
+                    for c in sources {
+                        self.transport().close(c);
+                    }
+                }
+            }
+        }
+    }
+
+    fn sync(&self, core: &mut Core) {
+        while core.sync_requested && core.broken.is_none() {
+            core.sync_requested = false;
+            match core.log.sync() {
+                Ok(upto) => {
+                    let actions = core.follower.handle(FollowerEvent::Synced { upto });
+                    self.run(core, None, actions);
+                }
+                Err(e) => core.broken = Some(e.to_string()),
+            }
+        }
+    }
+}
+
+impl NetHandler for State {
+    fn accepted(&self, conn: ConnId, _from: SocketAddr) {
+        self.core.lock().conns.insert(conn, Conn::Inbound);
+    }
+
+    fn connected(&self, conn: ConnId, _tag: u64) {
+        let mut core = self.core.lock();
+        core.conns.insert(conn, Conn::CatchUpSource);
+        let from = core.follower.last_appended();
+        self.transport().send(conn, &Message::CatchUp { from });
+    }
+
+    fn connect_failed(&self, _tag: u64, _error: io::Error) {
+        // Try another peer the next time the leader sends us away.
+        self.core.lock().catching_up = false;
+    }
+
+    fn message(&self, conn: ConnId, message: Message) {
+        let mut core = self.core.lock();
+        if core.broken.is_some() {
+            self.transport().close(conn);
+            return;
+        }
+        let kind = core.conns.get(&conn).copied();
+        let event = match (kind, message) {
+            (Some(Conn::CatchUpSource), Message::Append(record)) => {
+                FollowerEvent::CatchUpRecord(record)
+            }
+            (Some(Conn::CatchUpSource), Message::CatchUpDone { upto }) => {
+                self.transport().close(conn);
+                FollowerEvent::CatchUpDone { upto }
+            }
+            (Some(Conn::CatchUpSource), _) => {
+                self.transport().close(conn);
+                return;
+            }
+            (_, m) => {
+                if matches!(
+                    m,
+                    Message::Handshake {
+                        role: Role::Leader,
+                        ..
+                    }
+                ) {
+                    core.leader = Some(conn);
+                }
+                FollowerEvent::Received(m)
+            }
+        };
+        let actions = core.follower.handle(event);
+        let reply = (kind != Some(Conn::CatchUpSource)).then_some(conn);
+        self.run(&mut core, reply, actions);
+    }
+
+    fn drained(&self, _conn: ConnId) {
+        let mut core = self.core.lock();
+        self.sync(&mut core);
+    }
+
+    fn closed(&self, conn: ConnId, _error: Option<String>) {
+        let mut core = self.core.lock();
+        if core.conns.remove(&conn) == Some(Conn::CatchUpSource) {
+            core.catching_up = false;
+            // Make what was fetched durable before anyone relies on it.
+            self.sync(&mut core);
+        }
+        if core.leader == Some(conn) {
+            core.leader = None;
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! The primary's replication runtime: the [`Leader`] core behind a lock,
+//! driven by whichever thread has something to say. A commit is fanned out
+//! on the committing thread itself (no hop before the first byte leaves);
+//! acks are handled on the transport's reader threads; a ticker sends
+//! heartbeats and redials followers.
+//!
+//! The output gate rests on [`LeaderNode::wait_confirmed`]: a write's result
+//! is released only once its bookmark is confirmed by W followers.
+
+use super::NodeError;
+use crate::bookmark::{Bookmark, Epoch};
+use crate::ids::DatabaseId;
+use crate::leader::{Leader, LeaderAction, LeaderConfig, LeaderError, LeaderEvent, PeerId};
+use crate::net::{self, Backend, ConnId, NetHandler, Transport};
+use crate::record::Encoded;
+use crate::wire::Message;
+use parking_lot::{Condvar, Mutex};
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+/// How to run a leader.
+#[derive(Debug, Clone)]
+pub struct LeaderNodeConfig {
+    pub database: DatabaseId,
+    pub epoch: Epoch,
+    /// The last record before this leader's first (already confirmed).
+    pub start: Bookmark,
+    /// The N durability followers, in a fixed order.
+    pub followers: Vec<SocketAddr>,
+    pub write_quorum: usize,
+    /// Where replicas connect (None: no replicas).
+    pub listen: Option<SocketAddr>,
+    pub tail_limit_bytes: usize,
+    pub heartbeat_interval_ms: u64,
+    pub redial_interval_ms: u64,
+    pub backend: Backend,
+}
+
+/// Why a write's confirmation did not arrive.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfirmError {
+    #[error(
+        "bookmark {bookmark} not confirmed within {waited_ms} ms: fewer than {write_quorum} followers reachable ({streaming} streaming)"
+    )]
+    Timeout {
+        bookmark: Bookmark,
+        waited_ms: u64,
+        write_quorum: usize,
+        streaming: usize,
+    },
+    #[error("this primary was fenced by epoch {0}")]
+    Fenced(Epoch),
+}
+
+/// What the leader looks like now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaderStatus {
+    pub last: Bookmark,
+    pub confirmed: Bookmark,
+    pub streaming_followers: usize,
+    pub unconfirmed_bytes: usize,
+}
+
+struct Core {
+    leader: Leader,
+    followers: HashMap<ConnId, usize>,
+    follower_conn: Vec<Option<ConnId>>,
+    dialing: Vec<bool>,
+}
+
+struct Watch {
+    confirmed: Bookmark,
+    fenced: Option<Epoch>,
+}
+
+struct State {
+    config: LeaderNodeConfig,
+    core: Mutex<Core>,
+    watch: Mutex<Watch>,
+    changed: Condvar,
+    transport: OnceLock<Arc<dyn Transport>>,
+    started: Instant,
+}
+
+/// A running leader.
+#[derive(Clone)]
+pub struct LeaderNode {
+    state: Arc<State>,
+    replica_addr: Option<SocketAddr>,
+}
+
+impl std::fmt::Debug for LeaderNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaderNode")
+            .field("status", &self.status())
+            .finish()
+    }
+}
+
+impl LeaderNode {
+    /// Checks the quorum (W a majority of N), listens for replicas and
+    /// starts dialing the followers.
+    pub fn start(config: LeaderNodeConfig) -> Result<LeaderNode, NodeError> {
+        let n = config.followers.len();
+        let leader = Leader::new(LeaderConfig {
+            database: config.database,
+            epoch: config.epoch,
+            followers: n,
+            write_quorum: config.write_quorum,
+            start: config.start,
+            tail_limit_bytes: config.tail_limit_bytes,
+            heartbeat_interval_us: config.heartbeat_interval_ms * 1_000,
+        })
+        .map_err(NodeError::Leader)?;
+        let state = Arc::new(State {
+            core: Mutex::new(Core {
+                leader,
+                followers: HashMap::new(),
+                follower_conn: vec![None; n],
+                dialing: vec![false; n],
+            }),
+            watch: Mutex::new(Watch {
+                confirmed: config.start,
+                fenced: None,
+            }),
+            changed: Condvar::new(),
+            transport: OnceLock::new(),
+            started: Instant::now(),
+            config,
+        });
+        let transport = net::open(
+            state.config.backend,
+            Arc::clone(&state) as Arc<dyn NetHandler>,
+        )
+        .map_err(|e| NodeError::Io(e.to_string()))?;
+        let replica_addr = match state.config.listen {
+            Some(addr) => Some(
+                transport
+                    .listen(addr)
+                    .map_err(|e| NodeError::Io(format!("listen on {addr}: {e}")))?,
+            ),
+            None => None,
+        };
+        let _ = state.transport.set(transport);
+        state.redial();
+        let weak = Arc::downgrade(&state);
+        std::thread::Builder::new()
+            .name("walrelay-leader-tick".into())
+            .spawn(move || ticker(weak))
+            .map_err(|e| NodeError::Io(e.to_string()))?;
+        Ok(LeaderNode {
+            state,
+            replica_addr,
+        })
+    }
+
+    /// Where replicas connect.
+    pub fn replica_addr(&self) -> Option<SocketAddr> {
+        self.replica_addr
+    }
+
+    pub fn backend(&self) -> &'static str {
+        self.state.transport().backend()
+    }
+
+    /// Fans out the next committed record (its `previous` must be the last
+    /// one's bookmark).
+    pub fn commit(&self, record: Encoded) -> Result<(), LeaderError> {
+        let mut core = self.state.core.lock();
+        let actions = core.leader.committed(record)?;
+        self.state.run(&mut core, actions);
+        Ok(())
+    }
+
+    pub fn confirmed(&self) -> Bookmark {
+        self.state.watch.lock().confirmed
+    }
+
+    pub fn status(&self) -> LeaderStatus {
+        let core = self.state.core.lock();
+        LeaderStatus {
+            last: core.leader.last(),
+            confirmed: core.leader.confirmed(),
+            streaming_followers: core.leader.streaming_followers(),
+            unconfirmed_bytes: core.leader.unconfirmed_bytes(),
+        }
+    }
+
+    /// Waits until `bookmark` is confirmed, at most `timeout`.
+    pub fn wait_confirmed(
+        &self,
+        bookmark: Bookmark,
+        timeout: Duration,
+    ) -> Result<(), ConfirmError> {
+        let started = Instant::now();
+        let deadline = started + timeout;
+        let mut watch = self.state.watch.lock();
+        loop {
+            if let Some(e) = watch.fenced {
+                return Err(ConfirmError::Fenced(e));
+            }
+            if watch.confirmed >= bookmark {
+                return Ok(());
+            }
+            if self
+                .state
+                .changed
+                .wait_until(&mut watch, deadline)
+                .timed_out()
+                && watch.confirmed < bookmark
+            {
+                drop(watch);
+                return Err(ConfirmError::Timeout {
+                    bookmark,
+                    waited_ms: started.elapsed().as_millis() as u64,
+                    write_quorum: self.state.config.write_quorum,
+                    streaming: self.status().streaming_followers,
+                });
+            }
+        }
+    }
+
+    /// Microseconds since this leader started (the clock heartbeats carry).
+    pub fn now_us(&self) -> u64 {
+        self.state.started.elapsed().as_micros() as u64
+    }
+}
+
+fn ticker(state: Weak<State>) {
+    let mut last_redial = Instant::now();
+    loop {
+        let Some(s) = state.upgrade() else { return };
+        let interval = Duration::from_millis(s.config.heartbeat_interval_ms.max(1));
+        {
+            let mut core = s.core.lock();
+            let now_us = s.started.elapsed().as_micros() as u64;
+            let actions = core.leader.handle(LeaderEvent::Tick { now_us });
+            s.run(&mut core, actions);
+        }
+        if last_redial.elapsed() >= Duration::from_millis(s.config.redial_interval_ms) {
+            last_redial = Instant::now();
+            s.redial();
+        }
+        drop(s);
+        std::thread::sleep(interval);
+    }
+}
+
+impl State {
+    fn transport(&self) -> &Arc<dyn Transport> {
+        self.transport.get().expect("transport set at start")
+    }
+
+    fn redial(&self) {
+        let mut core = self.core.lock();
+        for i in 0..self.config.followers.len() {
+            if core.follower_conn[i].is_none() && !core.dialing[i] {
+                core.dialing[i] = true;
+                if let Some(t) = self.transport.get() {
+                    t.connect(self.config.followers[i], i as u64);
+                }
+            }
+        }
+    }
+
+    fn run(&self, core: &mut Core, actions: Vec<LeaderAction>) {
+        for action in actions {
+            match action {
+                LeaderAction::Send { peer, message } => self.transport().send(peer.0, &message),
+                LeaderAction::Confirmed(b) => {
+                    let mut w = self.watch.lock();
+                    w.confirmed = w.confirmed.max(b);
+                    self.changed.notify_all();
+                }
+                LeaderAction::Close { peer, .. } => self.transport().close(peer.0),
+                LeaderAction::Fenced(e) => {
+                    let mut w = self.watch.lock();
+                    w.fenced = Some(e);
+                    self.changed.notify_all();
+                }
+            }
+        }
+        let _ = core;
+    }
+}
+
+impl NetHandler for State {
+    fn accepted(&self, conn: ConnId, _from: SocketAddr) {
+        let mut core = self.core.lock();
+        let actions = core
+            .leader
+            .handle(LeaderEvent::ReplicaConnected { peer: PeerId(conn) });
+        self.run(&mut core, actions);
+    }
+
+    fn connected(&self, conn: ConnId, tag: u64) {
+        let index = tag as usize;
+        let mut core = self.core.lock();
+        if index < core.dialing.len() {
+            core.dialing[index] = false;
+            core.follower_conn[index] = Some(conn);
+        }
+        core.followers.insert(conn, index);
+        let actions = core.leader.handle(LeaderEvent::FollowerConnected {
+            peer: PeerId(conn),
+            index,
+        });
+        self.run(&mut core, actions);
+    }
+
+    fn connect_failed(&self, tag: u64, _error: io::Error) {
+        let mut core = self.core.lock();
+        if let Some(d) = core.dialing.get_mut(tag as usize) {
+            *d = false;
+        }
+    }
+
+    fn message(&self, conn: ConnId, message: Message) {
+        let mut core = self.core.lock();
+        let actions = core.leader.handle(LeaderEvent::Received {
+            peer: PeerId(conn),
+            message,
+        });
+        self.run(&mut core, actions);
+    }
+
+    fn closed(&self, conn: ConnId, _error: Option<String>) {
+        let mut core = self.core.lock();
+        if let Some(index) = core.followers.remove(&conn)
+            && core.follower_conn.get(index) == Some(&Some(conn))
+        {
+            core.follower_conn[index] = None;
+        }
+        let actions = core
+            .leader
+            .handle(LeaderEvent::Disconnected { peer: PeerId(conn) });
+        self.run(&mut core, actions);
+    }
+}

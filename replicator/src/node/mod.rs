@@ -1,0 +1,27 @@
+//! Runtimes that put the sans-IO cores on a transport and storage: one per
+//! role. They hold no protocol logic of their own: every decision is the
+//! core's; a runtime only routes events in and carries actions out.
+//!
+//! - [`follower::FollowerNode`]: a durability follower (segment log,
+//!   group fdatasync, catch-up serving and fetching).
+//! - [`leader::LeaderNode`]: the primary's side (fan-out, quorum, the
+//!   confirm watch the engine's output gate waits on).
+//! - [`replica::ReplicaNode`]: a read replica's subscriber, driving an
+//!   [`replica::Applier`].
+
+pub mod follower;
+pub mod leader;
+pub mod replica;
+
+use crate::leader::LeaderError;
+
+/// Why a runtime could not start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeError {
+    #[error("io: {0}")]
+    Io(String),
+    #[error("storage: {0}")]
+    Storage(String),
+    #[error(transparent)]
+    Leader(LeaderError),
+}

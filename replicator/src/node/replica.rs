@@ -1,0 +1,269 @@
+//! A read replica's replication runtime: the [`Subscriber`] core driving
+//! an [`Applier`] (the engine's replica database) from the leader's
+//! stream, with catch-up from a follower when the leader no longer holds
+//! the replica's position.
+
+use super::NodeError;
+use crate::bookmark::Bookmark;
+use crate::ids::DatabaseId;
+use crate::net::{self, Backend, ConnId, NetHandler, Transport};
+use crate::record::Encoded;
+use crate::subscriber::{Source, Subscriber, SubscriberAction, SubscriberEvent};
+use crate::wire::Message;
+use parking_lot::Mutex;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+/// What a replica database must do for its subscriber.
+pub trait Applier: Send + Sync {
+    /// Applies a record invisibly (it follows the last applied one).
+    fn apply(&self, record: &Encoded) -> Result<(), String>;
+    /// Makes everything up to `bookmark` visible at once.
+    fn confirm(&self, bookmark: Bookmark) -> Result<(), String>;
+    fn discard_unconfirmed(&self) -> Result<(), String>;
+}
+
+/// How to run a replica's subscriber.
+#[derive(Debug, Clone)]
+pub struct ReplicaNodeConfig {
+    pub database: DatabaseId,
+    pub leader: SocketAddr,
+    /// Followers to catch up from.
+    pub followers: Vec<SocketAddr>,
+    /// The replica's confirmed position at start.
+    pub start: Bookmark,
+    pub redial_interval_ms: u64,
+    pub backend: Backend,
+}
+
+const LEADER_TAG: u64 = 0;
+const FOLLOWER_TAG: u64 = 1;
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Links {
+    leader: Option<ConnId>,
+    follower: Option<ConnId>,
+    dialing: bool,
+    /// Catch up from a follower before the next leader connection.
+    need_catch_up: bool,
+    next_follower: usize,
+}
+
+struct State {
+    config: ReplicaNodeConfig,
+    core: Mutex<(Subscriber, Links)>,
+    applier: Arc<dyn Applier>,
+    transport: OnceLock<Arc<dyn Transport>>,
+    last_error: Mutex<Option<String>>,
+}
+
+/// A running replica subscriber.
+pub struct ReplicaNode {
+    state: Arc<State>,
+}
+
+impl std::fmt::Debug for ReplicaNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicaNode")
+            .field("confirmed", &self.confirmed())
+            .finish()
+    }
+}
+
+impl ReplicaNode {
+    pub fn start(
+        config: ReplicaNodeConfig,
+        applier: Arc<dyn Applier>,
+    ) -> Result<ReplicaNode, NodeError> {
+        let state = Arc::new(State {
+            core: Mutex::new((
+                Subscriber::new(config.database, config.start),
+                Links::default(),
+            )),
+            applier,
+            transport: OnceLock::new(),
+            last_error: Mutex::new(None),
+            config,
+        });
+        let transport = net::open(
+            state.config.backend,
+            Arc::clone(&state) as Arc<dyn NetHandler>,
+        )
+        .map_err(|e| NodeError::Io(e.to_string()))?;
+        let _ = state.transport.set(transport);
+        state.dial();
+        let weak = Arc::downgrade(&state);
+        std::thread::Builder::new()
+            .name("walrelay-replica-dial".into())
+            .spawn(move || redialer(weak))
+            .map_err(|e| NodeError::Io(e.to_string()))?;
+        Ok(ReplicaNode { state })
+    }
+
+    pub fn confirmed(&self) -> Bookmark {
+        self.state.core.lock().0.confirmed()
+    }
+
+    /// True while streaming from the leader.
+    pub fn streaming(&self) -> bool {
+        self.state.core.lock().1.leader.is_some()
+    }
+
+    /// The last apply or protocol error, if any.
+    pub fn last_error(&self) -> Option<String> {
+        self.state.last_error.lock().clone()
+    }
+
+    /// Waits until the replica has confirmed `bookmark`, at most `timeout`.
+    pub fn wait_confirmed(&self, bookmark: Bookmark, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.confirmed() >= bookmark {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.confirmed() >= bookmark
+    }
+}
+
+fn redialer(state: Weak<State>) {
+    loop {
+        let Some(s) = state.upgrade() else { return };
+        let interval = Duration::from_millis(s.config.redial_interval_ms.max(1));
+        s.dial();
+        drop(s);
+        std::thread::sleep(interval);
+    }
+}
+
+impl State {
+    fn transport(&self) -> &Arc<dyn Transport> {
+        self.transport.get().expect("transport set at start")
+    }
+
+    /// Dials the leader, or a follower when a catch-up is due.
+    fn dial(&self) {
+        let mut core = self.core.lock();
+        let links = &mut core.1;
+        if links.dialing || links.leader.is_some() || links.follower.is_some() {
+            return;
+        }
+        let Some(t) = self.transport.get() else {
+            return;
+        };
+        links.dialing = true;
+        if links.need_catch_up && !self.config.followers.is_empty() {
+            let f = self.config.followers[links.next_follower % self.config.followers.len()];
+            links.next_follower += 1;
+            t.connect(f, FOLLOWER_TAG);
+        } else {
+            t.connect(self.config.leader, LEADER_TAG);
+        }
+    }
+
+    fn conn_of(links: &Links, source: Source) -> Option<ConnId> {
+        match source {
+            Source::Leader => links.leader,
+            Source::Follower => links.follower,
+        }
+    }
+
+    fn fail(&self, why: String) {
+        *self.last_error.lock() = Some(why);
+    }
+
+    fn run(&self, core: &mut (Subscriber, Links), actions: Vec<SubscriberAction>) {
+        for action in actions {
+            let result = match action {
+                SubscriberAction::DiscardUnconfirmed => self.applier.discard_unconfirmed(),
+                SubscriberAction::Apply(record) => self.applier.apply(&record),
+                SubscriberAction::Confirm(b) => self.applier.confirm(b),
+                SubscriberAction::Send(source, m) => {
+                    if let Some(c) = Self::conn_of(&core.1, source) {
+                        self.transport().send(c, &m);
+                    }
+                    Ok(())
+                }
+                SubscriberAction::Close(source) => {
+                    if let Some(c) = Self::conn_of(&core.1, source) {
+                        self.transport().close(c);
+                    }
+                    Ok(())
+                }
+                SubscriberAction::CatchUpFromFollower => {
+                    core.1.need_catch_up = true;
+                    Ok(())
+                }
+                SubscriberAction::Refused(r) => {
+                    Err(format!("the leader refused this replica: {r:?}"))
+                }
+            };
+            if let Err(e) = result {
+                // The replica's database could not follow: drop the streams;
+                // reconnecting starts again from the confirmed position.
+                self.fail(e);
+                for c in [core.1.leader, core.1.follower].into_iter().flatten() {
+                    self.transport().close(c);
+                }
+                return;
+            }
+        }
+    }
+}
+
+impl NetHandler for State {
+    fn accepted(&self, conn: ConnId, _from: SocketAddr) {
+        self.transport().close(conn); // replicas accept nothing
+    }
+
+    fn connected(&self, conn: ConnId, tag: u64) {
+        let mut core = self.core.lock();
+        core.1.dialing = false;
+        let source = if tag == FOLLOWER_TAG {
+            core.1.follower = Some(conn);
+            Source::Follower
+        } else {
+            core.1.leader = Some(conn);
+            Source::Leader
+        };
+        let actions = core.0.handle(SubscriberEvent::Connected(source));
+        self.run(&mut core, actions);
+    }
+
+    fn connect_failed(&self, _tag: u64, _error: io::Error) {
+        self.core.lock().1.dialing = false;
+    }
+
+    fn message(&self, conn: ConnId, message: Message) {
+        let mut core = self.core.lock();
+        let source = if core.1.leader == Some(conn) {
+            Source::Leader
+        } else if core.1.follower == Some(conn) {
+            Source::Follower
+        } else {
+            return;
+        };
+        let actions = core.0.handle(SubscriberEvent::Received(source, message));
+        self.run(&mut core, actions);
+    }
+
+    fn closed(&self, conn: ConnId, _error: Option<String>) {
+        let mut core = self.core.lock();
+        let source = if core.1.leader == Some(conn) {
+            core.1.leader = None;
+            Source::Leader
+        } else if core.1.follower == Some(conn) {
+            core.1.follower = None;
+            // Whether it finished or broke, the leader is next.
+            core.1.need_catch_up = false;
+            Source::Follower
+        } else {
+            return;
+        };
+        let actions = core.0.handle(SubscriberEvent::Disconnected(source));
+        self.run(&mut core, actions);
+    }
+}

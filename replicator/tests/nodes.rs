@@ -1,0 +1,108 @@
+//! The runtimes over real loopback sockets and segment files, in one
+//! process: a leader, five followers and a replica subscriber.
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::time::Duration;
+use walrelay_replicator::net::Backend;
+use walrelay_replicator::node::follower::{FollowerNode, FollowerNodeConfig};
+use walrelay_replicator::node::leader::{LeaderNode, LeaderNodeConfig};
+use walrelay_replicator::node::replica::{Applier, ReplicaNode, ReplicaNodeConfig};
+use walrelay_replicator::{Bookmark, DatabaseId, Encoded, Epoch, Record, Sequence};
+
+const DB: DatabaseId = DatabaseId(5);
+
+fn b(s: u64) -> Bookmark {
+    Bookmark::new(Epoch(1), Sequence(s))
+}
+
+fn record(s: u64) -> Encoded {
+    Record {
+        bookmark: b(s),
+        previous: if s == 1 { Bookmark::ZERO } else { b(s - 1) },
+        page_size: 4096,
+        db_pages: 2,
+        pages: vec![(2, Bytes::from(vec![s as u8; 4096]))],
+    }
+    .to_encoded()
+    .expect("valid")
+}
+
+#[derive(Default)]
+struct Memory {
+    applied: Mutex<Vec<Bookmark>>,
+    visible: Mutex<Bookmark>,
+}
+
+impl Applier for Memory {
+    fn apply(&self, record: &Encoded) -> Result<(), String> {
+        self.applied.lock().push(record.bookmark);
+        Ok(())
+    }
+    fn confirm(&self, bookmark: Bookmark) -> Result<(), String> {
+        assert!(self.applied.lock().contains(&bookmark));
+        *self.visible.lock() = bookmark;
+        Ok(())
+    }
+    fn discard_unconfirmed(&self) -> Result<(), String> {
+        let v = *self.visible.lock();
+        self.applied.lock().retain(|b| *b <= v);
+        Ok(())
+    }
+}
+
+#[test]
+fn records_commit_at_three_of_five_and_reach_the_replica() {
+    let dirs: Vec<_> = (0..5).map(|_| tempfile::tempdir().expect("dir")).collect();
+    let followers: Vec<FollowerNode> = dirs
+        .iter()
+        .map(|d| {
+            FollowerNode::start(FollowerNodeConfig {
+                database: DB,
+                listen: "127.0.0.1:0".parse().expect("addr"),
+                dir: d.path().to_path_buf(),
+                peers: vec![],
+                segment_bytes: 1 << 20,
+                backend: Backend::Std,
+            })
+            .expect("follower")
+        })
+        .collect();
+    let leader = LeaderNode::start(LeaderNodeConfig {
+        database: DB,
+        epoch: Epoch(1),
+        start: Bookmark::ZERO,
+        followers: followers.iter().map(|f| f.addr()).collect(),
+        write_quorum: 3,
+        listen: Some("127.0.0.1:0".parse().expect("addr")),
+        tail_limit_bytes: 1 << 20,
+        heartbeat_interval_ms: 5,
+        redial_interval_ms: 20,
+        backend: Backend::Std,
+    })
+    .expect("leader");
+    let memory = Arc::new(Memory::default());
+    let replica = ReplicaNode::start(
+        ReplicaNodeConfig {
+            database: DB,
+            leader: leader.replica_addr().expect("listening"),
+            followers: followers.iter().map(|f| f.addr()).collect(),
+            start: Bookmark::ZERO,
+            redial_interval_ms: 20,
+            backend: Backend::Std,
+        },
+        Arc::clone(&memory) as Arc<dyn Applier>,
+    )
+    .expect("replica");
+    for s in 1..=300 {
+        leader.commit(record(s)).expect("commit");
+    }
+    leader
+        .wait_confirmed(b(300), Duration::from_secs(20))
+        .expect("confirmed");
+    let holding = followers.iter().filter(|f| f.durable() >= b(300)).count();
+    assert!(holding >= 3, "confirmed but durable on {holding}");
+    assert!(replica.wait_confirmed(b(300), Duration::from_secs(20)));
+    assert_eq!(memory.applied.lock().len(), 300);
+}
