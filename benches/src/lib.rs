@@ -1,1 +1,3 @@
+//! Shared helpers for the walrelay benchmarks.
 
+pub mod floor;

@@ -1,0 +1,327 @@
+//! Physical floors: what the hardware costs for the work a commit cannot
+//! avoid, measured in the same run as the benchmarks so their results can
+//! be reported as ratios to it rather than as machine-specific absolutes.
+//!
+//! - [`durable_overwrite`]: one `pwrite` + `fdatasync` into a preallocated
+//!   file (the follower log's write path).
+//! - [`loopback_round_trip`]: one request/reply over loopback TCP.
+//! - [`quorum_floor`]: one of each, the least a quorum commit can cost.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Bytes written (and synced) before measuring, so overwrites hit allocated
+/// blocks and `fdatasync` has no allocation metadata to flush.
+const PREALLOC_BYTES: usize = 64 << 20;
+
+/// Untimed round trips first: connection setup, first-touch buffers and
+/// thread wake-up paths would otherwise land in the tail.
+const WARMUP_ROUND_TRIPS: usize = 16;
+
+/// Reply size for [`loopback_round_trip`]: an ack carrying one position.
+pub const REPLY_BYTES: usize = 8;
+
+/// Bounds a blocked read so a dead peer fails the run instead of hanging CI.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Times `iterations` durable overwrites of `size_bytes` each.
+///
+/// A fresh file in `dir` is filled with zeros (at least 64 MiB) and synced
+/// once; each iteration then `pwrite`s `size_bytes` at the next
+/// `size_bytes`-aligned offset (wrapping at the end of the file) and calls
+/// `fdatasync`. Returns the duration of each write + sync. The file is
+/// removed on return.
+pub fn durable_overwrite(
+    dir: &Path,
+    size_bytes: usize,
+    iterations: usize,
+) -> io::Result<Vec<Duration>> {
+    durable_overwrite_in(dir, size_bytes, iterations, PREALLOC_BYTES)
+}
+
+fn durable_overwrite_in(
+    dir: &Path,
+    size_bytes: usize,
+    iterations: usize,
+    prealloc_bytes: usize,
+) -> io::Result<Vec<Duration>> {
+    if size_bytes == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "size_bytes must be > 0",
+        ));
+    }
+    let file_len = prealloc_bytes.max(size_bytes);
+    // Named (not O_TMPFILE) so it is an ordinary file like the log's.
+    let tmp = tempfile::Builder::new()
+        .prefix("floor-overwrite-")
+        .tempfile_in(dir)?;
+    let file: &File = tmp.as_file();
+
+    // Real zeros, not set_len: a sparse file would allocate on first write.
+    let chunk = vec![0u8; (1 << 20).min(file_len)];
+    let mut at = 0;
+    while at < file_len {
+        let n = chunk.len().min(file_len - at);
+        file.write_all_at(&chunk[..n], at as u64)?;
+        at += n;
+    }
+    // sync_all (fsync) also makes the size durable, so later fdatasyncs
+    // carry data only.
+    file.sync_all()?;
+
+    let mut buf = vec![0u8; size_bytes];
+    let mut samples = Vec::with_capacity(iterations);
+    for i in 0..iterations {
+        // Differs per write so nothing can elide an unchanged block.
+        buf.fill((i % 255 + 1) as u8);
+        let offset = overwrite_offset(i, size_bytes, file_len);
+        let start = Instant::now();
+        file.write_all_at(&buf, offset)?;
+        file.sync_data()?;
+        samples.push(start.elapsed());
+    }
+    Ok(samples)
+}
+
+/// Offset of the `i`th overwrite: consecutive aligned slots, wrapping.
+fn overwrite_offset(i: usize, size_bytes: usize, file_len: usize) -> u64 {
+    let slots = file_len / size_bytes;
+    ((i % slots) * size_bytes) as u64
+}
+
+/// Times `iterations` loopback TCP round trips: the client sends
+/// `payload_bytes`, a server thread reads exactly that many and replies with
+/// [`REPLY_BYTES`] bytes. Both ends are blocking sockets with `TCP_NODELAY`;
+/// a few untimed round trips run first.
+pub fn loopback_round_trip(payload_bytes: usize, iterations: usize) -> io::Result<Vec<Duration>> {
+    let rounds = WARMUP_ROUND_TRIPS + iterations;
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    let addr = listener.local_addr()?;
+    let server = thread::Builder::new()
+        .name("floor-rtt-server".into())
+        .spawn(move || -> io::Result<()> {
+            let (mut stream, _) = listener.accept()?;
+            stream.set_nodelay(true)?;
+            stream.set_read_timeout(Some(IO_TIMEOUT))?;
+            let mut request = vec![0u8; payload_bytes];
+            let reply = [0xa5u8; REPLY_BYTES];
+            // Exactly `rounds`, so end of stream is never ambiguous.
+            for _ in 0..rounds {
+                stream.read_exact(&mut request)?;
+                stream.write_all(&reply)?;
+            }
+            Ok(())
+        })?;
+
+    let client = run_client(addr, payload_bytes, iterations);
+    if client.is_err() {
+        // If the client never connected, the server is still in accept():
+        // a throwaway connection (closed at once) ends it.
+        let _ = TcpStream::connect(addr);
+    }
+    // The client's stream is closed by now, so a server still reading fails
+    // fast; report the client's error first, it is the cause.
+    let served = server
+        .join()
+        .map_err(|_| io::Error::other("loopback server thread panicked"))?;
+    let samples = client?;
+    served?;
+    Ok(samples)
+}
+
+fn run_client(
+    addr: SocketAddr,
+    payload_bytes: usize,
+    iterations: usize,
+) -> io::Result<Vec<Duration>> {
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    let request = vec![0x5au8; payload_bytes];
+    let mut reply = [0u8; REPLY_BYTES];
+    for _ in 0..WARMUP_ROUND_TRIPS {
+        stream.write_all(&request)?;
+        stream.read_exact(&mut reply)?;
+    }
+    let mut samples = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let start = Instant::now();
+        stream.write_all(&request)?;
+        stream.read_exact(&mut reply)?;
+        samples.push(start.elapsed());
+    }
+    Ok(samples)
+}
+
+/// Latency summary in microseconds. Percentiles are nearest-rank on the
+/// sorted samples (index `round((n - 1) * p)`), as in the other benches.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Percentiles {
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub mean_us: f64,
+}
+
+impl Percentiles {
+    /// `self` as a multiple of `floor` (p50 to p50, p99 to p99, mean to
+    /// mean): how far a measurement is above the physical floor.
+    pub fn ratio_to(&self, floor: &Percentiles) -> Percentiles {
+        Percentiles {
+            p50_us: self.p50_us / floor.p50_us,
+            p99_us: self.p99_us / floor.p99_us,
+            mean_us: self.mean_us / floor.mean_us,
+        }
+    }
+}
+
+/// Sorts `samples` in place and summarises them.
+///
+/// # Panics
+///
+/// If `samples` is empty.
+pub fn percentiles(samples: &mut [Duration]) -> Percentiles {
+    assert!(!samples.is_empty(), "percentiles of no samples");
+    samples.sort_unstable();
+    let at = |p: f64| {
+        let i = ((samples.len() - 1) as f64 * p).round() as usize;
+        micros(samples[i])
+    };
+    let total: f64 = samples.iter().copied().map(micros).sum();
+    Percentiles {
+        p50_us: at(0.50),
+        p99_us: at(0.99),
+        mean_us: total / samples.len() as f64,
+    }
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// Floor for one quorum commit: one durable overwrite plus one round trip.
+///
+/// Percentiles are added (p50 + p50, p99 + p99); the mean sum is exact, the
+/// percentile sums approximate the percentiles of the sum, which would need
+/// the joint distribution.
+pub fn quorum_floor(overwrite: &Percentiles, round_trip: &Percentiles) -> Percentiles {
+    Percentiles {
+        p50_us: overwrite.p50_us + round_trip.p50_us,
+        p99_us: overwrite.p99_us + round_trip.p99_us,
+        mean_us: overwrite.mean_us + round_trip.mean_us,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_ordered(p: &Percentiles) {
+        assert!(p.p50_us > 0.0, "{p:?}");
+        assert!(p.p50_us <= p.p99_us, "{p:?}");
+    }
+
+    #[test]
+    fn durable_overwrite_returns_one_sample_per_iteration() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut samples = durable_overwrite(dir.path(), 4096, 5).unwrap();
+        assert_eq!(samples.len(), 5);
+        assert_ordered(&percentiles(&mut samples));
+        // The file is gone afterwards.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn durable_overwrite_wraps_within_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // 3 slots, 7 writes: wraps twice.
+        let samples = durable_overwrite_in(dir.path(), 4096, 7, 3 * 4096).unwrap();
+        assert_eq!(samples.len(), 7);
+        let offsets: Vec<u64> = (0..7)
+            .map(|i| overwrite_offset(i, 4096, 3 * 4096))
+            .collect();
+        assert_eq!(offsets, [0, 4096, 8192, 0, 4096, 8192, 0]);
+        // A write larger than the preallocation still gets one slot.
+        assert_eq!(overwrite_offset(3, 100, 100), 0);
+        assert_eq!(
+            durable_overwrite_in(dir.path(), 8192, 2, 4096)
+                .unwrap()
+                .len(),
+            2
+        );
+    }
+
+    #[test]
+    fn durable_overwrite_rejects_empty_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = durable_overwrite(dir.path(), 0, 1).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn loopback_round_trip_returns_one_sample_per_iteration() {
+        let mut samples = loopback_round_trip(4096, 5).unwrap();
+        assert_eq!(samples.len(), 5);
+        assert_ordered(&percentiles(&mut samples));
+        // An empty request still gets its reply.
+        assert_eq!(loopback_round_trip(0, 3).unwrap().len(), 3);
+        assert!(loopback_round_trip(4096, 0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank_on_sorted_samples() {
+        // 1..=100 us, reversed so sorting matters.
+        let mut samples: Vec<Duration> = (1..=100).rev().map(Duration::from_micros).collect();
+        let p = percentiles(&mut samples);
+        // round(99 * 0.5) = 50 -> 51 us; round(99 * 0.99) = 98 -> 99 us.
+        assert_eq!(p.p50_us, 51.0);
+        assert_eq!(p.p99_us, 99.0);
+        assert!((p.mean_us - 50.5).abs() < 1e-9);
+        assert!(samples.is_sorted());
+
+        let one = percentiles(&mut [Duration::from_micros(7)]);
+        assert_eq!((one.p50_us, one.p99_us, one.mean_us), (7.0, 7.0, 7.0));
+    }
+
+    #[test]
+    #[should_panic(expected = "no samples")]
+    fn percentiles_of_nothing_panics() {
+        percentiles(&mut []);
+    }
+
+    #[test]
+    fn quorum_floor_adds_the_parts() {
+        let disk = Percentiles {
+            p50_us: 100.0,
+            p99_us: 400.0,
+            mean_us: 150.0,
+        };
+        let net = Percentiles {
+            p50_us: 20.0,
+            p99_us: 60.0,
+            mean_us: 25.0,
+        };
+        let floor = quorum_floor(&disk, &net);
+        assert_eq!(
+            floor,
+            Percentiles {
+                p50_us: 120.0,
+                p99_us: 460.0,
+                mean_us: 175.0
+            }
+        );
+        assert_ordered(&floor);
+        let r = Percentiles {
+            p50_us: 240.0,
+            p99_us: 460.0,
+            mean_us: 350.0,
+        }
+        .ratio_to(&floor);
+        assert_eq!((r.p50_us, r.p99_us, r.mean_us), (2.0, 1.0, 2.0));
+    }
+}
