@@ -30,6 +30,8 @@ pub mod quorum;
 pub mod record;
 pub mod segments;
 pub mod subscriber;
+#[cfg(target_os = "linux")]
+pub mod uring;
 pub mod wire;
 
 pub use bookmark::{Bookmark, BookmarkParseError, Epoch, Sequence};
@@ -40,6 +42,6 @@ pub use leader::{
 };
 pub use quorum::{FollowerId, QuorumError, QuorumTracker};
 pub use record::{Encoded, Record, RecordError};
-pub use segments::{Recovery, SegmentError, SegmentLog};
+pub use segments::{IoBackend, Recovery, SegmentError, SegmentLog};
 pub use subscriber::{Source, Subscriber, SubscriberAction, SubscriberEvent};
 pub use wire::{Message, RefuseReason, Role, WireError};

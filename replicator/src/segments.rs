@@ -9,10 +9,16 @@
 //!                           the rest is zero (a zero magic ends the scan)
 //! ```
 //!
-//! Durability is explicit: `append` writes (page cache), `sync` makes
-//! everything appended so far durable with one `fdatasync` per touched
-//! segment and returns the newest durable bookmark — one sync covers every
-//! record appended before it (group commit).
+//! Durability is explicit: `append` checks a record and stages it (no I/O
+//! but rolling to a new segment); `sync` writes everything staged and makes
+//! it durable with one `fdatasync` per touched segment, and returns the
+//! newest durable bookmark — one sync covers every record appended before
+//! it (group commit). On Linux the writes and fdatasyncs of a sync go to
+//! the kernel in one io_uring submission, each sync linked behind its
+//! segment's writes; where io_uring is unavailable (or `WALRELAY_NO_URING`
+//! is set) plain `pwrite` + `fdatasync` do the same. Staged records are
+//! not in the files until `sync`: catch-up (`read_after`) serves only
+//! durable ones.
 //!
 //! Recovery (`open`) reads each segment in order and keeps records while
 //! they decode (magic, bounds, CRC) and chain (`previous` = the bookmark
@@ -29,6 +35,14 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+#[cfg(target_os = "linux")]
+use crate::uring;
+
+/// Requests per io_uring submission: a sync is one writev per run of up to
+/// 1024 records plus one fdatasync per segment, so this rarely splits.
+#[cfg(target_os = "linux")]
+const RING_ENTRIES: u32 = 32;
+
 /// Why the segment log failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SegmentError {
@@ -44,6 +58,71 @@ pub enum SegmentError {
     RecordTooLarge { len: u64, segment_bytes: u64 },
     #[error(transparent)]
     Record(#[from] RecordError),
+    /// After a failed sync what reached the disk is unknown, and a retried
+    /// fdatasync can report success for pages the kernel already dropped.
+    #[error("an earlier sync failed; reopen the log to recover")]
+    Failed,
+}
+
+/// How `sync` does its I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoBackend {
+    /// io_uring when the kernel allows it and `WALRELAY_NO_URING` is unset
+    /// (or empty or `0`), else `Std`.
+    #[default]
+    Auto,
+    /// `pwrite` + `fdatasync`.
+    Std,
+}
+
+fn uring_forbidden() -> bool {
+    std::env::var_os("WALRELAY_NO_URING").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+enum Io {
+    Std,
+    #[cfg(target_os = "linux")]
+    Uring(Box<uring::SyncRing>),
+}
+
+impl std::fmt::Debug for Io {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Io {
+    fn name(&self) -> &'static str {
+        match self {
+            Io::Std => "std",
+            #[cfg(target_os = "linux")]
+            Io::Uring(_) => "io_uring",
+        }
+    }
+
+    fn choose(backend: IoBackend) -> Io {
+        if backend == IoBackend::Std || uring_forbidden() {
+            return Io::Std;
+        }
+        #[cfg(target_os = "linux")]
+        if let Ok(ring) = uring::SyncRing::new(RING_ENTRIES) {
+            return Io::Uring(Box::new(ring));
+        }
+        Io::Std
+    }
+}
+
+/// A staged record: bytes to write at `offset` of segment `segment`.
+struct Pending {
+    segment: u64,
+    offset: u64,
+    bytes: Bytes,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}+{}", self.segment, self.offset, self.bytes.len())
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -72,9 +151,13 @@ pub struct SegmentLog {
     entries: Vec<Entry>,
     current: Option<(u64, File)>,
     write_offset: u64,
-    /// Segments written since the last sync.
-    dirty: Vec<u64>,
+    /// Records appended since the last sync, in order.
+    pending: Vec<Pending>,
+    /// Segments rolled away from that still have pending records.
+    rolled: Vec<(u64, File)>,
     durable: Bookmark,
+    io: Io,
+    failed: bool,
 }
 
 fn io_at(path: &Path) -> impl Fn(io::Error) -> SegmentError + '_ {
@@ -96,6 +179,16 @@ impl SegmentLog {
         segment_bytes: u64,
         base: Bookmark,
     ) -> Result<(SegmentLog, Recovery), SegmentError> {
+        Self::open_with(dir, segment_bytes, base, IoBackend::Auto)
+    }
+
+    /// `open` with a choice of I/O backend for `sync`.
+    pub fn open_with(
+        dir: &Path,
+        segment_bytes: u64,
+        base: Bookmark,
+        backend: IoBackend,
+    ) -> Result<(SegmentLog, Recovery), SegmentError> {
         std::fs::create_dir_all(dir).map_err(io_at(dir))?;
         let mut indexes: Vec<u64> = std::fs::read_dir(dir)
             .map_err(io_at(dir))?
@@ -113,8 +206,11 @@ impl SegmentLog {
             entries: Vec::new(),
             current: None,
             write_offset: 0,
-            dirty: Vec::new(),
+            pending: Vec::new(),
+            rolled: Vec::new(),
             durable: base,
+            io: Io::choose(backend),
+            failed: false,
         };
         let mut rec = Recovery::default();
         let mut cut = false;
@@ -188,6 +284,11 @@ impl SegmentLog {
         self.entries.is_empty()
     }
 
+    /// `"io_uring"` or `"std"`: what `sync` uses, chosen at `open`.
+    pub fn io_backend(&self) -> &'static str {
+        self.io.name()
+    }
+
     fn roll(&mut self) -> Result<(), SegmentError> {
         let index = self.current.as_ref().map_or(0, |(i, _)| i + 1);
         let path = Self::segment_path(&self.dir, index);
@@ -201,14 +302,23 @@ impl SegmentLog {
         if let Ok(d) = File::open(&self.dir) {
             d.sync_all().map_err(io_at(&self.dir))?;
         }
-        self.current = Some((index, file));
+        if let Some((old, old_file)) = self.current.replace((index, file)) {
+            // Its staged records are written at the next sync.
+            if self.pending.last().is_some_and(|p| p.segment == old) {
+                self.rolled.push((old, old_file));
+            }
+        }
         self.write_offset = 0;
         Ok(())
     }
 
-    /// Appends one encoded record (not yet durable). It must follow the
-    /// log: its `previous` is the log's last bookmark.
+    /// Appends one encoded record, staged until the next `sync` (which
+    /// writes it). It must follow the log: its `previous` is the log's last
+    /// bookmark.
     pub fn append(&mut self, record: &Bytes) -> Result<(), SegmentError> {
+        if self.failed {
+            return Err(SegmentError::Failed);
+        }
         let (r, used) = Record::decode(record)?;
         let len = used as u64;
         if r.previous != self.last() {
@@ -226,13 +336,19 @@ impl SegmentLog {
         if self.current.is_none() || self.write_offset + len > self.segment_bytes {
             self.roll()?;
         }
-        let (index, file) = self.current.as_ref().ok_or_else(|| SegmentError::Io {
-            path: self.dir.clone(),
-            source: io::Error::other("no current segment"),
-        })?;
-        let index = *index;
-        file.write_all_at(&record[..used], self.write_offset)
-            .map_err(io_at(&Self::segment_path(&self.dir, index)))?;
+        let index = self
+            .current
+            .as_ref()
+            .map(|(i, _)| *i)
+            .ok_or_else(|| SegmentError::Io {
+                path: self.dir.clone(),
+                source: io::Error::other("no current segment"),
+            })?;
+        self.pending.push(Pending {
+            segment: index,
+            offset: self.write_offset,
+            bytes: record.slice(..used),
+        });
         self.entries.push(Entry {
             bookmark: r.bookmark,
             segment: index,
@@ -240,33 +356,93 @@ impl SegmentLog {
             len,
         });
         self.write_offset += len;
-        if self.dirty.last() != Some(&index) {
-            self.dirty.push(index);
-        }
         Ok(())
     }
 
-    /// Makes every appended record durable; returns the durable bookmark.
+    /// Writes every staged record and makes it durable; returns the durable
+    /// bookmark. After an error the log refuses all work
+    /// ([`SegmentError::Failed`]) until reopened.
     pub fn sync(&mut self) -> Result<Bookmark, SegmentError> {
-        let upto = self.last();
-        for index in std::mem::take(&mut self.dirty) {
-            let path = Self::segment_path(&self.dir, index);
-            match &self.current {
-                Some((i, f)) if *i == index => f.sync_data().map_err(io_at(&path))?,
-                _ => File::open(&path)
-                    .and_then(|f| f.sync_data())
-                    .map_err(io_at(&path))?,
-            }
+        if self.failed {
+            return Err(SegmentError::Failed);
         }
+        let upto = self.last();
+        if let Err(e) = self.write_pending() {
+            self.failed = true;
+            return Err(e);
+        }
+        self.pending.clear();
+        self.rolled.clear();
         self.durable = upto;
         Ok(upto)
     }
 
-    /// The encoded records after `after`, in order (catch-up).
+    fn write_pending(&mut self) -> Result<(), SegmentError> {
+        let SegmentLog {
+            dir,
+            current,
+            rolled,
+            pending,
+            io,
+            ..
+        } = self;
+        let mut touched: Vec<(u64, &File)> = Vec::new();
+        let mut writes = Vec::with_capacity(pending.len());
+        for p in pending.iter() {
+            let file = current
+                .iter()
+                .chain(rolled.iter())
+                .find(|(i, _)| *i == p.segment)
+                .map(|(_, f)| f)
+                .ok_or_else(|| SegmentError::Io {
+                    path: Self::segment_path(dir, p.segment),
+                    source: io::Error::other("staged record's segment is not open"),
+                })?;
+            if touched.last().is_none_or(|(i, _)| *i != p.segment) {
+                touched.push((p.segment, file));
+            }
+            writes.push((file, p));
+        }
+        match io {
+            Io::Std => {
+                for (file, p) in writes {
+                    file.write_all_at(&p.bytes, p.offset)
+                        .map_err(io_at(&Self::segment_path(dir, p.segment)))?;
+                }
+                for (index, file) in touched {
+                    file.sync_data()
+                        .map_err(io_at(&Self::segment_path(dir, index)))?;
+                }
+            }
+            #[cfg(target_os = "linux")]
+            Io::Uring(ring) => {
+                use std::os::fd::AsFd;
+                let writes: Vec<_> = writes
+                    .iter()
+                    .map(|(file, p)| (file.as_fd(), p.offset, &p.bytes[..]))
+                    .collect();
+                let syncs: Vec<_> = touched.iter().map(|(_, f)| f.as_fd()).collect();
+                ring.write_and_sync(&writes, &syncs).map_err(|source| {
+                    // One submission: the error is not tied to a segment.
+                    let path = match touched[..] {
+                        [(index, _)] => Self::segment_path(dir, index),
+                        _ => dir.clone(),
+                    };
+                    SegmentError::Io { path, source }
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The encoded records after `after`, in order (catch-up). Only durable
+    /// records: ones appended since the last `sync` are not returned (they
+    /// are not in the files yet, and catch-up must not serve them anyway).
     pub fn read_after(&self, after: Bookmark) -> Result<Vec<Bytes>, SegmentError> {
         let start = self.entries.partition_point(|e| e.bookmark <= after);
-        let mut out = Vec::with_capacity(self.entries.len() - start);
-        for e in &self.entries[start..] {
+        let end = self.entries.partition_point(|e| e.bookmark <= self.durable);
+        let mut out = Vec::with_capacity(end.saturating_sub(start));
+        for e in self.entries.get(start..end).unwrap_or_default() {
             let path = Self::segment_path(&self.dir, e.segment);
             let file = File::open(&path).map_err(io_at(&path))?;
             let mut buf = vec![0u8; e.len as usize];
@@ -304,47 +480,122 @@ mod tests {
 
     const SEG: u64 = 4 * 1024; // about three records a segment
 
+    const BACKENDS: [IoBackend; 2] = [IoBackend::Auto, IoBackend::Std];
+
+    /// Opens with `backend`, checking that `Auto` really gets io_uring
+    /// wherever the kernel allows it and the environment does not forbid it.
+    fn open(dir: &Path, backend: IoBackend) -> (SegmentLog, Recovery) {
+        let (log, r) = SegmentLog::open_with(dir, SEG, b(0), backend).expect("open");
+        let want = if backend == IoBackend::Auto && !uring_forbidden() && uring_works() {
+            "io_uring"
+        } else {
+            "std"
+        };
+        assert_eq!(log.io_backend(), want, "{backend:?}");
+        (log, r)
+    }
+
+    fn uring_works() -> bool {
+        #[cfg(target_os = "linux")]
+        {
+            uring::SyncRing::new(RING_ENTRIES).is_ok()
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            false
+        }
+    }
+
     #[test]
     fn appended_records_survive_reopen_across_segments() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let (mut log, _) = SegmentLog::open(dir.path(), SEG, b(0)).expect("open");
-        for s in 1..=10 {
-            log.append(&rec(s)).expect("append");
+        for backend in BACKENDS {
+            let dir = tempfile::tempdir().expect("tmp");
+            let (mut log, _) = open(dir.path(), backend);
+            for s in 1..=10 {
+                log.append(&rec(s)).expect("append");
+            }
+            assert_eq!(log.sync().expect("sync"), b(10));
+            drop(log);
+            let (log, r) = open(dir.path(), backend);
+            assert_eq!(r.records, 10);
+            assert_eq!(log.last(), b(10));
+            let after = log.read_after(b(6)).expect("catch up");
+            assert_eq!(after.len(), 4);
+            assert_eq!(after[0], rec(7));
         }
-        assert_eq!(log.sync().expect("sync"), b(10));
-        drop(log);
-        let (log, r) = SegmentLog::open(dir.path(), SEG, b(0)).expect("reopen");
-        assert_eq!(r.records, 10);
-        assert_eq!(log.last(), b(10));
-        let after = log.read_after(b(6)).expect("catch up");
-        assert_eq!(after.len(), 4);
-        assert_eq!(after[0], rec(7));
+    }
+
+    #[test]
+    fn many_appends_then_one_sync_are_all_durable_across_rolls() {
+        for backend in BACKENDS {
+            let dir = tempfile::tempdir().expect("tmp");
+            let (mut log, _) = open(dir.path(), backend);
+            log.append(&rec(1)).expect("append");
+            log.sync().expect("sync");
+            // Staged, not written: the files hold only the first record.
+            for s in 2..=40 {
+                log.append(&rec(s)).expect("append");
+            }
+            assert!(log.rolled.len() > 2, "the staged records span segments");
+            assert_eq!(log.read_after(b(0)).expect("read"), vec![rec(1)]);
+            let (unsynced, r) = open(dir.path(), backend);
+            assert_eq!((unsynced.last(), r.records), (b(1), 1));
+            drop(unsynced);
+
+            assert_eq!(log.sync().expect("one sync"), b(40));
+            assert!(log.rolled.is_empty() && log.pending.is_empty());
+            assert_eq!(log.read_after(b(0)).expect("read").len(), 40);
+            drop(log);
+            let (log, r) = open(dir.path(), backend);
+            assert_eq!((r.records, r.cut_bytes, r.segments_removed), (40, 0, 0));
+            let want: Vec<Bytes> = (1..=40).map(rec).collect();
+            assert_eq!(log.read_after(b(0)).expect("read"), want);
+            assert!(std::fs::read_dir(dir.path()).expect("ls").count() > 10);
+        }
+    }
+
+    #[test]
+    fn the_log_goes_on_after_a_sync_with_nothing_staged() {
+        for backend in BACKENDS {
+            let dir = tempfile::tempdir().expect("tmp");
+            let (mut log, _) = open(dir.path(), backend);
+            assert_eq!(log.sync().expect("empty sync"), b(0));
+            for s in 1..=4 {
+                log.append(&rec(s)).expect("append");
+                assert_eq!(log.sync().expect("sync"), b(s));
+                assert_eq!(log.sync().expect("again"), b(s));
+            }
+            let (log, _) = open(dir.path(), backend);
+            assert_eq!(log.read_after(b(2)).expect("read"), vec![rec(3), rec(4)]);
+        }
     }
 
     #[test]
     fn a_torn_tail_is_cut_and_the_log_goes_on_from_before_it() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let (mut log, _) = SegmentLog::open(dir.path(), SEG, b(0)).expect("open");
-        for s in 1..=5 {
-            log.append(&rec(s)).expect("append");
+        for backend in BACKENDS {
+            let dir = tempfile::tempdir().expect("tmp");
+            let (mut log, _) = open(dir.path(), backend);
+            for s in 1..=5 {
+                log.append(&rec(s)).expect("append");
+            }
+            log.sync().expect("sync");
+            let last = log.entries.last().copied().expect("entry");
+            drop(log);
+            // Tear the last record: flip a byte in its pages.
+            let path = SegmentLog::segment_path(dir.path(), last.segment);
+            let f = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .expect("open seg");
+            f.write_all_at(&[0xee], last.offset + 100).expect("tear");
+            let (mut log, r) = open(dir.path(), backend);
+            assert_eq!(log.last(), b(4));
+            assert!(r.cut_bytes > 0);
+            log.append(&rec(5)).expect("append the refetched record");
+            log.sync().expect("sync");
+            let (log, r) = open(dir.path(), backend);
+            assert_eq!((log.last(), r.cut_bytes), (b(5), 0));
         }
-        log.sync().expect("sync");
-        let last = log.entries.last().copied().expect("entry");
-        drop(log);
-        // Tear the last record: flip a byte in its pages.
-        let path = SegmentLog::segment_path(dir.path(), last.segment);
-        let f = OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .expect("open seg");
-        f.write_all_at(&[0xee], last.offset + 100).expect("tear");
-        let (mut log, r) = SegmentLog::open(dir.path(), SEG, b(0)).expect("reopen");
-        assert_eq!(log.last(), b(4));
-        assert!(r.cut_bytes > 0);
-        log.append(&rec(5)).expect("append the refetched record");
-        log.sync().expect("sync");
-        let (log, r) = SegmentLog::open(dir.path(), SEG, b(0)).expect("reopen again");
-        assert_eq!((log.last(), r.cut_bytes), (b(5), 0));
     }
 
     #[test]
@@ -360,5 +611,27 @@ mod tests {
             log.append(&Bytes::from_static(b"junk")),
             Err(SegmentError::Record(_))
         ));
+    }
+
+    #[test]
+    fn a_failed_sync_stops_the_log_until_reopened() {
+        for backend in BACKENDS {
+            let dir = tempfile::tempdir().expect("tmp");
+            let (mut log, _) = open(dir.path(), backend);
+            log.append(&rec(1)).expect("append");
+            // A read-only handle in place of the segment: the write fails.
+            let (index, _) = log.current.take().expect("current");
+            let path = SegmentLog::segment_path(dir.path(), index);
+            log.current = Some((index, File::open(&path).expect("read-only")));
+            assert!(matches!(log.sync(), Err(SegmentError::Io { .. })));
+            assert_eq!(log.durable(), b(0));
+            assert!(matches!(log.sync(), Err(SegmentError::Failed)));
+            assert!(matches!(log.append(&rec(2)), Err(SegmentError::Failed)));
+            drop(log);
+            let (mut log, r) = open(dir.path(), backend);
+            assert_eq!(r.records, 0);
+            log.append(&rec(1)).expect("append after reopen");
+            assert_eq!(log.sync().expect("sync"), b(1));
+        }
     }
 }
