@@ -189,7 +189,7 @@ impl Follower {
                     self.request_sync(&mut out);
                 }
             }
-            FollowerEvent::Received(Message::Confirm { confirmed })
+            FollowerEvent::Received(Message::Confirm { confirmed, .. })
             | FollowerEvent::Received(Message::Heartbeat { confirmed, .. }) => {
                 self.confirmed = self.confirmed.max(confirmed);
             }
@@ -353,6 +353,7 @@ mod tests {
         let mut f = Follower::new(DB, Epoch(1), b(1, 9));
         f.handle(FollowerEvent::Received(Message::Confirm {
             confirmed: b(1, 7),
+            confirmed_us: 0,
         }));
         let a = f.handle(FollowerEvent::Received(Message::CatchUp { from: b(1, 2) }));
         assert_eq!(

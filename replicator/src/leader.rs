@@ -147,6 +147,9 @@ pub struct Leader {
     peers: HashMap<PeerId, Peer>,
     last_heartbeat_us: Option<u64>,
     fenced: Option<Epoch>,
+    /// The driver's wall clock (µs since the Unix epoch), stamped on
+    /// confirms so replicas can measure lag; never used for decisions.
+    clock_us: u64,
 }
 
 impl Leader {
@@ -162,7 +165,13 @@ impl Leader {
             peers: HashMap::new(),
             last_heartbeat_us: None,
             fenced: None,
+            clock_us: 0,
         })
+    }
+
+    /// Sets the wall clock stamped on the next confirms.
+    pub fn set_clock_us(&mut self, now_us: u64) {
+        self.clock_us = now_us;
     }
 
     /// The last record committed through this leader.
@@ -402,6 +411,7 @@ impl Leader {
                     peer,
                     Message::Confirm {
                         confirmed: self.confirmed(),
+                        confirmed_us: self.clock_us,
                     },
                 );
             }
@@ -477,7 +487,14 @@ impl Leader {
             );
             out.push(LeaderAction::Confirmed(after));
             for id in self.streaming_ids() {
-                Self::send(out, id, Message::Confirm { confirmed: after });
+                Self::send(
+                    out,
+                    id,
+                    Message::Confirm {
+                        confirmed: after,
+                        confirmed_us: self.clock_us,
+                    },
+                );
             }
             self.trim();
         }

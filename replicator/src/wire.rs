@@ -12,7 +12,8 @@
 //!                3 replica), last_durable bookmark (12)          = 25
 //!  2 Append      one log record (see `record`), its own length inside
 //!  3 Ack         durable bookmark (12)                           = 12
-//!  4 Confirm     confirmed bookmark (12)                         = 12
+//!  4 Confirm     confirmed bookmark (12), confirmed_us u64: the
+//!                leader's wall clock when it was confirmed        = 20
 //!  5 CatchUp     from bookmark (12): send every record after it  = 12
 //!  6 CatchUpDone upto bookmark (12): the stream has caught up    = 12
 //!  7 Heartbeat   epoch u32, confirmed bookmark (12), sent_us u64 = 24
@@ -75,6 +76,10 @@ pub enum Message {
     },
     Confirm {
         confirmed: Bookmark,
+        /// Microseconds since the Unix epoch on the leader's clock when the
+        /// quorum formed: lets a replica on the same host measure confirm
+        /// lag end to end. Informational only; never used for ordering.
+        confirmed_us: u64,
     },
     CatchUp {
         from: Bookmark,
@@ -170,7 +175,14 @@ impl Message {
                 return Ok(out.freeze());
             }
             Message::Ack { durable } => kind_and_body(&mut b, ACK, &durable.to_bytes()),
-            Message::Confirm { confirmed } => kind_and_body(&mut b, CONFIRM, &confirmed.to_bytes()),
+            Message::Confirm {
+                confirmed,
+                confirmed_us,
+            } => {
+                let mut body = confirmed.to_bytes().to_vec();
+                body.extend_from_slice(&confirmed_us.to_be_bytes());
+                kind_and_body(&mut b, CONFIRM, &body);
+            }
             Message::CatchUp { from } => kind_and_body(&mut b, CATCH_UP, &from.to_bytes()),
             Message::CatchUpDone { upto } => kind_and_body(&mut b, CATCH_UP_DONE, &upto.to_bytes()),
             Message::Heartbeat {
@@ -279,9 +291,10 @@ impl Message {
                 }
             }
             CONFIRM => {
-                fixed(12)?;
+                fixed(20)?;
                 Message::Confirm {
                     confirmed: bookmark_at(&body, 0),
+                    confirmed_us: be64(&body, 12),
                 }
             }
             CATCH_UP => {
@@ -366,6 +379,7 @@ mod tests {
             Message::Ack { durable: b(3, 10) },
             Message::Confirm {
                 confirmed: b(3, 10),
+                confirmed_us: 1_700_000_000_000_000,
             },
             Message::CatchUp { from: b(2, 5) },
             Message::CatchUpDone { upto: b(3, 10) },

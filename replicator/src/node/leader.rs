@@ -170,6 +170,7 @@ impl LeaderNode {
     /// one's bookmark).
     pub fn commit(&self, record: Encoded) -> Result<(), LeaderError> {
         let mut core = self.state.core.lock();
+        core.leader.set_clock_us(wall_clock_us());
         let actions = core.leader.committed(record)?;
         self.state.run(&mut core, actions);
         Ok(())
@@ -227,6 +228,14 @@ impl LeaderNode {
     pub fn now_us(&self) -> u64 {
         self.state.started.elapsed().as_micros() as u64
     }
+}
+
+/// Microseconds since the Unix epoch: comparable across processes on one
+/// host, which is what a confirm-lag measurement needs.
+pub fn wall_clock_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 fn ticker(state: Weak<State>) {
@@ -320,6 +329,7 @@ impl NetHandler for State {
 
     fn message(&self, conn: ConnId, message: Message) {
         let mut core = self.core.lock();
+        core.leader.set_clock_us(wall_clock_us());
         let actions = core.leader.handle(LeaderEvent::Received {
             peer: PeerId(conn),
             message,

@@ -57,7 +57,12 @@ struct State {
     applier: Arc<dyn Applier>,
     transport: OnceLock<Arc<dyn Transport>>,
     last_error: Mutex<Option<String>>,
+    /// Confirm lag samples (leader's quorum → visible here), µs.
+    lags_us: Mutex<Vec<u64>>,
 }
+
+/// Samples kept between two [`ReplicaNode::take_confirm_lags_us`] calls.
+const MAX_LAG_SAMPLES: usize = 1 << 20;
 
 /// A running replica subscriber.
 pub struct ReplicaNode {
@@ -85,6 +90,7 @@ impl ReplicaNode {
             applier,
             transport: OnceLock::new(),
             last_error: Mutex::new(None),
+            lags_us: Mutex::new(Vec::new()),
             config,
         });
         let transport = net::open(
@@ -114,6 +120,13 @@ impl ReplicaNode {
     /// The last apply or protocol error, if any.
     pub fn last_error(&self) -> Option<String> {
         self.state.last_error.lock().clone()
+    }
+
+    /// Confirm lags measured since the last call: for each confirm that
+    /// revealed something, the leader's quorum time to the moment the
+    /// confirm was visible here (same-host wall clocks), in µs.
+    pub fn take_confirm_lags_us(&self) -> Vec<u64> {
+        std::mem::take(&mut *self.state.lags_us.lock())
     }
 
     /// Waits until the replica has confirmed `bookmark`, at most `timeout`.
@@ -246,8 +259,22 @@ impl NetHandler for State {
         } else {
             return;
         };
+        let stamp = match &message {
+            Message::Confirm { confirmed_us, .. } => Some(*confirmed_us),
+            _ => None,
+        };
+        let before = core.0.confirmed();
         let actions = core.0.handle(SubscriberEvent::Received(source, message));
         self.run(&mut core, actions);
+        if let Some(at) = stamp
+            && core.0.confirmed() > before
+        {
+            let lag = super::leader::wall_clock_us().saturating_sub(at);
+            let mut lags = self.lags_us.lock();
+            if lags.len() < MAX_LAG_SAMPLES {
+                lags.push(lag);
+            }
+        }
     }
 
     fn closed(&self, conn: ConnId, _error: Option<String>) {
