@@ -22,6 +22,22 @@ pub trait TransactionSink: Send + Sync {
     fn committed(&self, bookmark: Bookmark, txn: &CapturedTransaction) -> Result<(), String>;
 }
 
+/// The output gate: holds every result until the state it reflects is
+/// confirmed (durable on W followers). Writes go on committing behind it
+/// (pipelining); only their results wait.
+pub trait CommitGate: Send + Sync {
+    /// Called before a write starts: waits, bounded, while too much is
+    /// committed but unconfirmed; an error means the write must not run.
+    fn admit_write(&self) -> Result<(), GateError>;
+    /// Waits, bounded, until `bookmark` is confirmed.
+    fn wait_confirmed(&self, bookmark: Bookmark) -> Result<(), GateError>;
+}
+
+/// Why the gate did not open.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct GateError(pub String);
+
 /// SQLite's `synchronous` setting for the local WAL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Synchronous {
@@ -76,6 +92,9 @@ pub struct Options {
     pub region: String,
     /// Receives every committed transaction with its bookmark.
     pub sink: Option<Arc<dyn TransactionSink>>,
+    /// Holds results until their bookmark is confirmed (replicated
+    /// primaries). None: a result is released at local commit.
+    pub gate: Option<Arc<dyn CommitGate>>,
 }
 
 impl Default for Options {
@@ -88,6 +107,7 @@ impl Default for Options {
             busy_timeout_ms: 5_000,
             region: "local".to_string(),
             sink: None,
+            gate: None,
         }
     }
 }
@@ -105,6 +125,7 @@ impl std::fmt::Debug for Options {
             .field("busy_timeout_ms", &self.busy_timeout_ms)
             .field("region", &self.region)
             .field("sink", &self.sink.is_some())
+            .field("gate", &self.gate.is_some())
             .finish()
     }
 }
@@ -204,6 +225,7 @@ pub(crate) struct PrimaryRole {
     issuer: Arc<Issuer>,
     attachment: Attachment,
     checkpoint_threshold_frames: u32,
+    gate: Option<Arc<dyn CommitGate>>,
 }
 
 /// A database: a primary ([`Database::open`]) or the read side of a
@@ -455,6 +477,7 @@ impl Database {
                     issuer,
                     attachment,
                     checkpoint_threshold_frames: options.checkpoint_threshold_frames,
+                    gate: options.gate.clone(),
                 }),
                 path: path.to_path_buf(),
                 region: options.region.clone(),
@@ -614,7 +637,11 @@ impl Database {
                     // bookmark once in-flight commits settle.
                     p.attachment.wait_commit_settled();
                     self.check_capture()?;
-                    self.latest_bookmark()
+                    let bookmark = self.latest_bookmark();
+                    // No reader sees an unconfirmed transaction: hold the
+                    // result until everything it could reflect is confirmed.
+                    p.gate_wait(bookmark)?;
+                    bookmark
                 }
                 // Raised before a confirm publishes: at least what was seen.
                 Role::Replica(r) => r.reported(),
@@ -631,6 +658,7 @@ impl Database {
         let Some(p) = self.primary() else {
             return Err(QueryError::ReadOnlyReplica);
         };
+        p.gate_admit()?;
         let w = p.writer.lock();
         let r = run_statement(&w.conn, sql, params, Prepare::Cached);
         if !w.conn.is_autocommit() {
@@ -647,6 +675,8 @@ impl Database {
         meta.last_row_id = w.conn.last_insert_rowid();
         p.maybe_checkpoint(&w.conn);
         drop(w);
+        // Later writers commit while this result waits (pipelining).
+        p.gate_wait(meta.bookmark)?;
         meta.duration_us = started.elapsed().as_micros() as u64;
         Ok(Output {
             columns,
@@ -665,6 +695,7 @@ impl Database {
         let Some(p) = self.primary() else {
             return Err(QueryError::ReadOnlyReplica);
         };
+        p.gate_admit()?;
         let w = p.writer.lock();
         w.engine_exec("BEGIN IMMEDIATE")
             .map_err(|e| self.explain(QueryError::sql(e)))?;
@@ -708,6 +739,7 @@ impl Database {
         let last_row_id = w.conn.last_insert_rowid();
         p.maybe_checkpoint(&w.conn);
         drop(w);
+        p.gate_wait(bookmark)?;
         Ok(outs
             .into_iter()
             .map(|(columns, rows, counts)| {
@@ -793,6 +825,27 @@ impl Database {
 }
 
 impl PrimaryRole {
+    fn gate_admit(&self) -> Result<(), QueryError> {
+        match &self.gate {
+            Some(g) => g
+                .admit_write()
+                .map_err(|e| QueryError::WriteNotAdmitted { reason: e.0 }),
+            None => Ok(()),
+        }
+    }
+
+    fn gate_wait(&self, bookmark: Bookmark) -> Result<(), QueryError> {
+        match &self.gate {
+            Some(g) => g
+                .wait_confirmed(bookmark)
+                .map_err(|e| QueryError::NotConfirmed {
+                    bookmark,
+                    reason: e.0,
+                }),
+            None => Ok(()),
+        }
+    }
+
     fn maybe_checkpoint(&self, conn: &Connection) {
         let frames = self.issuer.last_commit_frame.load(Ordering::Relaxed);
         if frames >= self.checkpoint_threshold_frames {

@@ -57,6 +57,12 @@ pub enum QueryError {
     CaptureFailed(#[from] walrelay_vfs::CaptureError),
     #[error("bookmark sequence exhausted for this epoch")]
     SequenceExhausted,
+    #[error(
+        "not confirmed: the state at bookmark {bookmark} is not yet durable on a quorum of followers ({reason}); a write may still become durable when followers return"
+    )]
+    NotConfirmed { bookmark: Bookmark, reason: String },
+    #[error("write not started: {reason}")]
+    WriteNotAdmitted { reason: String },
     #[error("this is a read replica: it runs only read-only statements")]
     ReadOnlyReplica,
     #[error(

@@ -49,11 +49,14 @@ mod database;
 mod error;
 mod meta;
 mod replica;
+pub mod replication;
 mod session;
+pub mod stop_marker;
 mod value;
 
 pub use database::{
-    CheckpointMode, CheckpointStats, Database, Options, Synchronous, TransactionSink,
+    CheckpointMode, CheckpointStats, CommitGate, Database, GateError, Options, Synchronous,
+    TransactionSink,
 };
 pub use error::{CheckpointError, OpenError, QueryError, SessionError};
 pub use replica::{Replica, ReplicaFeed, ReplicaOptions, pair};

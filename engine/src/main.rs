@@ -1,6 +1,9 @@
 //! The `walrelay` binary.
 
+mod cmd;
+
 use anyhow::{Context, Result};
+use std::net::SocketAddr;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -32,7 +35,90 @@ enum Command {
         #[arg(long, default_value_t = 200)]
         orders: u32,
     },
+    /// Run a local cluster, each node its own process on 127.0.0.1: one
+    /// primary running a demo workload, durability followers and read
+    /// replicas. Prints commit latency and confirm lag as it runs; Ctrl-C
+    /// stops it cleanly.
+    Up {
+        /// Data directory (a fresh temporary one if omitted).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// The primary listens here; followers on the next ports.
+        #[arg(long, default_value_t = 7100)]
+        base_port: u16,
+        #[arg(long, default_value_t = 5)]
+        followers: usize,
+        #[arg(long, default_value_t = 2)]
+        replicas: usize,
+        /// Concurrent demo writers on the primary.
+        #[arg(long, default_value_t = 4)]
+        writers: usize,
+        /// Stop after this many seconds (0: run until Ctrl-C).
+        #[arg(long, default_value_t = 0)]
+        seconds: u64,
+        /// Transport: auto, std or io_uring.
+        #[arg(long, default_value = "auto")]
+        net: String,
+    },
+    /// Run a durability follower.
+    Follower {
+        #[arg(long)]
+        listen: SocketAddr,
+        #[arg(long)]
+        dir: PathBuf,
+        /// The other followers (catch-up sources), comma-separated.
+        #[arg(long, default_value = "", value_parser = cmd::parse_addrs)]
+        peers: Addrs,
+        #[arg(long, default_value_t = 1)]
+        database: u64,
+        #[arg(long, default_value = "auto")]
+        net: String,
+    },
+    /// Run a primary replicating to W of N followers.
+    Primary {
+        #[arg(long)]
+        dir: PathBuf,
+        /// The N followers, comma-separated, in a fixed order.
+        #[arg(long, value_parser = cmd::parse_addrs)]
+        followers: Addrs,
+        /// W (default: a majority of N).
+        #[arg(long)]
+        write_quorum: Option<usize>,
+        /// Where replicas connect.
+        #[arg(long, default_value = "127.0.0.1:7100")]
+        listen: SocketAddr,
+        #[arg(long, default_value_t = 5_000)]
+        confirm_timeout_ms: u64,
+        #[arg(long, default_value_t = 1)]
+        database: u64,
+        /// Concurrent demo writers (0: none).
+        #[arg(long, default_value_t = 0)]
+        demo_writers: usize,
+        /// Stop after this many seconds (0: run until a signal).
+        #[arg(long, default_value_t = 0)]
+        seconds: u64,
+        #[arg(long, default_value = "auto")]
+        net: String,
+    },
+    /// Run a read replica streaming from a primary.
+    Replica {
+        #[arg(long)]
+        dir: PathBuf,
+        /// The primary's replica address.
+        #[arg(long)]
+        leader: SocketAddr,
+        /// Followers to catch up from, comma-separated.
+        #[arg(long, default_value = "", value_parser = cmd::parse_addrs)]
+        followers: Addrs,
+        #[arg(long, default_value_t = 1)]
+        database: u64,
+        #[arg(long, default_value = "auto")]
+        net: String,
+    },
 }
+
+/// A parsed address list (a newtype so clap takes the whole list at once).
+type Addrs = Vec<SocketAddr>;
 
 fn show(what: &str, m: &Meta) {
     println!(
@@ -178,5 +264,60 @@ fn tempfile_dir() -> Result<PathBuf> {
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Demo { db, orders } => demo(db, orders),
+        Command::Up {
+            dir,
+            base_port,
+            followers,
+            replicas,
+            writers,
+            seconds,
+            net,
+        } => {
+            cmd::backend(&net)?;
+            cmd::up(cmd::UpArgs {
+                dir,
+                base_port,
+                followers,
+                replicas,
+                writers,
+                seconds,
+                net,
+            })
+        }
+        Command::Follower {
+            listen,
+            dir,
+            peers,
+            database,
+            net,
+        } => cmd::follower(listen, dir, peers, database, cmd::backend(&net)?),
+        Command::Primary {
+            dir,
+            followers,
+            write_quorum,
+            listen,
+            confirm_timeout_ms,
+            database,
+            demo_writers,
+            seconds,
+            net,
+        } => cmd::primary(cmd::PrimaryArgs {
+            dir,
+            followers,
+            write_quorum,
+            listen,
+            confirm_timeout_ms,
+            database,
+            net: cmd::backend(&net)?,
+            demo_writers,
+            seconds,
+        }),
+        Command::Replica {
+            dir,
+            leader,
+            followers,
+            database,
+            net,
+        } => cmd::replica(dir, leader, followers, database, cmd::backend(&net)?),
     }
 }

@@ -1,0 +1,399 @@
+//! The `walrelay` processes: follower, primary, replica, and `up`, which
+//! runs a local cluster of them.
+//!
+//! Each long-running process stops on SIGINT or SIGTERM: a follower and a
+//! replica simply exit (their state is crash-safe); a primary stops its
+//! workload, waits for every commit to be confirmed and writes its stop
+//! marker so the next start continues the log.
+
+use anyhow::{Context, Result, bail};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use walrelay_engine::replication::{
+    PrimaryConfig, ReplicaConfig, ReplicatedPrimary, ReplicatedReplica, database_path,
+};
+use walrelay_engine::{Constraint, ReplicaOptions, Value};
+use walrelay_replicator::DatabaseId;
+use walrelay_replicator::net::Backend;
+use walrelay_replicator::node::follower::{FollowerNode, FollowerNodeConfig};
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// Routes SIGINT and SIGTERM to the stop flag.
+pub fn install_stop_handler() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: `on_signal` only stores to an atomic, which is
+        // async-signal-safe; the handler has the C ABI signal() expects.
+        unsafe {
+            libc::signal(sig, on_signal as *const () as libc::sighandler_t);
+        }
+    }
+}
+
+pub fn stopping() -> bool {
+    STOP.load(Ordering::SeqCst)
+}
+
+pub fn backend(name: &str) -> Result<Backend> {
+    Ok(match name {
+        "auto" => Backend::Auto,
+        "std" => Backend::Std,
+        "io_uring" => Backend::IoUring,
+        other => bail!("unknown transport {other:?} (auto, std, io_uring)"),
+    })
+}
+
+pub fn follower(
+    listen: SocketAddr,
+    dir: PathBuf,
+    peers: Vec<SocketAddr>,
+    database: u64,
+    net: Backend,
+) -> Result<()> {
+    install_stop_handler();
+    let node = FollowerNode::start(FollowerNodeConfig {
+        database: DatabaseId(database),
+        listen,
+        dir: dir.clone(),
+        peers,
+        segment_bytes: 64 << 20,
+        backend: net,
+    })
+    .with_context(|| format!("starting follower in {}", dir.display()))?;
+    let r = node.recovery();
+    println!(
+        "follower {} listening, log at {} ({} records, {} torn bytes cut, transport {})",
+        node.addr(),
+        node.durable(),
+        r.records,
+        r.cut_bytes,
+        node.backend()
+    );
+    while !stopping() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!("follower {} stopping at {}", node.addr(), node.durable());
+    Ok(())
+}
+
+/// Options of `walrelay primary`.
+pub struct PrimaryArgs {
+    pub dir: PathBuf,
+    pub followers: Vec<SocketAddr>,
+    pub write_quorum: Option<usize>,
+    pub listen: SocketAddr,
+    pub confirm_timeout_ms: u64,
+    pub database: u64,
+    pub net: Backend,
+    /// Run the demo workload: this many writers.
+    pub demo_writers: usize,
+    /// Stop after this long (0: until a signal).
+    pub seconds: u64,
+}
+
+pub fn primary(a: PrimaryArgs) -> Result<()> {
+    install_stop_handler();
+    std::fs::create_dir_all(&a.dir)?;
+    let mut config = PrimaryConfig::new(database_path(&a.dir), a.followers.clone());
+    config.database = DatabaseId(a.database);
+    if let Some(w) = a.write_quorum {
+        config.write_quorum = w;
+    }
+    config.listen = Some(a.listen);
+    config.confirm_timeout_ms = a.confirm_timeout_ms;
+    config.backend = a.net;
+    let primary = Arc::new(ReplicatedPrimary::start(config).context("starting the primary")?);
+    println!(
+        "primary epoch {} replicas at {} followers {:?} W={} transport {}",
+        primary.database().epoch().0,
+        primary.replica_addr().map_or("-".into(), |a| a.to_string()),
+        a.followers,
+        a.write_quorum.unwrap_or(a.followers.len() / 2 + 1),
+        primary.leader().backend()
+    );
+    let deadline = (a.seconds > 0).then(|| Instant::now() + Duration::from_secs(a.seconds));
+    let done = Arc::new(AtomicBool::new(false));
+    let latencies = Arc::new(parking_lot::Mutex::new(Vec::<u64>::new()));
+    let failures = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut writers = Vec::new();
+    if a.demo_writers > 0 {
+        let s = primary.database().session(Constraint::FirstPrimary)?;
+        s.prepare("CREATE TABLE IF NOT EXISTS events(id INTEGER PRIMARY KEY, writer INTEGER, body TEXT)")
+            .run()
+            .context("creating the demo table")?;
+        for w in 0..a.demo_writers {
+            let (p, done, lat, failures) = (
+                Arc::clone(&primary),
+                Arc::clone(&done),
+                Arc::clone(&latencies),
+                Arc::clone(&failures),
+            );
+            writers.push(std::thread::spawn(move || {
+                let Ok(s) = p.database().session(Constraint::FirstPrimary) else {
+                    return;
+                };
+                let mut n = 0u64;
+                while !done.load(Ordering::Relaxed) {
+                    n += 1;
+                    let started = Instant::now();
+                    let r = s
+                        .prepare("INSERT INTO events(writer, body) VALUES (?1, ?2)")
+                        .bind([Value::Integer(w as i64), Value::Text(format!("event {n}"))])
+                        .run();
+                    match r {
+                        Ok(_) => lat.lock().push(started.elapsed().as_micros() as u64),
+                        Err(e) => {
+                            if failures.fetch_add(1, Ordering::Relaxed) % 100 == 0 {
+                                eprintln!("primary: write failed: {e}");
+                            }
+                        }
+                    }
+                }
+            }));
+        }
+    }
+    let mut last_report = Instant::now();
+    while !stopping() && deadline.is_none_or(|d| Instant::now() < d) {
+        std::thread::sleep(Duration::from_millis(50));
+        if last_report.elapsed() >= Duration::from_secs(1) {
+            last_report = Instant::now();
+            let mut l = std::mem::take(&mut *latencies.lock());
+            let st = primary.status();
+            if l.is_empty() {
+                println!(
+                    "primary confirmed={} followers_streaming={} commits/s=0 failed={}",
+                    st.confirmed,
+                    st.streaming_followers,
+                    failures.load(Ordering::Relaxed)
+                );
+            } else {
+                l.sort_unstable();
+                println!(
+                    "primary confirmed={} followers_streaming={} commits/s={} commit_p50_us={} commit_p99_us={} failed={}",
+                    st.confirmed,
+                    st.streaming_followers,
+                    l.len(),
+                    l[l.len() / 2],
+                    l[(l.len() * 99 / 100).min(l.len() - 1)],
+                    failures.load(Ordering::Relaxed)
+                );
+            }
+        }
+    }
+    done.store(true, Ordering::Relaxed);
+    for w in writers {
+        let _ = w.join();
+    }
+    let primary = Arc::try_unwrap(primary)
+        .map_err(|_| anyhow::anyhow!("the primary is still in use"))?;
+    match primary.stop(Duration::from_secs(10)) {
+        Ok(b) => println!("primary stopped cleanly at {b}"),
+        Err(e) => bail!("primary could not stop cleanly: {e}"),
+    }
+    Ok(())
+}
+
+pub fn replica(
+    dir: PathBuf,
+    leader: SocketAddr,
+    followers: Vec<SocketAddr>,
+    database: u64,
+    net: Backend,
+) -> Result<()> {
+    install_stop_handler();
+    std::fs::create_dir_all(&dir)?;
+    let r = ReplicatedReplica::start(ReplicaConfig {
+        database: DatabaseId(database),
+        path: database_path(&dir),
+        leader,
+        followers,
+        backend: net,
+        options: ReplicaOptions {
+            region: "replica".into(),
+            // The log is durable on the followers; a replica that loses
+            // recent confirms to a power cut refetches them.
+            durable: false,
+            ..ReplicaOptions::default()
+        },
+    })
+    .context("starting the replica")?;
+    println!(
+        "replica {} following {leader} from {}",
+        dir.display(),
+        r.replica().confirmed()
+    );
+    let mut last_report = Instant::now();
+    while !stopping() {
+        std::thread::sleep(Duration::from_millis(50));
+        if last_report.elapsed() >= Duration::from_secs(1) {
+            last_report = Instant::now();
+            let mut lags = r.node().take_confirm_lags_us();
+            let confirmed = r.replica().confirmed();
+            if lags.is_empty() {
+                println!("replica {} confirmed={confirmed}", dir.display());
+            } else {
+                lags.sort_unstable();
+                println!(
+                    "replica {} confirmed={confirmed} confirms={} confirm_lag_p50_us={} confirm_lag_p99_us={}",
+                    dir.display(),
+                    lags.len(),
+                    lags[lags.len() / 2],
+                    lags[(lags.len() * 99 / 100).min(lags.len() - 1)]
+                );
+            }
+        }
+    }
+    let _ = r.replica().persist();
+    println!("replica {} stopping at {}", dir.display(), r.replica().confirmed());
+    Ok(())
+}
+
+/// Options of `walrelay up`.
+pub struct UpArgs {
+    pub dir: Option<PathBuf>,
+    pub base_port: u16,
+    pub followers: usize,
+    pub replicas: usize,
+    pub writers: usize,
+    pub seconds: u64,
+    pub net: String,
+}
+
+fn addrs(base: u16, n: usize) -> Vec<SocketAddr> {
+    (0..n)
+        .map(|i| SocketAddr::from(([127, 0, 0, 1], base + i as u16)))
+        .collect()
+}
+
+fn join(addrs: &[SocketAddr]) -> String {
+    addrs
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn signal(child: &Child, sig: libc::c_int) {
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: kill(2) on a child we spawned and have not reaped; the
+        // worst case is a signal to an already exited child, which fails.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+pub fn up(a: UpArgs) -> Result<()> {
+    install_stop_handler();
+    let dir = match a.dir {
+        Some(d) => d,
+        None => std::env::temp_dir().join(format!("walrelay-up-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&dir)?;
+    let exe = std::env::current_exe()?;
+    let follower_addrs = addrs(a.base_port + 1, a.followers);
+    let primary_addr = SocketAddr::from(([127, 0, 0, 1], a.base_port));
+    println!(
+        "walrelay up: 1 primary, {} followers, {} replicas in {} (Ctrl-C stops)",
+        a.followers,
+        a.replicas,
+        dir.display()
+    );
+    let spawn = |args: Vec<String>| -> Result<Child> {
+        Command::new(&exe)
+            .args(&args)
+            .spawn()
+            .with_context(|| format!("spawning {args:?}"))
+    };
+    let mut others = Vec::new();
+    for (i, addr) in follower_addrs.iter().enumerate() {
+        let peers: Vec<SocketAddr> = follower_addrs
+            .iter()
+            .filter(|p| *p != addr)
+            .copied()
+            .collect();
+        others.push(spawn(vec![
+            "follower".into(),
+            "--listen".into(),
+            addr.to_string(),
+            "--dir".into(),
+            dir.join(format!("follower-{i}")).display().to_string(),
+            "--peers".into(),
+            join(&peers),
+            "--net".into(),
+            a.net.clone(),
+        ])?);
+    }
+    let mut primary_args = vec![
+        "primary".into(),
+        "--dir".into(),
+        dir.join("primary").display().to_string(),
+        "--followers".into(),
+        join(&follower_addrs),
+        "--listen".into(),
+        primary_addr.to_string(),
+        "--demo-writers".into(),
+        a.writers.to_string(),
+        "--net".into(),
+        a.net.clone(),
+    ];
+    if a.seconds > 0 {
+        primary_args.extend(["--seconds".into(), a.seconds.to_string()]);
+    }
+    let mut primary = spawn(primary_args)?;
+    for i in 0..a.replicas {
+        others.push(spawn(vec![
+            "replica".into(),
+            "--dir".into(),
+            dir.join(format!("replica-{i}")).display().to_string(),
+            "--leader".into(),
+            primary_addr.to_string(),
+            "--followers".into(),
+            join(&follower_addrs),
+            "--net".into(),
+            a.net.clone(),
+        ])?);
+    }
+    // The primary ends the run (its --seconds, or a signal); the rest
+    // follow it down.
+    let status = loop {
+        if stopping() {
+            signal(&primary, libc::SIGINT);
+            break primary.wait()?;
+        }
+        if let Some(s) = primary.try_wait()? {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for c in &others {
+        signal(c, libc::SIGINT);
+    }
+    for mut c in others {
+        let _ = c.wait();
+    }
+    println!("walrelay up: stopped (data in {})", dir.display());
+    if !status.success() {
+        bail!("the primary exited with {status}");
+    }
+    Ok(())
+}
+
+/// Parses "a:1,b:2".
+pub fn parse_addrs(s: &str) -> Result<Vec<SocketAddr>, String> {
+    if s.is_empty() {
+        return Ok(Vec::new());
+    }
+    s.split(',')
+        .map(|a| a.trim().parse().map_err(|e| format!("{a:?}: {e}")))
+        .collect()
+}

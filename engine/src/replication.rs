@@ -1,0 +1,324 @@
+//! Binds databases to the replicator's runtimes.
+//!
+//! - [`ReplicatedPrimary`]: a [`Database`] whose commits go to a
+//!   [`LeaderNode`] and whose results wait behind the output gate until
+//!   their bookmark is confirmed by W of N followers.
+//! - [`ReplicatedReplica`]: a [`Replica`] fed by a [`ReplicaNode`].
+//!
+//! Records are built from captured page sets here: the replicator never
+//! sees SQLite, the VFS never sees a socket.
+
+use crate::database::{CommitGate, Database, GateError, Options, TransactionSink};
+use crate::error::OpenError;
+use crate::replica::{Replica, ReplicaOptions};
+use crate::stop_marker;
+use parking_lot::Mutex;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use walrelay_replicator::net::Backend;
+use walrelay_replicator::node::leader::{LeaderNode, LeaderNodeConfig, LeaderStatus};
+use walrelay_replicator::node::replica::{Applier, ReplicaNode, ReplicaNodeConfig};
+use walrelay_replicator::{Bookmark, DatabaseId, Encoded, Record};
+use walrelay_vfs::{CapturedTransaction, PageNo, PageSet};
+
+/// How to run a replicated primary.
+#[derive(Debug, Clone)]
+pub struct PrimaryConfig {
+    pub database: DatabaseId,
+    pub path: PathBuf,
+    /// The N durability followers, in a fixed order.
+    pub followers: Vec<SocketAddr>,
+    /// W (a majority of N).
+    pub write_quorum: usize,
+    /// Where replicas connect.
+    pub listen: Option<SocketAddr>,
+    /// How long a result waits for its confirmation before failing.
+    pub confirm_timeout_ms: u64,
+    /// Committed-but-unconfirmed bytes past which new writes wait.
+    pub max_unconfirmed_bytes: usize,
+    pub backend: Backend,
+    pub options: Options,
+}
+
+impl PrimaryConfig {
+    pub fn new(path: impl Into<PathBuf>, followers: Vec<SocketAddr>) -> PrimaryConfig {
+        PrimaryConfig {
+            database: DatabaseId(1),
+            path: path.into(),
+            write_quorum: followers.len() / 2 + 1,
+            followers,
+            listen: None,
+            confirm_timeout_ms: 5_000,
+            max_unconfirmed_bytes: 64 << 20,
+            backend: Backend::Auto,
+            // The quorum log is the durability; the local WAL is a cache
+            // of it, so its own fsync buys nothing.
+            options: Options {
+                synchronous: crate::Synchronous::Off,
+                ..Options::default()
+            },
+        }
+    }
+}
+
+/// The sink and gate between a primary database and its leader.
+struct Link {
+    leader: OnceLock<LeaderNode>,
+    previous: Mutex<Bookmark>,
+    confirm_timeout: Duration,
+    max_unconfirmed_bytes: usize,
+}
+
+impl TransactionSink for Link {
+    fn committed(&self, bookmark: Bookmark, txn: &CapturedTransaction) -> Result<(), String> {
+        let leader = self.leader.get().ok_or("replication is not started")?;
+        let mut previous = self.previous.lock();
+        let record = encode(bookmark, *previous, &txn.pages)?;
+        leader.commit(record).map_err(|e| e.to_string())?;
+        *previous = bookmark;
+        Ok(())
+    }
+}
+
+/// A captured page set as a log record (the pages' bytes are shared).
+pub fn encode(bookmark: Bookmark, previous: Bookmark, pages: &PageSet) -> Result<Encoded, String> {
+    Record {
+        bookmark,
+        previous,
+        page_size: pages.page_size(),
+        db_pages: pages.db_size_pages(),
+        pages: pages
+            .pages()
+            .iter()
+            .map(|(no, image)| (no.get(), image.clone()))
+            .collect(),
+    }
+    .to_encoded()
+    .map_err(|e| e.to_string())
+}
+
+/// A log record as a page set for a replica.
+pub fn decode(record: &Encoded) -> Result<PageSet, String> {
+    let r = record.record().map_err(|e| e.to_string())?;
+    let pages = r
+        .pages
+        .into_iter()
+        .map(|(no, image)| (PageNo::new(no), image))
+        .collect();
+    PageSet::new(r.page_size, r.db_pages, pages).map_err(|e| e.to_string())
+}
+
+impl CommitGate for Link {
+    fn admit_write(&self) -> Result<(), GateError> {
+        let Some(leader) = self.leader.get() else {
+            return Err(GateError("replication is not started".into()));
+        };
+        let deadline = Instant::now() + self.confirm_timeout;
+        loop {
+            let status = leader.status();
+            if status.unconfirmed_bytes <= self.max_unconfirmed_bytes {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(GateError(format!(
+                    "{} bytes committed but unconfirmed (limit {}); {} followers streaming",
+                    status.unconfirmed_bytes,
+                    self.max_unconfirmed_bytes,
+                    status.streaming_followers
+                )));
+            }
+            // Waiting for the oldest unconfirmed record frees the most room.
+            let _ = leader.wait_confirmed(status.last, Duration::from_millis(10));
+        }
+    }
+
+    fn wait_confirmed(&self, bookmark: Bookmark) -> Result<(), GateError> {
+        let Some(leader) = self.leader.get() else {
+            return Err(GateError("replication is not started".into()));
+        };
+        leader
+            .wait_confirmed(bookmark, self.confirm_timeout)
+            .map_err(|e| GateError(e.to_string()))
+    }
+}
+
+/// Why a replicated primary could not start or stop.
+#[derive(Debug, thiserror::Error)]
+pub enum PrimaryError {
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    #[error(
+        "{path} exists but was not stopped cleanly: its WAL may hold commits the quorum never confirmed, and recovering it from the followers' log needs failover (not built yet); start from a fresh path"
+    )]
+    NotCleanlyStopped { path: String },
+    #[error(transparent)]
+    Marker(#[from] stop_marker::StopMarkerError),
+    #[error("replication: {0}")]
+    Replication(String),
+    #[error("stop: {0}")]
+    Stop(String),
+}
+
+/// A primary database replicating to W of N followers and to replicas.
+pub struct ReplicatedPrimary {
+    db: Database,
+    leader: LeaderNode,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for ReplicatedPrimary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicatedPrimary")
+            .field("path", &self.path)
+            .field("leader", &self.leader)
+            .finish()
+    }
+}
+
+impl ReplicatedPrimary {
+    /// Opens the database and starts replicating. A fresh database starts
+    /// the log; an existing one must have stopped cleanly (see
+    /// [`stop_marker`]).
+    pub fn start(config: PrimaryConfig) -> Result<ReplicatedPrimary, PrimaryError> {
+        let exists = config.path.exists();
+        let start = match stop_marker::load(&config.path)? {
+            Some(b) => b,
+            None if !exists => Bookmark::ZERO,
+            None => {
+                return Err(PrimaryError::NotCleanlyStopped {
+                    path: config.path.display().to_string(),
+                });
+            }
+        };
+        let link = Arc::new(Link {
+            leader: OnceLock::new(),
+            previous: Mutex::new(start),
+            confirm_timeout: Duration::from_millis(config.confirm_timeout_ms),
+            max_unconfirmed_bytes: config.max_unconfirmed_bytes,
+        });
+        let mut options = config.options.clone();
+        options.sink = Some(Arc::clone(&link) as Arc<dyn TransactionSink>);
+        options.gate = Some(Arc::clone(&link) as Arc<dyn CommitGate>);
+        let db = Database::open(&config.path, options)?;
+        let leader = LeaderNode::start(LeaderNodeConfig {
+            database: config.database,
+            epoch: db.epoch(),
+            start,
+            followers: config.followers.clone(),
+            write_quorum: config.write_quorum,
+            listen: config.listen,
+            tail_limit_bytes: config.max_unconfirmed_bytes.max(16 << 20),
+            heartbeat_interval_ms: 50,
+            redial_interval_ms: 100,
+            backend: config.backend,
+        })
+        .map_err(|e| PrimaryError::Replication(e.to_string()))?;
+        let _ = link.leader.set(leader.clone());
+        // Consumed: from here a crash must not find it.
+        stop_marker::remove(&config.path)?;
+        Ok(ReplicatedPrimary {
+            db,
+            leader,
+            path: config.path,
+        })
+    }
+
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+    pub fn leader(&self) -> &LeaderNode {
+        &self.leader
+    }
+    pub fn status(&self) -> LeaderStatus {
+        self.leader.status()
+    }
+    /// Where replicas connect.
+    pub fn replica_addr(&self) -> Option<SocketAddr> {
+        self.leader.replica_addr()
+    }
+
+    /// Stops cleanly: waits until every commit is confirmed, then writes
+    /// the stop marker so the next start can continue the log. Writes
+    /// arriving meanwhile are the caller's to prevent.
+    pub fn stop(self, timeout: Duration) -> Result<Bookmark, PrimaryError> {
+        let last = self.db.latest_bookmark();
+        self.leader
+            .wait_confirmed(last, timeout)
+            .map_err(|e| PrimaryError::Stop(e.to_string()))?;
+        stop_marker::store(&self.path, last)?;
+        Ok(last)
+    }
+}
+
+impl Applier for Replica {
+    fn apply(&self, record: &Encoded) -> Result<(), String> {
+        let pages = decode(record)?;
+        self.append(record.bookmark, &pages)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+    fn confirm(&self, bookmark: Bookmark) -> Result<(), String> {
+        Replica::confirm(self, bookmark).map_err(|e| e.to_string())
+    }
+    fn discard_unconfirmed(&self) -> Result<(), String> {
+        Replica::discard_unconfirmed(self).map_err(|e| e.to_string())
+    }
+}
+
+/// How to run a replica fed over the network.
+#[derive(Debug, Clone)]
+pub struct ReplicaConfig {
+    pub database: DatabaseId,
+    pub path: PathBuf,
+    pub leader: SocketAddr,
+    pub followers: Vec<SocketAddr>,
+    pub backend: Backend,
+    pub options: ReplicaOptions,
+}
+
+/// A read replica streaming from a primary.
+pub struct ReplicatedReplica {
+    replica: Replica,
+    node: ReplicaNode,
+}
+
+impl std::fmt::Debug for ReplicatedReplica {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicatedReplica")
+            .field("node", &self.node)
+            .finish()
+    }
+}
+
+impl ReplicatedReplica {
+    pub fn start(config: ReplicaConfig) -> Result<ReplicatedReplica, PrimaryError> {
+        let replica = Replica::open(&config.path, config.options.clone())?;
+        let node = ReplicaNode::start(
+            ReplicaNodeConfig {
+                database: config.database,
+                leader: config.leader,
+                followers: config.followers,
+                start: replica.confirmed(),
+                redial_interval_ms: 100,
+                backend: config.backend,
+            },
+            Arc::new(replica.clone()) as Arc<dyn Applier>,
+        )
+        .map_err(|e| PrimaryError::Replication(e.to_string()))?;
+        Ok(ReplicatedReplica { replica, node })
+    }
+
+    pub fn replica(&self) -> &Replica {
+        &self.replica
+    }
+    pub fn node(&self) -> &ReplicaNode {
+        &self.node
+    }
+}
+
+/// The database file inside a node's data directory.
+pub fn database_path(dir: &Path) -> PathBuf {
+    dir.join("db.sqlite")
+}
