@@ -135,6 +135,11 @@ impl CommitGate for Link {
     }
 
     fn wait_confirmed(&self, bookmark: Bookmark) -> Result<(), GateError> {
+        if bookmark.sequence.0 == 0 {
+            // Nothing committed in this epoch yet: the state is the
+            // previous epoch's, confirmed before this leader started.
+            return Ok(());
+        }
         let Some(leader) = self.leader.get() else {
             return Err(GateError("replication is not started".into()));
         };

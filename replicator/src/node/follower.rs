@@ -107,10 +107,12 @@ impl FollowerNode {
             Arc::clone(&state) as Arc<dyn NetHandler>,
         )
         .map_err(|e| NodeError::Io(e.to_string()))?;
+        // Set before listening: an accepted connection may reach the
+        // handler at once.
+        let _ = state.transport.set(Arc::clone(&transport));
         let addr = transport
             .listen(state.config.listen)
             .map_err(|e| NodeError::Io(format!("listen on {}: {e}", state.config.listen)))?;
-        let _ = state.transport.set(transport);
         Ok(FollowerNode {
             state,
             addr,

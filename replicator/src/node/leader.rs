@@ -136,6 +136,9 @@ impl LeaderNode {
             Arc::clone(&state) as Arc<dyn NetHandler>,
         )
         .map_err(|e| NodeError::Io(e.to_string()))?;
+        // Set before listening: an accepted connection may reach the
+        // handler at once.
+        let _ = state.transport.set(Arc::clone(&transport));
         let replica_addr = match state.config.listen {
             Some(addr) => Some(
                 transport
@@ -144,7 +147,6 @@ impl LeaderNode {
             ),
             None => None,
         };
-        let _ = state.transport.set(transport);
         state.redial();
         let weak = Arc::downgrade(&state);
         std::thread::Builder::new()
