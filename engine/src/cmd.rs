@@ -127,9 +127,11 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
     let mut writers = Vec::new();
     if a.demo_writers > 0 {
         let s = primary.database().session(Constraint::FirstPrimary)?;
-        s.prepare("CREATE TABLE IF NOT EXISTS events(id INTEGER PRIMARY KEY, writer INTEGER, body TEXT)")
-            .run()
-            .context("creating the demo table")?;
+        s.prepare(
+            "CREATE TABLE IF NOT EXISTS events(id INTEGER PRIMARY KEY, writer INTEGER, body TEXT)",
+        )
+        .run()
+        .context("creating the demo table")?;
         for w in 0..a.demo_writers {
             let (p, done, lat, failures) = (
                 Arc::clone(&primary),
@@ -193,8 +195,8 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
     for w in writers {
         let _ = w.join();
     }
-    let primary = Arc::try_unwrap(primary)
-        .map_err(|_| anyhow::anyhow!("the primary is still in use"))?;
+    let primary =
+        Arc::try_unwrap(primary).map_err(|_| anyhow::anyhow!("the primary is still in use"))?;
     match primary.stop(Duration::from_secs(10)) {
         Ok(b) => println!("primary stopped cleanly at {b}"),
         Err(e) => bail!("primary could not stop cleanly: {e}"),
@@ -253,7 +255,11 @@ pub fn replica(
         }
     }
     let _ = r.replica().persist();
-    println!("replica {} stopping at {}", dir.display(), r.replica().confirmed());
+    println!(
+        "replica {} stopping at {}",
+        dir.display(),
+        r.replica().confirmed()
+    );
     Ok(())
 }
 

@@ -3,8 +3,8 @@
 mod cmd;
 
 use anyhow::{Context, Result};
-use std::net::SocketAddr;
 use clap::{Parser, Subcommand};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Instant;
 use walrelay_engine::{

@@ -182,6 +182,11 @@ impl LeaderNode {
         self.state.watch.lock().confirmed
     }
 
+    /// What follower `index` last reported durable (None: never).
+    pub fn follower_durable(&self, index: usize) -> Option<Bookmark> {
+        self.state.core.lock().leader.follower_durable(index)
+    }
+
     pub fn status(&self) -> LeaderStatus {
         let core = self.state.core.lock();
         LeaderStatus {
