@@ -180,22 +180,49 @@ mod tests {
             vec![SubscriberAction::Apply(rec(2))]
         );
         assert_eq!(
-            recv(&mut s, Message::Confirm { confirmed: b(1), confirmed_us: 0 }),
+            recv(
+                &mut s,
+                Message::Confirm {
+                    confirmed: b(1),
+                    confirmed_us: 0
+                }
+            ),
             vec![SubscriberAction::Confirm(b(1))]
         );
         // A watermark past what arrived reveals only what is held.
         assert_eq!(
-            recv(&mut s, Message::Confirm { confirmed: b(9), confirmed_us: 0 }),
+            recv(
+                &mut s,
+                Message::Confirm {
+                    confirmed: b(9),
+                    confirmed_us: 0
+                }
+            ),
             vec![SubscriberAction::Confirm(b(2))]
         );
-        assert!(recv(&mut s, Message::Confirm { confirmed: b(2), confirmed_us: 0 }).is_empty());
+        assert!(
+            recv(
+                &mut s,
+                Message::Confirm {
+                    confirmed: b(2),
+                    confirmed_us: 0
+                }
+            )
+            .is_empty()
+        );
     }
 
     #[test]
     fn a_reconnect_discards_the_unconfirmed_tail_and_resubscribes_from_confirmed() {
         let mut s = Subscriber::new(DatabaseId(1), b(0));
         recv(&mut s, Message::Append(rec(1)));
-        recv(&mut s, Message::Confirm { confirmed: b(1), confirmed_us: 0 });
+        recv(
+            &mut s,
+            Message::Confirm {
+                confirmed: b(1),
+                confirmed_us: 0,
+            },
+        );
         recv(&mut s, Message::Append(rec(2)));
         let a = s.handle(SubscriberEvent::Connected(Source::Leader));
         assert_eq!(a[0], SubscriberAction::DiscardUnconfirmed);
