@@ -89,6 +89,85 @@ fn durable_overwrite_in(
     Ok(samples)
 }
 
+/// Times `iterations` rounds of `files` concurrent durable overwrites on one
+/// disk: each round, every thread overwrites `size_bytes` of its own
+/// preallocated file and calls `fdatasync`; the round's time is when the
+/// `quorum`-th of them finished. This is the storage floor of a quorum whose
+/// followers share one disk (a one-machine cluster), where the flushes
+/// queue behind each other.
+pub fn concurrent_durable_overwrite(
+    dir: &Path,
+    size_bytes: usize,
+    files: usize,
+    quorum: usize,
+    iterations: usize,
+) -> io::Result<Vec<Duration>> {
+    use std::sync::{Arc, Barrier, mpsc};
+    if size_bytes == 0 || files == 0 || quorum == 0 || quorum > files {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "need size_bytes > 0 and 0 < quorum <= files",
+        ));
+    }
+    let file_len = PREALLOC_BYTES.max(size_bytes);
+    let mut handles = Vec::with_capacity(files);
+    for _ in 0..files {
+        let tmp = tempfile::Builder::new()
+            .prefix("floor-concurrent-")
+            .tempfile_in(dir)?;
+        let chunk = vec![0u8; (1 << 20).min(file_len)];
+        let mut at = 0;
+        while at < file_len {
+            let n = chunk.len().min(file_len - at);
+            tmp.as_file().write_all_at(&chunk[..n], at as u64)?;
+            at += n;
+        }
+        tmp.as_file().sync_all()?;
+        handles.push(tmp);
+    }
+    let start_round = Arc::new(Barrier::new(files + 1));
+    let (done_tx, done_rx) = mpsc::channel::<io::Result<Instant>>();
+    let mut threads = Vec::with_capacity(files);
+    for tmp in handles {
+        let (start_round, done_tx) = (Arc::clone(&start_round), done_tx.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut buf = vec![0u8; size_bytes];
+            for i in 0..iterations {
+                start_round.wait();
+                buf.fill((i % 255 + 1) as u8);
+                let offset = overwrite_offset(i, size_bytes, file_len);
+                let r = tmp
+                    .as_file()
+                    .write_all_at(&buf, offset)
+                    .and_then(|()| tmp.as_file().sync_data())
+                    .map(|()| Instant::now());
+                if done_tx.send(r).is_err() {
+                    return;
+                }
+            }
+        }));
+    }
+    drop(done_tx);
+    let mut samples = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        start_round.wait();
+        let started = Instant::now();
+        let mut finished = Vec::with_capacity(files);
+        for _ in 0..files {
+            let at = done_rx
+                .recv()
+                .map_err(|_| io::Error::other("a floor thread died"))??;
+            finished.push(at);
+        }
+        finished.sort_unstable();
+        samples.push(finished[quorum - 1].saturating_duration_since(started));
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    Ok(samples)
+}
+
 /// Offset of the `i`th overwrite: consecutive aligned slots, wrapping.
 fn overwrite_offset(i: usize, size_bytes: usize, file_len: usize) -> u64 {
     let slots = file_len / size_bytes;

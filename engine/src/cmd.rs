@@ -71,12 +71,13 @@ pub fn follower(
     .with_context(|| format!("starting follower in {}", dir.display()))?;
     let r = node.recovery();
     println!(
-        "follower {} listening, log at {} ({} records, {} torn bytes cut, transport {})",
+        "follower {} listening, log at {} ({} records, {} torn bytes cut, transport {}, storage {})",
         node.addr(),
         node.durable(),
         r.records,
         r.cut_bytes,
-        node.backend()
+        node.backend(),
+        node.storage_backend()
     );
     while !stopping() {
         std::thread::sleep(Duration::from_millis(50));

@@ -129,8 +129,13 @@ impl FollowerNode {
     pub fn durable(&self) -> Bookmark {
         self.state.core.lock().follower.durable()
     }
+    /// The transport: "std" or "io_uring".
     pub fn backend(&self) -> &'static str {
         self.state.transport().backend()
+    }
+    /// How the log reaches the disk: "std" or "io_uring".
+    pub fn storage_backend(&self) -> &'static str {
+        self.state.core.lock().log.io_backend()
     }
 }
 

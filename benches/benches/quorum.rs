@@ -1,0 +1,201 @@
+//! Quorum commit against its physical floor, measured in the same run.
+//!
+//! A primary replicates to five followers (W = 3) and one replica, all in
+//! this process over loopback TCP, each follower with its own segment log
+//! on the same disk. Reported:
+//! - commit latency, one session (p50, p99) and its ratio to the floor:
+//!   one 4 KiB overwrite of a preallocated file + fdatasync, plus one 4 KiB
+//!   loopback round trip;
+//! - throughput with 1 and 16 concurrent sessions (group commit);
+//! - confirm lag: the leader's quorum instant to the replica's visibility.
+//!
+//! `cargo bench -p walrelay-benches --bench quorum` (full run);
+//! `-- --test` runs a few iterations only (CI).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use walrelay_benches::floor::{
+    Percentiles, concurrent_durable_overwrite, durable_overwrite, loopback_round_trip, percentiles,
+    quorum_floor,
+};
+use walrelay_engine::replication::{
+    PrimaryConfig, ReplicaConfig, ReplicatedPrimary, ReplicatedReplica,
+};
+use walrelay_engine::{Constraint, ReplicaOptions, Value};
+use walrelay_replicator::DatabaseId;
+use walrelay_replicator::net::Backend;
+use walrelay_replicator::node::follower::{FollowerNode, FollowerNodeConfig};
+
+fn show(name: &str, p: &Percentiles) {
+    println!(
+        "{name:<34} p50 {:>8.1} us   p99 {:>8.1} us   mean {:>8.1} us",
+        p.p50_us, p.p99_us, p.mean_us
+    );
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--test");
+    let (floor_iters, latency_iters, throughput_secs) = if quick {
+        (5, 20, 0.2)
+    } else {
+        (2_000, 3_000, 5.0)
+    };
+    let root = tempfile::tempdir_in(std::env::var("WALRELAY_BENCH_DIR").unwrap_or(".".into()))
+        .or_else(|_| tempfile::tempdir())
+        .expect("tempdir");
+
+    let mut overwrite = durable_overwrite(root.path(), 4096, floor_iters).expect("overwrite floor");
+    let mut rtt = loopback_round_trip(4096, floor_iters).expect("loopback floor");
+    let overwrite = percentiles(&mut overwrite);
+    let rtt = percentiles(&mut rtt);
+    let floor = quorum_floor(&overwrite, &rtt);
+
+    // N can be changed to see how much of the cost is the disk shared by
+    // every follower on this one machine (N=1 isolates the software path).
+    let n: usize = std::env::var("WALRELAY_BENCH_FOLLOWERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let followers: Vec<FollowerNode> = (0..n)
+        .map(|i| {
+            FollowerNode::start(FollowerNodeConfig {
+                database: DatabaseId(1),
+                listen: "127.0.0.1:0".parse().expect("addr"),
+                dir: root.path().join(format!("follower-{i}")),
+                peers: vec![],
+                segment_bytes: 64 << 20,
+                backend: Backend::Auto,
+            })
+            .expect("follower")
+        })
+        .collect();
+    let addrs: Vec<SocketAddr> = followers.iter().map(|f| f.addr()).collect();
+    let mut config = PrimaryConfig::new(root.path().join("primary.db"), addrs.clone());
+    config.listen = Some("127.0.0.1:0".parse().expect("addr"));
+    let primary = Arc::new(ReplicatedPrimary::start(config).expect("primary"));
+    let replica = ReplicatedReplica::start(ReplicaConfig {
+        database: DatabaseId(1),
+        path: root.path().join("replica.db"),
+        leader: primary.replica_addr().expect("listening"),
+        followers: addrs,
+        backend: Backend::Auto,
+        options: ReplicaOptions {
+            durable: false,
+            ..ReplicaOptions::default()
+        },
+    })
+    .expect("replica");
+    println!(
+        "transport {} / follower storage {}",
+        primary.leader().backend(),
+        followers[0].storage_backend()
+    );
+    let s = primary
+        .database()
+        .session(Constraint::FirstPrimary)
+        .expect("session");
+    s.prepare("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")
+        .run()
+        .expect("create");
+    let row = Value::Blob(vec![7u8; 100]);
+
+    // Warm up, then one session's commit latency.
+    for _ in 0..latency_iters / 10 + 1 {
+        s.prepare("INSERT INTO t(v) VALUES (?1)")
+            .bind([row.clone()])
+            .run()
+            .expect("insert");
+    }
+    let _ = replica.node().take_confirm_lags_us();
+    let mut commit = Vec::with_capacity(latency_iters);
+    for _ in 0..latency_iters {
+        let t = Instant::now();
+        s.prepare("INSERT INTO t(v) VALUES (?1)")
+            .bind([row.clone()])
+            .run()
+            .expect("insert");
+        commit.push(t.elapsed());
+    }
+    let commit = percentiles(&mut commit);
+    // The same floor for followers that share this one disk: the W-th of N
+    // concurrent overwrites + fdatasync, plus one round trip.
+    let mut shared = concurrent_durable_overwrite(root.path(), 4096, n, n / 2 + 1, floor_iters)
+        .expect("shared-disk floor");
+    let shared = percentiles(&mut shared);
+    let shared_floor = quorum_floor(&shared, &rtt);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut lags: Vec<Duration> = replica
+        .node()
+        .take_confirm_lags_us()
+        .into_iter()
+        .map(Duration::from_micros)
+        .collect();
+
+    let throughput = |sessions: usize| -> f64 {
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..sessions)
+            .map(|_| {
+                let (p, stop, done, row) = (
+                    Arc::clone(&primary),
+                    Arc::clone(&stop),
+                    Arc::clone(&done),
+                    row.clone(),
+                );
+                std::thread::spawn(move || {
+                    let s = p
+                        .database()
+                        .session(Constraint::FirstPrimary)
+                        .expect("session");
+                    while !stop.load(Ordering::Relaxed) {
+                        s.prepare("INSERT INTO t(v) VALUES (?1)")
+                            .bind([row.clone()])
+                            .run()
+                            .expect("insert");
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        let started = Instant::now();
+        std::thread::sleep(Duration::from_secs_f64(throughput_secs));
+        stop.store(true, Ordering::Relaxed);
+        for t in threads {
+            t.join().expect("writer");
+        }
+        done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+    };
+    let one = throughput(1);
+    let sixteen = throughput(16);
+
+    println!("floors (same run, same disk):");
+    show("  4 KiB overwrite + fdatasync", &overwrite);
+    show("  4 KiB loopback round trip", &rtt);
+    show("  quorum floor (sum)", &floor);
+    show("  W-th of N concurrent overwrites", &shared);
+    show("  shared-disk quorum floor (sum)", &shared_floor);
+    println!("walrelay, W={} of N={n}, one replica:", n / 2 + 1);
+    show("  commit latency, 1 session", &commit);
+    let ratio = commit.ratio_to(&floor);
+    println!(
+        "  commit / floor                   p50 {:>8.2}x     p99 {:>8.2}x   (target p50 <= 1.5x)",
+        ratio.p50_us, ratio.p99_us
+    );
+    let ratio = commit.ratio_to(&shared_floor);
+    println!(
+        "  commit / shared-disk floor       p50 {:>8.2}x     p99 {:>8.2}x",
+        ratio.p50_us, ratio.p99_us
+    );
+    println!("  throughput, 1 session            {one:>10.0} commits/s");
+    println!(
+        "  throughput, 16 sessions          {sixteen:>10.0} commits/s   ({:.2}x one session)",
+        sixteen / one.max(1.0)
+    );
+    if lags.is_empty() {
+        println!("  confirm lag: no samples");
+    } else {
+        show("  confirm lag (quorum -> visible)", &percentiles(&mut lags));
+    }
+}
