@@ -357,6 +357,24 @@ mod tests {
         Bookmark::new(Epoch(e), Sequence(s))
     }
 
+    /// `WALRELAY_WRITE_SEEDS=<dir>` writes one fuzz seed per message kind
+    /// (and one stream of all of them) so the corpus follows the format.
+    #[test]
+    fn fuzz_seeds_follow_the_format() {
+        let Ok(dir) = std::env::var("WALRELAY_WRITE_SEEDS") else {
+            return;
+        };
+        let dir = std::path::Path::new(&dir);
+        std::fs::create_dir_all(dir).expect("seed dir");
+        let mut stream = Vec::new();
+        for (i, m) in all().iter().enumerate() {
+            let frame = m.encode().expect("encode");
+            std::fs::write(dir.join(format!("kind_{i}")), &frame).expect("write seed");
+            stream.extend_from_slice(&frame);
+        }
+        std::fs::write(dir.join("stream_all_kinds"), &stream).expect("write seed");
+    }
+
     fn all() -> Vec<Message> {
         vec![
             Message::Handshake {
