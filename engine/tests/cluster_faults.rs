@@ -85,6 +85,7 @@ impl Drop for Proc {
 }
 
 struct Follower {
+    net: String,
     addr: SocketAddr,
     dir: PathBuf,
     peers: Vec<SocketAddr>,
@@ -108,8 +109,14 @@ impl Follower {
             self.dir.display().to_string(),
             "--peers".into(),
             join(&self.peers),
+            "--net".into(),
+            self.net.clone(),
         ]);
-        p.wait_line("follower listening", |l| l.contains("listening"));
+        let line = p.wait_line("follower listening", |l| l.contains("listening"));
+        assert!(
+            line.contains(&format!("transport {}", self.net)),
+            "wrong transport: {line}"
+        );
         // Listening is printed after bind; make sure it accepts.
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(self.addr).is_err() {
@@ -186,11 +193,21 @@ fn replica_confirmed(p: &Proc) -> Option<Bookmark> {
 }
 
 #[test]
-fn quorum_survives_follower_and_replica_kills_and_a_corrupt_tail() {
+fn over_io_uring_the_quorum_survives_follower_and_replica_kills_and_a_corrupt_tail() {
+    scenario("io_uring");
+}
+
+#[test]
+fn over_std_sockets_the_quorum_survives_follower_and_replica_kills_and_a_corrupt_tail() {
+    scenario("std");
+}
+
+fn scenario(net: &str) {
     let root = tempfile::tempdir().expect("tempdir");
     let addrs: Vec<SocketAddr> = (0..N).map(|_| free_port()).collect();
     let mut followers: Vec<Follower> = (0..N)
         .map(|i| Follower {
+            net: net.to_string(),
             addr: addrs[i],
             dir: root.path().join(format!("f{i}")),
             peers: addrs.iter().filter(|a| **a != addrs[i]).copied().collect(),
@@ -204,6 +221,10 @@ fn quorum_survives_follower_and_replica_kills_and_a_corrupt_tail() {
     config.write_quorum = W;
     config.listen = Some(free_port());
     config.confirm_timeout_ms = 1_500;
+    config.backend = walrelay_replicator::net::Backend::Std;
+    if net == "io_uring" {
+        config.backend = walrelay_replicator::net::Backend::IoUring;
+    }
     let primary = ReplicatedPrimary::start(config).expect("primary");
     let replica_dir = root.path().join("replica");
     let replica_args = vec![
@@ -214,6 +235,8 @@ fn quorum_survives_follower_and_replica_kills_and_a_corrupt_tail() {
         primary.replica_addr().expect("listening").to_string(),
         "--followers".into(),
         join(&addrs),
+        "--net".into(),
+        net.to_string(),
     ];
     let mut replica = Proc::spawn(&replica_args);
     replica.wait_line("replica start", |l| l.contains("following"));

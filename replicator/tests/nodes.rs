@@ -54,6 +54,21 @@ impl Applier for Memory {
 
 #[test]
 fn records_commit_at_three_of_five_and_reach_the_replica() {
+    three_of_five_reach_the_replica(Backend::Std);
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn records_commit_at_three_of_five_and_reach_the_replica_over_io_uring() {
+    if let Err(e) = io_uring::IoUring::new(8) {
+        eprintln!("io_uring unavailable ({e}): skipped");
+        return;
+    }
+    three_of_five_reach_the_replica(Backend::IoUring);
+}
+
+/// A leader, five followers and a replica, all on `backend`.
+fn three_of_five_reach_the_replica(backend: Backend) {
     let dirs: Vec<_> = (0..5).map(|_| tempfile::tempdir().expect("dir")).collect();
     let followers: Vec<FollowerNode> = dirs
         .iter()
@@ -64,7 +79,7 @@ fn records_commit_at_three_of_five_and_reach_the_replica() {
                 dir: d.path().to_path_buf(),
                 peers: vec![],
                 segment_bytes: 1 << 20,
-                backend: Backend::Std,
+                backend,
             })
             .expect("follower")
         })
@@ -79,7 +94,7 @@ fn records_commit_at_three_of_five_and_reach_the_replica() {
         tail_limit_bytes: 1 << 20,
         heartbeat_interval_ms: 5,
         redial_interval_ms: 20,
-        backend: Backend::Std,
+        backend,
     })
     .expect("leader");
     let memory = Arc::new(Memory::default());
@@ -90,11 +105,18 @@ fn records_commit_at_three_of_five_and_reach_the_replica() {
             followers: followers.iter().map(|f| f.addr()).collect(),
             start: Bookmark::ZERO,
             redial_interval_ms: 20,
-            backend: Backend::Std,
+            backend,
         },
         Arc::clone(&memory) as Arc<dyn Applier>,
     )
     .expect("replica");
+    let want = if backend == Backend::IoUring {
+        "io_uring"
+    } else {
+        "std"
+    };
+    assert_eq!(leader.backend(), want);
+    assert!(followers.iter().all(|f| f.backend() == want));
     for s in 1..=300 {
         leader.commit(record(s)).expect("commit");
     }

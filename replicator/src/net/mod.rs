@@ -19,6 +19,8 @@
 //! [`crate::wire::MAX_FRAME_BYTES`] closes its connection.
 
 pub mod std_net;
+#[cfg(target_os = "linux")]
+pub mod uring_net;
 
 use crate::wire::Message;
 use std::io;
@@ -80,10 +82,20 @@ pub fn open(backend: Backend, handler: Arc<dyn NetHandler>) -> io::Result<Arc<dy
     match backend {
         Backend::Std => Ok(Arc::new(std_net::StdTransport::new(handler))),
         Backend::Auto if forced_std => Ok(Arc::new(std_net::StdTransport::new(handler))),
+        #[cfg(target_os = "linux")]
+        Backend::Auto => match uring_net::UringTransport::new(Arc::clone(&handler)) {
+            Ok(t) => Ok(Arc::new(t)),
+            // Refused by the kernel (sysctl, seccomp, too old): run portable.
+            Err(_) => Ok(Arc::new(std_net::StdTransport::new(handler))),
+        },
+        #[cfg(target_os = "linux")]
+        Backend::IoUring => Ok(Arc::new(uring_net::UringTransport::new(handler)?)),
+        #[cfg(not(target_os = "linux"))]
         Backend::Auto => Ok(Arc::new(std_net::StdTransport::new(handler))),
+        #[cfg(not(target_os = "linux"))]
         Backend::IoUring => Err(io::Error::new(
             io::ErrorKind::Unsupported,
-            "the io_uring transport is not built yet",
+            "the io_uring transport is Linux-only",
         )),
     }
 }

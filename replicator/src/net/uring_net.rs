@@ -1,0 +1,1207 @@
+//! The Linux transport: one thread owns an io_uring and does every socket
+//! read and write through it, many requests per `io_uring_enter`.
+//!
+//! Other threads never touch a connected socket: `send` and `close` post a
+//! command to an inbox and wake the ring (a byte on a socket pair the ring
+//! always has a recv on), so they never block on a peer and never call the
+//! handler. Accepting and dialing are blocking, on their own threads as in
+//! [`super::std_net`]; the socket is then handed to the ring.
+//!
+//! Each connection keeps one recv outstanding into its own buffer (frames
+//! are split out of it, no copy) and at most one `sendmsg` of its queued
+//! buffers (an Append's record is one of them, shared, not copied). A send
+//! that makes no progress for [`WRITE_TIMEOUT`], or a queue past
+//! [`MAX_QUEUED_BYTES`], closes the connection: a stalled peer cannot make
+//! its sender's memory grow without bound. `close` lets what was already
+//! sent go out first, then shuts the socket down.
+//!
+//! `accepted`, `connected` and `connect_failed` are called on the
+//! accepting or dialing thread, everything else on the ring thread: a slow
+//! handler (a follower's sync) delays every connection of its transport.
+//!
+//! Soundness rests on one rule: whatever a request points at (a receive
+//! buffer, an iovec array, a msghdr, the tick's timespec, a socket) is owned
+//! by a boxed connection or by the ring state and is neither moved, touched
+//! nor freed until that request's completion has been reaped. A connection
+//! is dropped only with nothing in flight; the ring state is dropped only
+//! once every request has completed, and leaked otherwise (a fatal ring
+//! error, a panicking handler).
+
+use super::std_net::{CONNECT_TIMEOUT, WRITE_TIMEOUT};
+use super::{ConnId, NetHandler, Transport};
+use crate::wire::{FRAME_HEADER_BYTES, MAX_FRAME_BYTES, Message, encode_append};
+use bytes::{Buf, Bytes, BytesMut};
+use io_uring::{IoUring, Probe, opcode, squeue, types};
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
+
+/// Queued (unsent) bytes past which a connection is closed; a single
+/// message of any size is always accepted onto an empty queue.
+pub const MAX_QUEUED_BYTES: u64 = 256 << 20;
+const READ_CHUNK: usize = 256 * 1024;
+/// Below this much free room a receive buffer grows before the next recv.
+const MIN_RECV: usize = 16 * 1024;
+/// The kernel caps one recv near 2 GiB; the result must fit an i32.
+const MAX_RECV: usize = 1 << 30;
+/// The kernel's `UIO_MAXIOV`: a sendmsg with more iovecs fails.
+const MAX_IOVECS: usize = 1024;
+const RING_ENTRIES: u32 = 256;
+/// How often stalled sends are looked for (only while some are in flight).
+const TICK: Duration = Duration::from_millis(500);
+/// Linux's `MSG_NOSIGNAL`: EPIPE instead of SIGPIPE, whatever the host
+/// process does with the signal.
+const MSG_NOSIGNAL: u32 = 0x4000;
+
+// What a completion is for: user_data is `conn << 3 | kind`.
+const WAKE: u64 = 1;
+const TICKED: u64 = 2;
+const RECV: u64 = 3;
+const SEND: u64 = 4;
+const CANCEL: u64 = 5;
+
+fn user_data(conn: ConnId, kind: u64) -> u64 {
+    conn << 3 | kind
+}
+
+/// The kernel's `struct iovec`.
+#[repr(C)]
+struct IoVec {
+    base: *const u8,
+    len: usize,
+}
+
+/// The kernel's `struct user_msghdr`, what `sendmsg` reads (the crate's
+/// opcode wants libc's, which this crate does not link; same layout).
+#[repr(C)]
+struct MsgHdr {
+    name: *mut u8,
+    name_len: u32,
+    iov: *const IoVec,
+    iov_len: usize,
+    control: *mut u8,
+    control_len: usize,
+    flags: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<MsgHdr>() == 7 * std::mem::size_of::<usize>());
+const _: () = assert!(std::mem::size_of::<IoVec>() == 2 * std::mem::size_of::<usize>());
+
+impl MsgHdr {
+    const EMPTY: MsgHdr = MsgHdr {
+        name: std::ptr::null_mut(),
+        name_len: 0,
+        iov: std::ptr::null(),
+        iov_len: 0,
+        control: std::ptr::null_mut(),
+        control_len: 0,
+        flags: 0,
+    };
+}
+
+/// What other threads ask of the ring thread.
+enum Cmd {
+    /// A connected socket; writes may start, reads wait for `Start` (the
+    /// handler learns of the connection first).
+    Add(ConnId, TcpStream),
+    Start(ConnId),
+    /// A frame in one or two parts (header + shared record); may be empty.
+    Send(ConnId, Bytes, Bytes),
+    Close(ConnId),
+    Fail(ConnId, String),
+    /// Reported from the ring thread: the caller of `connect` may hold
+    /// locks the handler takes.
+    ConnectFailed(u64, io::Error),
+    Stop,
+}
+
+struct Inbox {
+    cmds: Vec<Cmd>,
+    /// A wake-up byte was written and the ring has not drained since.
+    woken: bool,
+    /// Set once the ring stops taking commands, with the reason.
+    shut: Option<String>,
+}
+
+struct Shared {
+    handler: Arc<dyn NetHandler>,
+    next: AtomicU64,
+    inbox: Mutex<Inbox>,
+    /// Write end of the wake-up pair (non-blocking).
+    waker: UnixStream,
+    ring_thread: OnceLock<ThreadId>,
+}
+
+impl Shared {
+    /// Queues `cmd` for the ring thread; `Err` (the reason) once it stopped.
+    fn post(&self, cmd: Cmd) -> Result<(), String> {
+        // The ring thread drains the inbox before it waits again: posting
+        // from its own handler calls needs no wake-up.
+        let on_ring = self.ring_thread.get() == Some(&std::thread::current().id());
+        let wake = {
+            let mut inbox = self.inbox.lock();
+            if let Some(why) = &inbox.shut {
+                return Err(why.clone());
+            }
+            inbox.cmds.push(cmd);
+            let wake = !on_ring && !inbox.woken;
+            inbox.woken |= wake;
+            wake
+        };
+        if wake {
+            self.wake();
+        }
+        Ok(())
+    }
+
+    fn wake(&self) {
+        // WouldBlock means the pair is full: a wake-up is pending anyway.
+        let _ = (&self.waker).write(&[1]);
+    }
+
+    fn register(&self, stream: TcpStream) -> io::Result<ConnId> {
+        stream.set_nodelay(true)?;
+        let conn = self.next.fetch_add(1, Ordering::Relaxed);
+        self.post(Cmd::Add(conn, stream))
+            .map_err(io::Error::other)?;
+        Ok(conn)
+    }
+
+    /// After the handler was told of `conn`: start reading it.
+    fn start(&self, conn: ConnId) {
+        if let Err(why) = self.post(Cmd::Start(conn)) {
+            self.handler.closed(conn, Some(why));
+        }
+    }
+}
+
+/// See the module docs.
+pub struct UringTransport {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for UringTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UringTransport")
+            .field("shut", &self.shared.inbox.lock().shut)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UringTransport {
+    /// Sets up the ring and starts its thread. Fails where io_uring is
+    /// unusable (the `io_uring_disabled` sysctl, seccomp, a kernel before
+    /// 5.6), so the caller can fall back to the std transport.
+    pub fn new(handler: Arc<dyn NetHandler>) -> io::Result<UringTransport> {
+        let ring = IoUring::new(RING_ENTRIES)?;
+        // Without NODROP an overflowing completion queue loses completions,
+        // and with them the knowledge that a buffer is free again.
+        if !ring.params().is_feature_nodrop() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "io_uring too old (no IORING_FEAT_NODROP)",
+            ));
+        }
+        let mut probe = Probe::new();
+        ring.submitter().register_probe(&mut probe)?;
+        for code in [
+            opcode::Recv::CODE,
+            opcode::SendMsg::CODE,
+            opcode::AsyncCancel::CODE,
+            opcode::Timeout::CODE,
+        ] {
+            if !probe.is_supported(code) {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("io_uring lacks opcode {code}"),
+                ));
+            }
+        }
+        let (wake_rx, waker) = UnixStream::pair()?;
+        waker.set_nonblocking(true)?;
+        let shared = Arc::new(Shared {
+            handler,
+            next: AtomicU64::new(1),
+            inbox: Mutex::new(Inbox {
+                cmds: Vec::new(),
+                woken: false,
+                shut: None,
+            }),
+            waker,
+            ring_thread: OnceLock::new(),
+        });
+        let for_ring = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("walrelay-uring".into())
+            .spawn(move || Ring::new(ring, for_ring, wake_rx).run())?;
+        Ok(UringTransport { shared })
+    }
+}
+
+impl Drop for UringTransport {
+    fn drop(&mut self) {
+        {
+            let mut inbox = self.shared.inbox.lock();
+            if inbox.shut.is_some() {
+                return;
+            }
+            inbox.shut = Some("transport stopped".into());
+            inbox.cmds.push(Cmd::Stop);
+        }
+        self.shared.wake();
+    }
+}
+
+impl Transport for UringTransport {
+    fn listen(&self, addr: SocketAddr) -> io::Result<SocketAddr> {
+        let listener = TcpListener::bind(addr)?;
+        let bound = listener.local_addr()?;
+        let shared = Arc::clone(&self.shared);
+        std::thread::Builder::new()
+            .name("walrelay-accept".into())
+            .spawn(move || {
+                // Blocking accepts; the thread ends at the first connection
+                // after the transport stopped.
+                for stream in listener.incoming() {
+                    let Ok(stream) = stream else {
+                        // Out of descriptors and the like: do not spin.
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    };
+                    let from = stream
+                        .peer_addr()
+                        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+                    match shared.register(stream) {
+                        Ok(conn) => {
+                            // Announce before reading, so the handler knows
+                            // the connection before its first message.
+                            shared.handler.accepted(conn, from);
+                            shared.start(conn);
+                        }
+                        Err(_) if shared.inbox.lock().shut.is_some() => return,
+                        Err(_) => {}
+                    }
+                }
+            })?;
+        Ok(bound)
+    }
+
+    fn connect(&self, addr: SocketAddr, tag: u64) {
+        let shared = Arc::clone(&self.shared);
+        let spawned = std::thread::Builder::new()
+            .name("walrelay-dial".into())
+            .spawn(move || {
+                match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
+                    .and_then(|s| shared.register(s))
+                {
+                    Ok(conn) => {
+                        shared.handler.connected(conn, tag);
+                        shared.start(conn);
+                    }
+                    Err(e) => shared.handler.connect_failed(tag, e),
+                }
+            });
+        if let Err(e) = spawned {
+            let _ = self.shared.post(Cmd::ConnectFailed(tag, e));
+        }
+    }
+
+    fn send(&self, conn: ConnId, message: &Message) {
+        let cmd = match message {
+            Message::Append(record) => {
+                let (head, body) = encode_append(&record.bytes);
+                Cmd::Send(conn, head, body)
+            }
+            other => match other.encode() {
+                Ok(frame) => Cmd::Send(conn, frame, Bytes::new()),
+                Err(e) => Cmd::Fail(conn, e.to_string()),
+            },
+        };
+        let _ = self.shared.post(cmd);
+    }
+
+    fn close(&self, conn: ConnId) {
+        let _ = self.shared.post(Cmd::Close(conn));
+    }
+
+    fn backend(&self) -> &'static str {
+        "io_uring"
+    }
+}
+
+/// One connection, as the ring thread sees it. Boxed: requests point into
+/// it (`rbuf`'s spare room, `iov`, `msg`), so it must never move.
+struct Conn {
+    stream: TcpStream,
+    /// The handler knows of it: reading may start, `closed` is reported.
+    started: bool,
+    /// `close` was called: deliver nothing more, flush, then shut down.
+    closing: bool,
+    /// Failed or shut down, with the reason to report once nothing is in
+    /// flight.
+    dead: Option<Option<String>>,
+    rbuf: BytesMut,
+    receiving: bool,
+    queue: VecDeque<Bytes>,
+    /// Bytes queued or in flight, not yet taken by the kernel.
+    queued: u64,
+    /// The buffers of the sendmsg in flight (kept alive until it completes).
+    out: Vec<Bytes>,
+    iov: Vec<IoVec>,
+    msg: MsgHdr,
+    sending: bool,
+    sent_at: Instant,
+}
+
+impl Conn {
+    fn new(stream: TcpStream) -> Box<Conn> {
+        Box::new(Conn {
+            stream,
+            started: false,
+            closing: false,
+            dead: None,
+            rbuf: BytesMut::new(),
+            receiving: false,
+            queue: VecDeque::new(),
+            queued: 0,
+            out: Vec::new(),
+            iov: Vec::new(),
+            msg: MsgHdr::EMPTY,
+            sending: false,
+            sent_at: Instant::now(),
+        })
+    }
+}
+
+/// The ring thread's state.
+struct Ring {
+    ring: IoUring,
+    shared: Arc<Shared>,
+    conns: HashMap<ConnId, Box<Conn>>,
+    /// Requests made but not yet in the submission queue (it was full).
+    backlog: VecDeque<squeue::Entry>,
+    /// Requests made whose completion has not been reaped yet.
+    in_flight: u64,
+    wake_rx: UnixStream,
+    wake_buf: Box<[u8; 64]>,
+    tick: Box<types::Timespec>,
+    ticking: bool,
+    /// Connections with a sendmsg in flight.
+    sending: usize,
+    stopping: bool,
+    /// Set when the kernel may still hold requests we can no longer wait
+    /// for: dropping then leaks instead of freeing.
+    leak: bool,
+    cmds: Vec<Cmd>,
+    dirty: Vec<ConnId>,
+    cqes: Vec<(u64, i32)>,
+}
+
+fn retryable(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+    )
+}
+
+/// Hands over every complete frame at the front of `buf`, exactly as the
+/// std transport's reader does; returns whether any was handed over and
+/// whether the stream is still sound.
+fn split_frames(buf: &mut BytesMut, mut deliver: impl FnMut(Message)) -> (bool, io::Result<()>) {
+    let mut handed = false;
+    loop {
+        if buf.len() < FRAME_HEADER_BYTES {
+            return (handed, Ok(()));
+        }
+        let len = u64::from(u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]])) + 4;
+        if len > MAX_FRAME_BYTES {
+            let e = io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("frame of {len} bytes exceeds the limit"),
+            );
+            return (handed, Err(e));
+        }
+        if (buf.len() as u64) < len {
+            // Reserve only once the size is known to be bounded.
+            buf.reserve(len as usize - buf.len());
+            return (handed, Ok(()));
+        }
+        let frame: Bytes = buf.split_to(len as usize).freeze();
+        match Message::decode(&frame) {
+            Ok((message, _)) => {
+                deliver(message);
+                handed = true;
+            }
+            Err(e) => {
+                let e = io::Error::new(io::ErrorKind::InvalidData, e.to_string());
+                return (handed, Err(e));
+            }
+        }
+    }
+}
+
+impl Ring {
+    fn new(ring: IoUring, shared: Arc<Shared>, wake_rx: UnixStream) -> Ring {
+        Ring {
+            ring,
+            shared,
+            conns: HashMap::new(),
+            backlog: VecDeque::new(),
+            in_flight: 0,
+            wake_rx,
+            wake_buf: Box::new([0; 64]),
+            tick: Box::new(types::Timespec::from(TICK)),
+            ticking: false,
+            sending: 0,
+            stopping: false,
+            leak: false,
+            cmds: Vec::new(),
+            dirty: Vec::new(),
+            cqes: Vec::new(),
+        }
+    }
+
+    fn run(mut self) {
+        let _ = self.shared.ring_thread.set(std::thread::current().id());
+        self.arm_wake();
+        loop {
+            self.take_inbox();
+            if self.stopping && self.in_flight == 0 {
+                return; // nothing points into `self` any more
+            }
+            if self.sending > 0 && !self.ticking && !self.stopping {
+                self.arm_tick();
+            }
+            let all_queued = self.fill_sq();
+            // Wait only when everything made so far is submitted.
+            if let Err(e) = self.ring.submit_and_wait(usize::from(all_queued)) {
+                let busy = e.kind() == io::ErrorKind::ResourceBusy; // reap first
+                if !retryable(&e) && !busy {
+                    self.die(e);
+                }
+            }
+            if !self.leak {
+                self.reap();
+            }
+            if self.leak {
+                return; // dropping leaks what the kernel may still use
+            }
+        }
+    }
+
+    fn push(&mut self, entry: squeue::Entry) {
+        self.in_flight += 1;
+        self.backlog.push_back(entry);
+    }
+
+    /// Moves the backlog into the submission queue; false if it filled up.
+    fn fill_sq(&mut self) -> bool {
+        let mut sq = self.ring.submission();
+        while let Some(entry) = self.backlog.front() {
+            // SAFETY: every request points only at memory and sockets owned
+            // by `self` (boxed connections, the wake buffer, the tick) that
+            // stay put and alive until its completion is reaped: see the
+            // module docs.
+            if unsafe { sq.push(entry) }.is_err() {
+                return false;
+            }
+            self.backlog.pop_front();
+        }
+        true
+    }
+
+    fn take_inbox(&mut self) {
+        // Handler calls made here may post more: loop until none are left.
+        loop {
+            let mut cmds = std::mem::take(&mut self.cmds);
+            {
+                let mut inbox = self.shared.inbox.lock();
+                inbox.woken = false;
+                std::mem::swap(&mut inbox.cmds, &mut cmds);
+            }
+            if cmds.is_empty() {
+                self.cmds = cmds;
+                return;
+            }
+            for cmd in cmds.drain(..) {
+                self.command(cmd);
+            }
+            self.cmds = cmds;
+            // One sendmsg per connection for everything posted together.
+            let mut dirty = std::mem::take(&mut self.dirty);
+            for id in dirty.drain(..) {
+                self.start_send(id);
+            }
+            self.dirty = dirty;
+        }
+    }
+
+    fn command(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Add(id, stream) => {
+                self.conns.insert(id, Conn::new(stream));
+            }
+            Cmd::Start(id) => {
+                let Some(conn) = self.conns.get_mut(&id) else {
+                    return;
+                };
+                conn.started = true;
+                if conn.dead.is_some() {
+                    self.finish(id);
+                } else {
+                    self.arm_recv(id);
+                }
+            }
+            Cmd::Send(id, head, body) => self.queue_send(id, [head, body]),
+            Cmd::Close(id) => {
+                if let Some(conn) = self.conns.get_mut(&id) {
+                    conn.closing = true;
+                    self.dirty.push(id); // flushes, then shuts down
+                }
+            }
+            Cmd::Fail(id, why) => self.fail(id, Some(why)),
+            Cmd::ConnectFailed(tag, e) => self.shared.handler.connect_failed(tag, e),
+            Cmd::Stop => self.stop(),
+        }
+    }
+
+    fn stop(&mut self) {
+        self.stopping = true;
+        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        for id in ids {
+            self.fail(id, Some("transport stopped".into()));
+            self.finish(id); // also those that died before being started
+        }
+        let wake = opcode::AsyncCancel::new(user_data(0, WAKE)).build();
+        self.push(wake.user_data(user_data(0, CANCEL)));
+        if self.ticking {
+            let tick = opcode::AsyncCancel::new(user_data(0, TICKED)).build();
+            self.push(tick.user_data(user_data(0, CANCEL)));
+        }
+    }
+
+    fn reap(&mut self) {
+        let mut cqes = std::mem::take(&mut self.cqes);
+        cqes.extend(
+            self.ring
+                .completion()
+                .map(|cqe| (cqe.user_data(), cqe.result())),
+        );
+        for &(data, res) in &cqes {
+            if self.leak {
+                break; // died: nothing more is reported
+            }
+            self.in_flight = self.in_flight.saturating_sub(1);
+            let id = data >> 3;
+            match data & 7 {
+                WAKE => self.woke(res),
+                TICKED => {
+                    self.ticking = false;
+                    self.check_stalls();
+                }
+                RECV => self.received(id, res),
+                SEND => self.sent(id, res),
+                _ => {} // a cancellation's own completion
+            }
+        }
+        cqes.clear();
+        self.cqes = cqes;
+    }
+
+    fn arm_wake(&mut self) {
+        let entry = opcode::Recv::new(
+            types::Fd(self.wake_rx.as_raw_fd()),
+            self.wake_buf.as_mut_ptr(),
+            self.wake_buf.len() as u32,
+        )
+        .build()
+        .user_data(user_data(0, WAKE));
+        self.push(entry);
+    }
+
+    fn woke(&mut self, res: i32) {
+        if self.stopping {
+            return;
+        }
+        if res > 0 || (res < 0 && retryable(&io::Error::from_raw_os_error(-res))) {
+            self.arm_wake();
+        } else {
+            // The pair is broken: nothing could wake this ring again.
+            let e = if res == 0 {
+                io::Error::other("wake-up socket closed")
+            } else {
+                io::Error::from_raw_os_error(-res)
+            };
+            self.die(e);
+        }
+    }
+
+    fn arm_tick(&mut self) {
+        let entry = opcode::Timeout::new(&raw const *self.tick)
+            .build()
+            .user_data(user_data(0, TICKED));
+        self.ticking = true;
+        self.push(entry);
+    }
+
+    fn check_stalls(&mut self) {
+        let stalled: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.sending && c.dead.is_none() && c.sent_at.elapsed() >= WRITE_TIMEOUT)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in stalled {
+            self.fail(id, Some(format!("no write progress in {WRITE_TIMEOUT:?}")));
+        }
+    }
+
+    fn arm_recv(&mut self, id: ConnId) {
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if conn.receiving || conn.dead.is_some() {
+            return;
+        }
+        if conn.rbuf.capacity() - conn.rbuf.len() < MIN_RECV {
+            conn.rbuf.reserve(READ_CHUNK);
+        }
+        let spare = conn.rbuf.spare_capacity_mut();
+        let len = spare.len().min(MAX_RECV) as u32;
+        let entry = opcode::Recv::new(
+            types::Fd(conn.stream.as_raw_fd()),
+            spare.as_mut_ptr().cast(),
+            len,
+        )
+        .build()
+        .user_data(user_data(id, RECV));
+        conn.receiving = true;
+        self.push(entry);
+    }
+
+    fn received(&mut self, id: ConnId, res: i32) {
+        let handler = Arc::clone(&self.shared.handler);
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        conn.receiving = false;
+        if conn.dead.is_some() {
+            return self.finish(id);
+        }
+        if res < 0 {
+            let e = io::Error::from_raw_os_error(-res);
+            if retryable(&e) {
+                return self.arm_recv(id);
+            }
+            return self.fail(id, Some(e.to_string()));
+        }
+        if res == 0 {
+            if conn.closing && conn.sending {
+                return; // what is queued still goes out, then we shut down
+            }
+            return self.fail(id, None); // orderly close by the peer
+        }
+        let room = conn.rbuf.capacity() - conn.rbuf.len();
+        let n = (res as usize).min(room);
+        // SAFETY: the recv was given this spare room, untouched since, and
+        // the kernel reports it initialised its first `n` bytes.
+        unsafe { conn.rbuf.set_len(conn.rbuf.len() + n) };
+        if conn.closing {
+            conn.rbuf.clear(); // closed by us: nothing more is delivered
+            return self.arm_recv(id);
+        }
+        let (handed, sound) = split_frames(&mut conn.rbuf, |m| handler.message(id, m));
+        if handed {
+            // Even before a bad frame: what was handed over gets its sync.
+            handler.drained(id);
+        }
+        match sound {
+            Ok(()) => self.arm_recv(id),
+            Err(e) => self.fail(id, Some(e.to_string())),
+        }
+    }
+
+    fn queue_send(&mut self, id: ConnId, parts: [Bytes; 2]) {
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return; // already gone
+        };
+        if conn.dead.is_some() || conn.closing {
+            return;
+        }
+        let n: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        if conn.queued > 0 && conn.queued + n > MAX_QUEUED_BYTES {
+            let why = format!("over {MAX_QUEUED_BYTES} bytes queued: the peer is not keeping up");
+            return self.fail(id, Some(why));
+        }
+        conn.queued += n;
+        conn.queue
+            .extend(parts.into_iter().filter(|p| !p.is_empty()));
+        if !conn.sending {
+            self.dirty.push(id);
+        }
+    }
+
+    /// Sends what is queued (and the rest of a short send), or, once all is
+    /// sent on a closing connection, shuts it down.
+    fn start_send(&mut self, id: ConnId) {
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if conn.sending || conn.dead.is_some() {
+            return;
+        }
+        while conn.out.len() < MAX_IOVECS {
+            let Some(b) = conn.queue.pop_front() else {
+                break;
+            };
+            conn.out.push(b);
+        }
+        if conn.out.is_empty() {
+            if conn.closing {
+                self.fail(id, None);
+            }
+            return;
+        }
+        conn.iov.clear();
+        conn.iov.extend(conn.out.iter().map(|b| IoVec {
+            base: b.as_ptr(),
+            len: b.len(),
+        }));
+        conn.msg = MsgHdr {
+            iov: conn.iov.as_ptr(),
+            iov_len: conn.iov.len(),
+            ..MsgHdr::EMPTY
+        };
+        let entry = opcode::SendMsg::new(
+            types::Fd(conn.stream.as_raw_fd()),
+            (&raw const conn.msg).cast(),
+        )
+        .flags(MSG_NOSIGNAL)
+        .build()
+        .user_data(user_data(id, SEND));
+        conn.sending = true;
+        conn.sent_at = Instant::now();
+        self.sending += 1;
+        self.push(entry);
+    }
+
+    fn sent(&mut self, id: ConnId, res: i32) {
+        self.sending = self.sending.saturating_sub(1);
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        conn.sending = false;
+        if conn.dead.is_some() {
+            conn.out.clear();
+            return self.finish(id);
+        }
+        if res < 0 {
+            let e = io::Error::from_raw_os_error(-res);
+            if retryable(&e) {
+                return self.start_send(id);
+            }
+            return self.fail(id, Some(e.to_string()));
+        }
+        if res == 0 {
+            return self.fail(id, Some("the socket took no bytes".into()));
+        }
+        let mut n = res as usize;
+        conn.queued = conn.queued.saturating_sub(n as u64);
+        let mut whole = 0;
+        for b in &mut conn.out {
+            if n >= b.len() {
+                n -= b.len();
+                whole += 1;
+            } else {
+                b.advance(n); // a short send: the rest goes next
+                break;
+            }
+        }
+        conn.out.drain(..whole);
+        self.start_send(id);
+    }
+
+    /// Shuts `id` down; `closed` is reported once nothing is in flight.
+    fn fail(&mut self, id: ConnId, reason: Option<String>) {
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if conn.dead.is_some() {
+            return;
+        }
+        conn.dead = Some(reason);
+        // Completes the outstanding recv (EOF) and sendmsg (EPIPE); the
+        // cancellations are for good measure.
+        let _ = conn.stream.shutdown(Shutdown::Both);
+        conn.queue.clear();
+        conn.queued = 0;
+        let (receiving, sending) = (conn.receiving, conn.sending);
+        if receiving {
+            let cancel = opcode::AsyncCancel::new(user_data(id, RECV)).build();
+            self.push(cancel.user_data(user_data(id, CANCEL)));
+        }
+        if sending {
+            let cancel = opcode::AsyncCancel::new(user_data(id, SEND)).build();
+            self.push(cancel.user_data(user_data(id, CANCEL)));
+        }
+        self.finish(id);
+    }
+
+    /// Drops a dead connection with nothing in flight and reports it.
+    fn finish(&mut self, id: ConnId) {
+        let Some(conn) = self.conns.get(&id) else {
+            return;
+        };
+        let idle = !conn.receiving && !conn.sending;
+        if conn.dead.is_none() || !idle || !(conn.started || self.stopping) {
+            return;
+        }
+        let Some(conn) = self.conns.remove(&id) else {
+            return;
+        };
+        if conn.started {
+            self.shared.handler.closed(id, conn.dead.flatten());
+        }
+    }
+
+    /// The ring cannot go on: stop taking commands, report every started
+    /// connection closed, and leave what the kernel may still point at to
+    /// be leaked (`leak`).
+    fn die(&mut self, e: io::Error) {
+        self.leak = true;
+        let why = format!("io_uring failed: {e}");
+        let cmds = {
+            let mut inbox = self.shared.inbox.lock();
+            inbox.shut = Some(why.clone());
+            std::mem::take(&mut inbox.cmds)
+        };
+        // Starts already posted are ours to report; later ones fail to post
+        // and their poster reports them.
+        for cmd in cmds {
+            match cmd {
+                Cmd::Add(id, stream) => {
+                    self.conns.insert(id, Conn::new(stream));
+                }
+                Cmd::Start(id) => {
+                    if let Some(conn) = self.conns.get_mut(&id) {
+                        conn.started = true;
+                    }
+                }
+                Cmd::ConnectFailed(tag, e) => self.shared.handler.connect_failed(tag, e),
+                _ => {}
+            }
+        }
+        let mut started = Vec::new();
+        for (id, conn) in &self.conns {
+            let _ = conn.stream.shutdown(Shutdown::Both);
+            if conn.started {
+                started.push(*id);
+            }
+        }
+        for id in started {
+            self.shared.handler.closed(id, Some(why.clone()));
+        }
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        if self.in_flight == 0 && !self.leak {
+            return;
+        }
+        // A fatal error, or a handler panicked: the kernel may still write
+        // into these, so they must never be freed.
+        let _ = self
+            .shared
+            .inbox
+            .lock()
+            .shut
+            .get_or_insert_with(|| "io_uring thread ended".into());
+        std::mem::forget(std::mem::take(&mut self.conns));
+        std::mem::forget(std::mem::replace(&mut self.wake_buf, Box::new([0; 64])));
+        std::mem::forget(std::mem::replace(
+            &mut self.tick,
+            Box::new(types::Timespec::new()),
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bookmark::{Bookmark, Epoch, Sequence};
+    use crate::record::Record;
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::io::Read;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::mpsc;
+
+    /// The system allocator, remembering the largest request (for the
+    /// test that an oversized length allocates nothing of its size).
+    struct Largest;
+    static LARGEST: AtomicUsize = AtomicUsize::new(0);
+
+    // SAFETY: every call is forwarded unchanged to the system allocator;
+    // only the requested size is recorded.
+    unsafe impl GlobalAlloc for Largest {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+            // SAFETY: the caller's contract for `alloc`, passed on.
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+            // SAFETY: the caller's contract for `alloc_zeroed`, passed on.
+            unsafe { System.alloc_zeroed(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: the caller's contract for `dealloc`, passed on.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            LARGEST.fetch_max(new_size, Ordering::Relaxed);
+            // SAFETY: the caller's contract for `realloc`, passed on.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    #[global_allocator]
+    static ALLOCATOR: Largest = Largest;
+
+    const WAIT: Duration = Duration::from_secs(10);
+
+    #[derive(Debug, PartialEq)]
+    enum Ev {
+        Accepted(ConnId),
+        Connected(ConnId, u64),
+        ConnectFailed(u64),
+        Message(ConnId, Message),
+        Closed(ConnId, Option<String>),
+    }
+
+    /// Forwards events with the thread they were reported on.
+    struct Collect(Mutex<mpsc::Sender<(ThreadId, Ev)>>);
+    impl Collect {
+        fn ev(&self, ev: Ev) {
+            let _ = self.0.lock().send((std::thread::current().id(), ev));
+        }
+    }
+    impl NetHandler for Collect {
+        fn accepted(&self, conn: ConnId, _: SocketAddr) {
+            self.ev(Ev::Accepted(conn));
+        }
+        fn connected(&self, conn: ConnId, tag: u64) {
+            self.ev(Ev::Connected(conn, tag));
+        }
+        fn connect_failed(&self, tag: u64, _: io::Error) {
+            self.ev(Ev::ConnectFailed(tag));
+        }
+        fn message(&self, conn: ConnId, message: Message) {
+            self.ev(Ev::Message(conn, message));
+        }
+        fn closed(&self, conn: ConnId, error: Option<String>) {
+            self.ev(Ev::Closed(conn, error));
+        }
+    }
+
+    type Events = mpsc::Receiver<(ThreadId, Ev)>;
+
+    /// A transport and its events, or None where io_uring is unavailable.
+    fn transport() -> Option<(UringTransport, Events)> {
+        let (tx, rx) = mpsc::channel();
+        match UringTransport::new(Arc::new(Collect(Mutex::new(tx)))) {
+            Ok(t) => Some((t, rx)),
+            Err(e) => {
+                eprintln!("io_uring unavailable ({e}): skipped");
+                None
+            }
+        }
+    }
+
+    fn next(rx: &Events) -> Ev {
+        rx.recv_timeout(WAIT).expect("an event in time").1
+    }
+
+    fn local() -> SocketAddr {
+        "127.0.0.1:0".parse().expect("addr")
+    }
+
+    fn b(s: u64) -> Bookmark {
+        Bookmark::new(Epoch(1), Sequence(s))
+    }
+
+    #[test]
+    fn messages_cross_a_connection_in_order_with_appends_intact() {
+        let Some((server, server_rx)) = transport() else {
+            return;
+        };
+        let Some((client, client_rx)) = transport() else {
+            return;
+        };
+        assert_eq!(client.backend(), "io_uring");
+        let addr = server.listen(local()).expect("listen");
+        client.connect(addr, 7);
+        let Ev::Connected(conn, 7) = next(&client_rx) else {
+            panic!("not connected");
+        };
+        let Ev::Accepted(at_server) = next(&server_rx) else {
+            panic!("not accepted");
+        };
+        let mut sent = Vec::new();
+        for s in 1..=200u64 {
+            let record = Record {
+                bookmark: b(s),
+                previous: b(s - 1),
+                page_size: 4096,
+                db_pages: 3,
+                pages: vec![(2, Bytes::from(vec![s as u8; 4096]))],
+            };
+            let m = Message::Append(record.to_encoded().expect("encode"));
+            client.send(conn, &m);
+            client.send(conn, &Message::Ack { durable: b(s) });
+            sent.push(m);
+            sent.push(Message::Ack { durable: b(s) });
+        }
+        let me = std::thread::current().id();
+        for want in sent {
+            let (thread, got) = server_rx.recv_timeout(WAIT).expect("message");
+            assert_ne!(thread, me);
+            assert_eq!(got, Ev::Message(at_server, want));
+        }
+    }
+
+    #[test]
+    fn an_oversized_length_closes_the_connection_without_allocating_it() {
+        let Some((server, rx)) = transport() else {
+            return;
+        };
+        let addr = server.listen(local()).expect("listen");
+        let mut peer = TcpStream::connect(addr).expect("connect");
+        let Ev::Accepted(conn) = next(&rx) else {
+            panic!("not accepted");
+        };
+        // One byte past the limit, then a version and a kind.
+        let claimed = MAX_FRAME_BYTES + 1 - 4;
+        let mut frame = u32::try_from(claimed).expect("fits").to_be_bytes().to_vec();
+        frame.extend_from_slice(&[1, 2, 0, 0]);
+        peer.write_all(&frame).expect("write");
+        match next(&rx) {
+            Ev::Closed(c, Some(e)) => {
+                assert_eq!(c, conn);
+                assert!(e.contains("exceeds the limit"), "{e}");
+            }
+            other => panic!("expected a closed connection, got {other:?}"),
+        }
+        let largest = LARGEST.load(Ordering::Relaxed) as u64;
+        assert!(largest < MAX_FRAME_BYTES / 2, "allocated {largest} bytes");
+        // The socket was shut down: the peer reads EOF.
+        peer.set_read_timeout(Some(WAIT)).expect("timeout");
+        let mut rest = Vec::new();
+        let _ = peer.read_to_end(&mut rest);
+        assert!(rest.is_empty());
+    }
+
+    #[test]
+    fn a_peer_disconnect_is_reported_closed_once() {
+        let Some((server, rx)) = transport() else {
+            return;
+        };
+        let addr = server.listen(local()).expect("listen");
+        let peer = TcpStream::connect(addr).expect("connect");
+        let Ev::Accepted(conn) = next(&rx) else {
+            panic!("not accepted");
+        };
+        drop(peer);
+        assert_eq!(next(&rx), Ev::Closed(conn, None));
+        // Sending to and closing a gone connection reports nothing more.
+        server.send(conn, &Message::Ack { durable: b(1) });
+        server.close(conn);
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+    }
+
+    #[test]
+    fn close_sends_what_was_queued_then_reports_closed_once() {
+        let Some((server, server_rx)) = transport() else {
+            return;
+        };
+        let Some((client, client_rx)) = transport() else {
+            return;
+        };
+        let addr = server.listen(local()).expect("listen");
+        client.connect(addr, 1);
+        let Ev::Connected(conn, 1) = next(&client_rx) else {
+            panic!("not connected");
+        };
+        let Ev::Accepted(at_server) = next(&server_rx) else {
+            panic!("not accepted");
+        };
+        for s in 1..=50 {
+            client.send(conn, &Message::Ack { durable: b(s) });
+        }
+        client.close(conn);
+        client.send(conn, &Message::Ack { durable: b(99) }); // after close: dropped
+        let me = std::thread::current().id();
+        let (thread, ev) = client_rx.recv_timeout(WAIT).expect("closed");
+        assert_ne!(thread, me, "closed reported on the caller's thread");
+        assert_eq!(ev, Ev::Closed(conn, None));
+        for s in 1..=50 {
+            let want = Message::Ack { durable: b(s) };
+            assert_eq!(next(&server_rx), Ev::Message(at_server, want));
+        }
+        assert_eq!(next(&server_rx), Ev::Closed(at_server, None));
+        assert!(client_rx.recv_timeout(Duration::from_millis(200)).is_err());
+    }
+
+    #[test]
+    fn a_refused_dial_is_reported() {
+        let Some((client, rx)) = transport() else {
+            return;
+        };
+        let port = TcpListener::bind(local())
+            .and_then(|l| l.local_addr())
+            .expect("a free port");
+        client.connect(port, 3);
+        assert_eq!(next(&rx), Ev::ConnectFailed(3));
+    }
+
+    #[test]
+    fn a_peer_that_stops_reading_is_closed_after_the_write_timeout() {
+        let Some((client, rx)) = transport() else {
+            return;
+        };
+        let listener = TcpListener::bind(local()).expect("listen");
+        client.connect(listener.local_addr().expect("addr"), 1);
+        let (_peer, _) = listener.accept().expect("accept"); // never read
+        let Ev::Connected(conn, 1) = next(&rx) else {
+            panic!("not connected");
+        };
+        // Far more than the loopback socket buffers hold.
+        let page = Bytes::from(vec![7u8; 64 * 1024]);
+        for s in 1..=1024u64 {
+            let record = Record {
+                bookmark: b(s),
+                previous: b(s - 1),
+                page_size: 64 * 1024,
+                db_pages: 3,
+                pages: vec![(2, page.clone())],
+            };
+            client.send(conn, &Message::Append(record.to_encoded().expect("encode")));
+        }
+        let started = Instant::now();
+        match next(&rx) {
+            Ev::Closed(c, Some(e)) => {
+                assert_eq!(c, conn);
+                assert!(e.contains("no write progress"), "{e}");
+            }
+            other => panic!("expected a closed connection, got {other:?}"),
+        }
+        assert!(started.elapsed() >= WRITE_TIMEOUT / 2);
+    }
+}
