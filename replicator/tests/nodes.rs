@@ -128,3 +128,87 @@ fn three_of_five_reach_the_replica(backend: Backend) {
     assert!(replica.wait_confirmed(b(300), Duration::from_secs(20)));
     assert_eq!(memory.applied.lock().len(), 300);
 }
+
+#[test]
+fn peers_behind_the_leaders_tail_catch_up_from_followers_then_stream() {
+    let backend = Backend::Auto;
+    let dirs: Vec<_> = (0..5).map(|_| tempfile::tempdir().expect("dir")).collect();
+    // The fifth follower's address is reserved now and started later.
+    let late_addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port");
+    let start = |i: usize, listen, peers: Vec<std::net::SocketAddr>| {
+        FollowerNode::start(FollowerNodeConfig {
+            database: DB,
+            listen,
+            dir: dirs[i].path().to_path_buf(),
+            peers,
+            segment_bytes: 1 << 20,
+            backend,
+        })
+        .expect("follower")
+    };
+    let early: Vec<FollowerNode> = (0..4)
+        .map(|i| start(i, "127.0.0.1:0".parse().expect("addr"), vec![]))
+        .collect();
+    let mut addrs: Vec<_> = early.iter().map(|f| f.addr()).collect();
+    addrs.push(late_addr);
+    let leader = LeaderNode::start(LeaderNodeConfig {
+        database: DB,
+        epoch: Epoch(1),
+        start: Bookmark::ZERO,
+        followers: addrs.clone(),
+        write_quorum: 3,
+        listen: Some("127.0.0.1:0".parse().expect("addr")),
+        // Small: most of the history falls out of the tail.
+        tail_limit_bytes: 64 << 10,
+        heartbeat_interval_ms: 5,
+        redial_interval_ms: 20,
+        backend,
+    })
+    .expect("leader");
+    for s in 1..=200 {
+        leader.commit(record(s)).expect("commit");
+    }
+    leader
+        .wait_confirmed(b(200), Duration::from_secs(20))
+        .expect("confirmed by four followers");
+    // Let the early followers learn the watermark (they serve only
+    // confirmed records).
+    std::thread::sleep(Duration::from_millis(50));
+
+    let late = start(4, late_addr, addrs[..4].to_vec());
+    let memory = Arc::new(Memory::default());
+    let replica = ReplicaNode::start(
+        ReplicaNodeConfig {
+            database: DB,
+            leader: leader.replica_addr().expect("listening"),
+            followers: addrs[..4].to_vec(),
+            start: Bookmark::ZERO,
+            redial_interval_ms: 20,
+            backend,
+        },
+        Arc::clone(&memory) as Arc<dyn Applier>,
+    )
+    .expect("replica");
+    for s in 201..=220 {
+        leader.commit(record(s)).expect("commit");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while late.durable() < b(220) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the late follower is stuck at {}",
+            late.durable()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        replica.wait_confirmed(b(220), Duration::from_secs(20)),
+        "replica stuck at {} ({:?})",
+        replica.confirmed(),
+        replica.last_error()
+    );
+    let applied = memory.applied.lock().clone();
+    assert_eq!(applied, (1..=220).map(b).collect::<Vec<_>>());
+}

@@ -52,6 +52,8 @@ struct Core {
     /// A storage failure stops the follower taking records: acking after
     /// one could claim durability it does not have.
     broken: Option<String>,
+    /// A catch-up source to dial after the lock is released.
+    dial: Option<SocketAddr>,
 }
 
 struct State {
@@ -98,6 +100,7 @@ impl FollowerNode {
                 catching_up: false,
                 next_peer: 0,
                 broken: None,
+                dial: None,
             }),
             transport: OnceLock::new(),
             config,
@@ -190,7 +193,9 @@ impl State {
                         core.catching_up = true;
                         let peer = self.config.peers[core.next_peer % self.config.peers.len()];
                         core.next_peer += 1;
-                        self.transport().connect(peer, 0);
+                        // Dialed once the lock is released: a failed dial
+                        // may be reported on this thread.
+                        core.dial = Some(peer);
                     }
                 }
                 FollowerAction::AbandonCatchUp => {
@@ -274,6 +279,11 @@ impl NetHandler for State {
         let actions = core.follower.handle(event);
         let reply = (kind != Some(Conn::CatchUpSource)).then_some(conn);
         self.run(&mut core, reply, actions);
+        let dial = core.dial.take();
+        drop(core);
+        if let Some(peer) = dial {
+            self.transport().connect(peer, 0);
+        }
     }
 
     fn drained(&self, _conn: ConnId) {

@@ -271,13 +271,22 @@ impl State {
     }
 
     fn redial(&self) {
-        let mut core = self.core.lock();
-        for i in 0..self.config.followers.len() {
-            if core.follower_conn[i].is_none() && !core.dialing[i] {
-                core.dialing[i] = true;
-                if let Some(t) = self.transport.get() {
-                    t.connect(self.config.followers[i], i as u64);
+        let due: Vec<usize> = {
+            let mut core = self.core.lock();
+            let mut due = Vec::new();
+            for i in 0..self.config.followers.len() {
+                if core.follower_conn[i].is_none() && !core.dialing[i] {
+                    core.dialing[i] = true;
+                    due.push(i);
                 }
+            }
+            due
+        };
+        // Dial outside the lock: a transport may report a failed dial on
+        // this thread, and that report takes the lock.
+        if let Some(t) = self.transport.get() {
+            for i in due {
+                t.connect(self.config.followers[i], i as u64);
             }
         }
     }

@@ -159,22 +159,26 @@ impl State {
 
     /// Dials the leader, or a follower when a catch-up is due.
     fn dial(&self) {
-        let mut core = self.core.lock();
-        let links = &mut core.1;
-        if links.dialing || links.leader.is_some() || links.follower.is_some() {
-            return;
-        }
         let Some(t) = self.transport.get() else {
             return;
         };
-        links.dialing = true;
-        if links.need_catch_up && !self.config.followers.is_empty() {
-            let f = self.config.followers[links.next_follower % self.config.followers.len()];
-            links.next_follower += 1;
-            t.connect(f, FOLLOWER_TAG);
-        } else {
-            t.connect(self.config.leader, LEADER_TAG);
-        }
+        let (addr, tag) = {
+            let mut core = self.core.lock();
+            let links = &mut core.1;
+            if links.dialing || links.leader.is_some() || links.follower.is_some() {
+                return;
+            }
+            links.dialing = true;
+            if links.need_catch_up && !self.config.followers.is_empty() {
+                let f = self.config.followers[links.next_follower % self.config.followers.len()];
+                links.next_follower += 1;
+                (f, FOLLOWER_TAG)
+            } else {
+                (self.config.leader, LEADER_TAG)
+            }
+        };
+        // Outside the lock: a failed dial may be reported on this thread.
+        t.connect(addr, tag);
     }
 
     fn conn_of(links: &Links, source: Source) -> Option<ConnId> {
