@@ -28,7 +28,7 @@
 //! from the leader or a peer.
 
 use crate::bookmark::Bookmark;
-use crate::record::{Record, RecordError};
+use crate::record::{Encoded, Record, RecordError};
 use bytes::Bytes;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -331,10 +331,18 @@ impl SegmentLog {
     /// writes it). It must follow the log: its `previous` is the log's last
     /// bookmark.
     pub fn append(&mut self, record: &Bytes) -> Result<(), SegmentError> {
+        let (r, _) = Encoded::decode(record)?;
+        self.append_encoded(&r)
+    }
+
+    /// Appends a record already validated as [`Encoded`] (by the wire
+    /// decoder): no second CRC pass over its bytes.
+    pub fn append_encoded(&mut self, r: &Encoded) -> Result<(), SegmentError> {
         if self.failed {
             return Err(SegmentError::Failed);
         }
-        let (r, used) = Record::decode(record)?;
+        let used = r.bytes.len();
+        let record = &r.bytes;
         let len = used as u64;
         if r.previous != self.last() {
             return Err(SegmentError::Discontinuous {

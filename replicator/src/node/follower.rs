@@ -160,7 +160,7 @@ impl State {
                     }
                 }
                 FollowerAction::Append(record) => {
-                    if let Err(err) = core.log.append(&record.bytes) {
+                    if let Err(err) = core.log.append_encoded(&record) {
                         core.broken = Some(err.to_string());
                         return;
                     }
