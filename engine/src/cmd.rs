@@ -8,6 +8,7 @@
 
 use anyhow::{Context, Result, bail};
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::sync::Arc;
@@ -316,8 +317,24 @@ pub fn up(a: UpArgs) -> Result<()> {
         dir.display()
     );
     let spawn = |args: Vec<String>| -> Result<Child> {
-        Command::new(&exe)
-            .args(&args)
+        let mut command = Command::new(&exe);
+        command.args(&args);
+        // Own process group: a terminal's Ctrl-C reaches only `up`, which
+        // then stops the primary first (it waits for its last commits to be
+        // confirmed, which needs the followers still up) and the rest after.
+        command.process_group(0);
+        // SAFETY: the closure runs in the child between fork and exec and
+        // calls only prctl(2), which is async-signal-safe; it asks the
+        // kernel to SIGTERM the child if `up` dies without stopping it.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        command
             .spawn()
             .with_context(|| format!("spawning {args:?}"))
     };
