@@ -98,6 +98,9 @@ pub enum CloseReason {
     Diverged,
     /// The peer serves another database or spoke out of turn.
     Protocol,
+    /// The peer refused an append as a gap: reconnect, and resume from the
+    /// position its handshake reports.
+    Resync,
 }
 
 /// What the leader asks its IO to do, in order.
@@ -130,8 +133,6 @@ enum Kind {
 struct Peer {
     kind: Kind,
     streaming: bool,
-    /// A gap was refused: resend from the next acknowledged position.
-    resync: bool,
 }
 
 /// One leader's protocol state.
@@ -262,7 +263,6 @@ impl Leader {
                     Peer {
                         kind: Kind::Follower(index),
                         streaming: false,
-                        resync: false,
                     },
                 );
                 Self::send(
@@ -282,7 +282,6 @@ impl Leader {
                     Peer {
                         kind: Kind::Replica,
                         streaming: false,
-                        resync: false,
                     },
                 );
             }
@@ -348,7 +347,7 @@ impl Leader {
         let refuse = match reason {
             CloseReason::Behind => RefuseReason::Behind,
             CloseReason::Diverged => RefuseReason::Diverged,
-            CloseReason::Protocol => RefuseReason::WrongDatabase,
+            CloseReason::Protocol | CloseReason::Resync => RefuseReason::WrongDatabase,
         };
         Self::send(
             out,
@@ -421,27 +420,20 @@ impl Leader {
                     self.peers.remove(&peer);
                     return;
                 }
-                if state.resync {
-                    if let Some(p) = self.peers.get_mut(&peer) {
-                        p.resync = false;
-                    }
-                    match self.locate(durable) {
-                        Ok(from) => self.stream_from(peer, from, out),
-                        Err(reason) => {
-                            self.refuse_and_close(peer, reason, out);
-                            self.peers.remove(&peer);
-                            return;
-                        }
-                    }
-                }
                 self.ack(index, durable, out);
             }
             (_, Message::Refuse { epoch, reason }) => match reason {
                 RefuseReason::StaleEpoch if epoch > self.config.epoch => self.fence(epoch, out),
                 RefuseReason::Gap => {
-                    if let Some(p) = self.peers.get_mut(&peer) {
-                        p.resync = true;
-                    }
+                    // Resending on this connection would race the appends
+                    // still in flight (each would refuse again and ask for
+                    // another resend). A fresh connection resumes cleanly
+                    // from the position its handshake reports.
+                    out.push(LeaderAction::Close {
+                        peer,
+                        reason: CloseReason::Resync,
+                    });
+                    self.peers.remove(&peer);
                 }
                 _ => {
                     out.push(LeaderAction::Close {

@@ -2,7 +2,8 @@
 //! replica, driven through the same sans-IO cores the real transport
 //! drives. Connections are FIFO (like TCP) but deliveries across
 //! connections interleave at random; followers crash (losing unsynced
-//! appends and their connection) and restart; syncs complete late.
+//! appends and their connection) and restart; syncs complete late; the
+//! replica's connection breaks, losing what was in flight, and reconnects.
 //!
 //! Checked after every step:
 //! - the confirmed watermark never moves back and never passes the last
@@ -18,9 +19,9 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::VecDeque;
 use walrelay_replicator::{
-    Bookmark, DatabaseId, Encoded, Epoch, Follower, FollowerAction, FollowerEvent, Leader,
-    LeaderAction, LeaderConfig, LeaderEvent, Message, PeerId, Record, Sequence, Source, Subscriber,
-    SubscriberAction, SubscriberEvent,
+    Bookmark, CloseReason, DatabaseId, Encoded, Epoch, Follower, FollowerAction, FollowerEvent,
+    Leader, LeaderAction, LeaderConfig, LeaderEvent, Message, PeerId, Record, Sequence, Source,
+    Subscriber, SubscriberAction, SubscriberEvent,
 };
 
 const DB: DatabaseId = DatabaseId(42);
@@ -55,6 +56,8 @@ struct SimFollower {
     pending_syncs: VecDeque<Bookmark>,
     /// Connection generation, so messages of a dead connection are dropped.
     conn: u64,
+    /// The leader sent it away: catch up from a peer, then reconnect.
+    behind: bool,
 }
 
 impl SimFollower {
@@ -70,6 +73,11 @@ enum Wire {
     Follower(usize, u64, Message),
     Leader(PeerId, u64, Message),
     Replica(Message),
+    /// The leader closed its connection to follower i (generation conn);
+    /// whether to redial.
+    Close(usize, u64, bool),
+    /// The leader closed its connection to the replica.
+    CloseReplica,
 }
 
 struct Sim {
@@ -83,6 +91,12 @@ struct Sim {
     queues: Vec<VecDeque<Wire>>,
     issued: Vec<Encoded>,
     confirmed: Bookmark,
+    /// The last message the replica got (for failure reports).
+    replica_last: &'static str,
+    replica_reconnect: bool,
+    replica_behind: bool,
+    /// Messages delivered to the leader, by sender and kind (reports).
+    delivered: std::collections::BTreeMap<(String, &'static str), u64>,
 }
 
 // Queues 0..N: leader to follower i; N..2N: follower i to leader; 2N: to
@@ -108,6 +122,7 @@ impl Sim {
                 up: true,
                 pending_syncs: VecDeque::new(),
                 conn: 0,
+                behind: false,
             })
             .collect();
         let mut sim = Sim {
@@ -120,6 +135,10 @@ impl Sim {
             queues: (0..2 * N + 2).map(|_| VecDeque::new()).collect(),
             issued: Vec::new(),
             confirmed: b(0),
+            replica_last: "",
+            replica_reconnect: false,
+            replica_behind: false,
+            delivered: Default::default(),
         };
         for i in 0..N {
             sim.connect_follower(i);
@@ -167,13 +186,18 @@ impl Sim {
                     let holders = self.followers.iter().filter(|f| f.durable() >= c).count();
                     assert!(holders >= W, "{c} confirmed but durable on {holders}");
                 }
-                LeaderAction::Close { peer, .. } => {
+                LeaderAction::Close { peer, .. } if peer == REPLICA_PEER => {
+                    self.queues[2 * N].push_back(Wire::CloseReplica);
+                }
+                LeaderAction::Close { peer, reason } => {
+                    // Like a socket shutdown: what was sent before still
+                    // arrives, then the connection ends. The runtime redials
+                    // a follower it closed, except one sent away to catch
+                    // up (it reconnects after catching up).
                     let i = (peer.0 >> 32) as usize;
-                    if i < N {
-                        self.followers[i].conn += 1; // drop the connection
-                        let a = self.leader.handle(LeaderEvent::Disconnected { peer });
-                        self.leader_actions(a);
-                    }
+                    let conn = peer.0 & 0xffff_ffff;
+                    let redial = reason != CloseReason::Behind;
+                    self.queues[i].push_back(Wire::Close(i, conn, redial));
                 }
                 LeaderAction::Fenced(e) => panic!("fenced by {e} with one leader"),
             }
@@ -198,9 +222,9 @@ impl Sim {
                     let peer = Self::peer(i, f.conn);
                     self.queues[N + i].push_back(Wire::Leader(peer, f.conn, m));
                 }
-                FollowerAction::ServeCatchUp { .. }
-                | FollowerAction::CatchUpFromPeer { .. }
-                | FollowerAction::AbandonCatchUp => {}
+                FollowerAction::CatchUpFromPeer { .. } => f.behind = true,
+                // Served synchronously by `serve_catch_up`.
+                FollowerAction::ServeCatchUp { .. } | FollowerAction::AbandonCatchUp => {}
             }
         }
     }
@@ -226,12 +250,24 @@ impl Sim {
                         "replica history differs"
                     );
                 }
-                SubscriberAction::Send(_, m) => {
+                SubscriberAction::Send(Source::Leader, m) => {
                     self.queues[2 * N + 1].push_back(Wire::Leader(REPLICA_PEER, 0, m))
                 }
-                SubscriberAction::Close(_)
-                | SubscriberAction::CatchUpFromFollower
-                | SubscriberAction::Refused(_) => panic!("replica dropped: {a:?}"),
+                // Catch-up is served synchronously (`reconnect_pending`).
+                SubscriberAction::Send(Source::Follower, _) => {}
+                SubscriberAction::Close(Source::Leader) => {
+                    self.drop_replica_connection();
+                    self.replica_reconnect = true;
+                }
+                // The catch-up stream is served synchronously.
+                SubscriberAction::Close(Source::Follower) => {}
+                SubscriberAction::CatchUpFromFollower => self.replica_behind = true,
+                SubscriberAction::Refused(_) => panic!(
+                    "replica dropped: {a:?} after {} (replica at {}, leader confirmed {})",
+                    self.replica_last,
+                    self.replica.appended(),
+                    self.confirmed
+                ),
             }
         }
     }
@@ -242,6 +278,122 @@ impl Sim {
     }
 
     fn step_with(&mut self, choice: u32) {
+        self.step_inner(choice);
+        self.reconnect_pending();
+    }
+
+    /// Follower `j`'s answer to a catch-up request from `from`: the
+    /// records it streams and the bookmark it says it caught up to.
+    fn serve_catch_up(&mut self, j: usize, from: Bookmark) -> Option<(Vec<Encoded>, Bookmark)> {
+        if !self.followers[j].up {
+            return None;
+        }
+        let actions = self.followers[j]
+            .core
+            .handle(FollowerEvent::Received(Message::CatchUp { from }));
+        for a in actions {
+            match a {
+                FollowerAction::ServeCatchUp { after, upto } => {
+                    let f = &self.followers[j];
+                    let records = f.log[..f.durable_len]
+                        .iter()
+                        .filter(|r| r.bookmark > after && r.bookmark <= upto)
+                        .cloned()
+                        .collect();
+                    return Some((records, upto));
+                }
+                FollowerAction::Send(Message::CatchUpDone { upto }) => {
+                    return Some((Vec::new(), upto));
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    fn drop_replica_connection(&mut self) {
+        self.queues[2 * N].clear();
+        self.queues[2 * N + 1].clear();
+        let a = self
+            .leader
+            .handle(LeaderEvent::Disconnected { peer: REPLICA_PEER });
+        self.leader_actions(a);
+        let a = self
+            .replica
+            .handle(SubscriberEvent::Disconnected(Source::Leader));
+        self.replica_actions(a);
+    }
+
+    /// Peers sent away by the leader catch up from a random live follower
+    /// (synchronously) and reconnect.
+    fn reconnect_pending(&mut self) {
+        for i in 0..N {
+            if !(self.followers[i].behind && self.followers[i].up) {
+                continue;
+            }
+            let j = self.rng.random_range(0..N);
+            if j == i {
+                continue;
+            }
+            let from = self.followers[i].core.last_appended();
+            let Some((records, upto)) = self.serve_catch_up(j, from) else {
+                continue;
+            };
+            for r in records {
+                let a = self.followers[i]
+                    .core
+                    .handle(FollowerEvent::CatchUpRecord(r));
+                self.follower_actions(i, a);
+            }
+            let a = self.followers[i]
+                .core
+                .handle(FollowerEvent::CatchUpDone { upto });
+            self.follower_actions(i, a);
+            self.followers[i].behind = false;
+            self.connect_follower(i);
+        }
+        if self.replica_behind {
+            let j = self.rng.random_range(0..N);
+            let a = self
+                .replica
+                .handle(SubscriberEvent::Connected(Source::Follower));
+            self.replica_actions(a);
+            let from = self.replica.confirmed();
+            if let Some((records, upto)) = self.serve_catch_up(j, from) {
+                for r in records {
+                    let a = self.replica.handle(SubscriberEvent::Received(
+                        Source::Follower,
+                        Message::Append(r),
+                    ));
+                    self.replica_actions(a);
+                }
+                let a = self.replica.handle(SubscriberEvent::Received(
+                    Source::Follower,
+                    Message::CatchUpDone { upto },
+                ));
+                self.replica_actions(a);
+                self.replica_behind = false;
+                self.replica_reconnect = true;
+            }
+            let a = self
+                .replica
+                .handle(SubscriberEvent::Disconnected(Source::Follower));
+            self.replica_actions(a);
+        }
+        if self.replica_reconnect && !self.replica_behind {
+            self.replica_reconnect = false;
+            let a = self
+                .leader
+                .handle(LeaderEvent::ReplicaConnected { peer: REPLICA_PEER });
+            self.leader_actions(a);
+            let a = self
+                .replica
+                .handle(SubscriberEvent::Connected(Source::Leader));
+            self.replica_actions(a);
+        }
+    }
+
+    fn step_inner(&mut self, choice: u32) {
         match choice {
             0..25 => {
                 let s = self.issued.len() as u64 + 1;
@@ -272,13 +424,35 @@ impl Sim {
                             self.followers[i].up && self.followers[i].conn == conn
                         };
                         if live {
+                            let sender = if peer == REPLICA_PEER {
+                                "replica".to_string()
+                            } else {
+                                format!("f{}", peer.0 >> 32)
+                            };
+                            *self.delivered.entry((sender, kind(&m))).or_insert(0) += 1;
                             let a = self
                                 .leader
                                 .handle(LeaderEvent::Received { peer, message: m });
                             self.leader_actions(a);
                         }
                     }
+                    Wire::Close(i, conn, redial) => {
+                        if self.followers[i].conn == conn {
+                            self.followers[i].conn += 1;
+                            let peer = Self::peer(i, conn);
+                            let a = self.leader.handle(LeaderEvent::Disconnected { peer });
+                            self.leader_actions(a);
+                            if redial && self.followers[i].up {
+                                self.connect_follower(i);
+                            }
+                        }
+                    }
+                    Wire::CloseReplica => {
+                        self.drop_replica_connection();
+                        self.replica_reconnect = true;
+                    }
                     Wire::Replica(m) => {
+                        self.replica_last = kind(&m);
                         let a = self
                             .replica
                             .handle(SubscriberEvent::Received(Source::Leader, m));
@@ -321,6 +495,13 @@ impl Sim {
                     self.connect_follower(i);
                 }
             }
+            98 => {
+                // The replica's connection breaks (in-flight messages both
+                // ways are lost) and it reconnects.
+                self.drop_replica_connection();
+                assert_eq!(self.replica.appended(), self.replica.confirmed());
+                self.replica_reconnect = true;
+            }
             _ => {
                 let a = self.leader.handle(LeaderEvent::Tick {
                     now_us: self.rng.random_range(0..1_000_000),
@@ -350,7 +531,56 @@ impl Sim {
             let choice = self.rng.random_range(25..90);
             self.step_with(choice);
         }
-        panic!("did not settle");
+        let state: Vec<String> = self
+            .followers
+            .iter()
+            .map(|f| {
+                format!(
+                    "up={} behind={} durable={} appended={} pending_syncs={}",
+                    f.up,
+                    f.behind,
+                    f.durable(),
+                    f.core.last_appended(),
+                    f.pending_syncs.len()
+                )
+            })
+            .collect();
+        let mut kinds = std::collections::BTreeMap::new();
+        for q in &self.queues {
+            for w in q.iter().take(100_000) {
+                let k = match w {
+                    Wire::Follower(i, _, m) => format!("to f{i} {}", kind(m)),
+                    Wire::Leader(p, _, m) => format!("to leader from {} {}", p.0 >> 32, kind(m)),
+                    Wire::Replica(m) => format!("to replica {}", kind(m)),
+                    Wire::Close(i, _, _) => format!("close f{i}"),
+                    Wire::CloseReplica => "close replica".into(),
+                };
+                *kinds.entry(k).or_insert(0) += 1;
+            }
+        }
+        eprintln!("queued kinds: {kinds:#?}");
+        eprintln!("delivered to the leader: {:#?}", self.delivered);
+        panic!(
+            "did not settle: leader last {} confirmed {}; replica {} behind={}; followers {state:#?}; queued {:?}",
+            self.leader.last(),
+            self.confirmed,
+            self.replica.confirmed(),
+            self.replica_behind,
+            self.queues.iter().map(|q| q.len()).collect::<Vec<_>>()
+        );
+    }
+}
+
+fn kind(m: &Message) -> &'static str {
+    match m {
+        Message::Handshake { .. } => "handshake",
+        Message::Append(_) => "append",
+        Message::Ack { .. } => "ack",
+        Message::Confirm { .. } => "confirm",
+        Message::CatchUp { .. } => "catch-up",
+        Message::CatchUpDone { .. } => "catch-up-done",
+        Message::Heartbeat { .. } => "heartbeat",
+        Message::Refuse { .. } => "refuse",
     }
 }
 
