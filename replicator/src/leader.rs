@@ -230,14 +230,7 @@ impl Leader {
             });
         }
         let mut out = Vec::new();
-        let mut ids: Vec<PeerId> = self
-            .peers
-            .iter()
-            .filter(|(_, p)| p.streaming)
-            .map(|(id, _)| *id)
-            .collect();
-        ids.sort_unstable(); // deterministic order for the simulator
-        for id in ids {
+        for id in self.streaming_ids() {
             Self::send(&mut out, id, Message::Append(record.clone()));
         }
         self.last = record.bookmark;
@@ -319,7 +312,7 @@ impl Leader {
             .filter(|(_, p)| p.streaming)
             .map(|(id, _)| *id)
             .collect();
-        ids.sort_unstable();
+        ids.sort_unstable(); // deterministic order for the simulator
         ids
     }
 

@@ -66,6 +66,20 @@ pub trait Transport: Send + Sync {
     fn backend(&self) -> &'static str;
 }
 
+/// Dials `addr` on a short-lived thread, so a slow connect never stalls
+/// the caller, and hands the outcome to `then` there. Errs only if the
+/// thread cannot be started (`then` is then never called).
+pub(crate) fn dial_in_background(
+    addr: SocketAddr,
+    timeout: std::time::Duration,
+    then: impl FnOnce(io::Result<std::net::TcpStream>) + Send + 'static,
+) -> io::Result<()> {
+    std::thread::Builder::new()
+        .name("walrelay-dial".into())
+        .spawn(move || then(std::net::TcpStream::connect_timeout(&addr, timeout)))
+        .map(|_| ())
+}
+
 /// Which transport to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {

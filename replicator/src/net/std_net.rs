@@ -160,19 +160,15 @@ impl Transport for StdTransport {
 
     fn connect(&self, addr: SocketAddr, tag: u64) {
         let shared = Arc::clone(&self.shared);
-        let spawned = std::thread::Builder::new()
-            .name("walrelay-dial".into())
-            .spawn(move || {
-                match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
-                    .and_then(|s| shared.register(s))
-                {
-                    Ok(conn) => {
-                        shared.handler.connected(conn, tag);
-                        shared.start_reader(conn);
-                    }
-                    Err(e) => shared.handler.connect_failed(tag, e),
-                }
-            });
+        let spawned = super::dial_in_background(addr, CONNECT_TIMEOUT, move |stream| match stream
+            .and_then(|s| shared.register(s))
+        {
+            Ok(conn) => {
+                shared.handler.connected(conn, tag);
+                shared.start_reader(conn);
+            }
+            Err(e) => shared.handler.connect_failed(tag, e),
+        });
         if let Err(e) = spawned {
             self.shared.handler.connect_failed(tag, e);
         }

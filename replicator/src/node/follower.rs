@@ -11,7 +11,7 @@ use crate::bookmark::Bookmark;
 use crate::epoch_file;
 use crate::follower::{Follower, FollowerAction, FollowerEvent};
 use crate::ids::DatabaseId;
-use crate::net::{self, Backend, ConnId, NetHandler, Transport};
+use crate::net::{Backend, ConnId, NetHandler, Transport};
 use crate::segments::{Recovery, SegmentLog};
 use crate::wire::{Message, Role};
 use parking_lot::Mutex;
@@ -105,14 +105,11 @@ impl FollowerNode {
             transport: OnceLock::new(),
             config,
         });
-        let transport = net::open(
+        let transport = super::open_transport(
             state.config.backend,
             Arc::clone(&state) as Arc<dyn NetHandler>,
-        )
-        .map_err(|e| NodeError::Io(e.to_string()))?;
-        // Set before listening: an accepted connection may reach the
-        // handler at once.
-        let _ = state.transport.set(Arc::clone(&transport));
+            &state.transport,
+        )?;
         let addr = transport
             .listen(state.config.listen)
             .map_err(|e| NodeError::Io(format!("listen on {}: {e}", state.config.listen)))?;

@@ -11,7 +11,7 @@ use super::NodeError;
 use crate::bookmark::{Bookmark, Epoch};
 use crate::ids::DatabaseId;
 use crate::leader::{Leader, LeaderAction, LeaderConfig, LeaderError, LeaderEvent, PeerId};
-use crate::net::{self, Backend, ConnId, NetHandler, Transport};
+use crate::net::{Backend, ConnId, NetHandler, Transport};
 use crate::record::Encoded;
 use crate::wire::Message;
 use parking_lot::{Condvar, Mutex};
@@ -131,14 +131,11 @@ impl LeaderNode {
             started: Instant::now(),
             config,
         });
-        let transport = net::open(
+        let transport = super::open_transport(
             state.config.backend,
             Arc::clone(&state) as Arc<dyn NetHandler>,
-        )
-        .map_err(|e| NodeError::Io(e.to_string()))?;
-        // Set before listening: an accepted connection may reach the
-        // handler at once.
-        let _ = state.transport.set(Arc::clone(&transport));
+            &state.transport,
+        )?;
         let replica_addr = match state.config.listen {
             Some(addr) => Some(
                 transport

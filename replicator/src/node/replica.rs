@@ -6,7 +6,7 @@
 use super::NodeError;
 use crate::bookmark::Bookmark;
 use crate::ids::DatabaseId;
-use crate::net::{self, Backend, ConnId, NetHandler, Transport};
+use crate::net::{Backend, ConnId, NetHandler, Transport};
 use crate::record::Encoded;
 use crate::subscriber::{Source, Subscriber, SubscriberAction, SubscriberEvent};
 use crate::wire::Message;
@@ -93,12 +93,11 @@ impl ReplicaNode {
             lags_us: Mutex::new(Vec::new()),
             config,
         });
-        let transport = net::open(
+        super::open_transport(
             state.config.backend,
             Arc::clone(&state) as Arc<dyn NetHandler>,
-        )
-        .map_err(|e| NodeError::Io(e.to_string()))?;
-        let _ = state.transport.set(transport);
+            &state.transport,
+        )?;
         state.dial();
         let weak = Arc::downgrade(&state);
         std::thread::Builder::new()
