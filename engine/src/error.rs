@@ -38,7 +38,9 @@ pub enum SessionError {
 }
 
 /// Why a statement or batch failed. A failed statement or batch changed
-/// nothing: its transaction was rolled back.
+/// nothing (its transaction was rolled back), with one exception:
+/// `NotConfirmed`, where the write committed locally and its outcome is
+/// decided by whether followers return (an ambiguous commit).
 #[derive(Debug, thiserror::Error)]
 pub enum QueryError {
     #[error("SQL error: {message}")]

@@ -25,6 +25,10 @@
 //!   transaction atomically when it is confirmed (`confirm`); it refuses
 //!   writes. [`pair`] wires an in-process primary to a fresh replica,
 //!   confirming every commit at once.
+//! - With an output gate ([`CommitGate`], set by
+//!   [`replication::ReplicatedPrimary`]), every result — reads on the
+//!   primary included — is released only once the state it reflects is
+//!   confirmed by a quorum of followers; later writes commit meanwhile.
 //! - The engine runs checkpoints (PASSIVE past a threshold, or on request);
 //!   SQLite's automatic checkpoints are off.
 //!

@@ -1,0 +1,173 @@
+//! The output gate, with a gate this test controls: results wait for
+//! their confirmation while later writes keep committing (pipelining);
+//! reads wait for the state they saw; a gate that gives up turns into a
+//! typed error; a write the gate does not admit never runs.
+
+use parking_lot::{Condvar, Mutex};
+use std::sync::Arc;
+use std::time::Duration;
+use walrelay_engine::{
+    Bookmark, CapturedTransaction, CommitGate, Constraint, Database, GateError, Options,
+    QueryError, TransactionSink,
+};
+
+/// Confirms only what the test releases; refuses writes while `closed`.
+#[derive(Default)]
+struct Gate {
+    confirmed: Mutex<Option<Bookmark>>,
+    changed: Condvar,
+    committed: Mutex<Vec<Bookmark>>,
+    closed: Mutex<bool>,
+    give_up: Mutex<bool>,
+}
+
+impl Gate {
+    fn release(&self, upto: Bookmark) {
+        *self.confirmed.lock() = Some(upto);
+        self.changed.notify_all();
+    }
+    fn committed(&self) -> Vec<Bookmark> {
+        self.committed.lock().clone()
+    }
+}
+
+impl TransactionSink for Gate {
+    fn committed(&self, bookmark: Bookmark, _: &CapturedTransaction) -> Result<(), String> {
+        self.committed.lock().push(bookmark);
+        Ok(())
+    }
+}
+
+impl CommitGate for Gate {
+    fn admit_write(&self) -> Result<(), GateError> {
+        if *self.closed.lock() {
+            return Err(GateError("no room".into()));
+        }
+        Ok(())
+    }
+    fn wait_confirmed(&self, bookmark: Bookmark) -> Result<(), GateError> {
+        let mut c = self.confirmed.lock();
+        loop {
+            if c.is_some_and(|c| c >= bookmark) {
+                return Ok(());
+            }
+            if *self.give_up.lock() {
+                return Err(GateError("gave up".into()));
+            }
+            self.changed.wait_for(&mut c, Duration::from_millis(5));
+        }
+    }
+}
+
+fn open(gate: &Arc<Gate>) -> (tempfile::TempDir, Database) {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = Database::open(
+        dir.path().join("g.db"),
+        Options {
+            sink: Some(Arc::clone(gate) as Arc<dyn TransactionSink>),
+            gate: Some(Arc::clone(gate) as Arc<dyn CommitGate>),
+            ..Options::default()
+        },
+    )
+    .expect("open");
+    (dir, db)
+}
+
+fn wait_until(what: &str, f: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn results_wait_for_confirmation_while_later_writes_keep_committing() {
+    let gate = Arc::new(Gate::default());
+    let (_dir, db) = open(&gate);
+    let epoch = db.epoch();
+    let at = |s| Bookmark::new(epoch, walrelay_engine::Sequence(s));
+    let setup = std::thread::spawn({
+        let db = db.clone();
+        move || {
+            db.session(Constraint::FirstPrimary)
+                .expect("session")
+                .prepare("CREATE TABLE t(x)")
+                .run()
+                .expect("create")
+        }
+    });
+    wait_until("create committed", || gate.committed().len() == 1);
+    gate.release(at(1));
+    setup.join().expect("create");
+
+    // Three writers: each commits, then its result waits at the gate.
+    let writers: Vec<_> = (0..3)
+        .map(|i| {
+            let db = db.clone();
+            std::thread::spawn(move || {
+                db.session(Constraint::FirstPrimary)
+                    .expect("session")
+                    .prepare("INSERT INTO t VALUES (?1)")
+                    .bind([i])
+                    .run()
+                    .map(|r| r.meta.bookmark)
+            })
+        })
+        .collect();
+    // All three commit although none is confirmed: pipelining.
+    wait_until("three commits behind the gate", || {
+        gate.committed().len() == 4
+    });
+    assert!(
+        writers.iter().all(|w| !w.is_finished()),
+        "a result escaped the gate"
+    );
+
+    // A read on the primary sees those rows, so it waits too.
+    let reader = std::thread::spawn({
+        let db = db.clone();
+        move || {
+            db.session(Constraint::FirstPrimary)
+                .expect("session")
+                .prepare("SELECT count(*) AS n FROM t")
+                .first()
+                .map(|r| r.and_then(|r| r.get("n").and_then(|v| v.as_i64())))
+        }
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        !reader.is_finished(),
+        "a read saw unconfirmed rows and returned"
+    );
+
+    gate.release(at(4));
+    for w in writers {
+        let b = w.join().expect("writer").expect("confirmed write");
+        assert!(b <= at(4));
+    }
+    assert_eq!(reader.join().expect("reader").expect("read"), Some(3));
+}
+
+#[test]
+fn a_gate_that_gives_up_is_a_typed_error_and_an_unadmitted_write_never_runs() {
+    let gate = Arc::new(Gate::default());
+    let (_dir, db) = open(&gate);
+    *gate.give_up.lock() = true;
+    let s = db.session(Constraint::FirstPrimary).expect("session");
+    let err = s
+        .prepare("CREATE TABLE t(x)")
+        .run()
+        .expect_err("not confirmed");
+    assert!(matches!(err, QueryError::NotConfirmed { .. }), "{err}");
+    // It did commit locally (the ambiguous outcome the error describes).
+    assert_eq!(gate.committed().len(), 1);
+
+    *gate.closed.lock() = true;
+    let err = s
+        .prepare("INSERT INTO t VALUES (1)")
+        .run()
+        .expect_err("not admitted");
+    assert!(matches!(err, QueryError::WriteNotAdmitted { .. }), "{err}");
+    assert_eq!(gate.committed().len(), 1, "an unadmitted write ran");
+}
