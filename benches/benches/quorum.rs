@@ -85,6 +85,7 @@ fn main() {
             durable: false,
             ..ReplicaOptions::default()
         },
+        delay_ms: 0,
     })
     .expect("replica");
     println!(

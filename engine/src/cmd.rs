@@ -228,6 +228,7 @@ pub fn replica(
             durable: false,
             ..ReplicaOptions::default()
         },
+        delay_ms: 0,
     })
     .context("starting the replica")?;
     println!(

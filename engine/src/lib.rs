@@ -51,6 +51,8 @@
 
 mod database;
 mod error;
+pub mod http;
+pub mod local_cluster;
 mod meta;
 mod replica;
 pub mod replication;

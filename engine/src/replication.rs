@@ -281,6 +281,8 @@ pub struct ReplicaConfig {
     pub followers: Vec<SocketAddr>,
     pub backend: Backend,
     pub options: ReplicaOptions,
+    /// Injected replication delay (ms), for consistency tests. 0: none.
+    pub delay_ms: u64,
 }
 
 /// A read replica streaming from a primary.
@@ -308,6 +310,7 @@ impl ReplicatedReplica {
                 start: replica.confirmed(),
                 redial_interval_ms: 100,
                 backend: config.backend,
+                delay_ms: config.delay_ms,
             },
             Arc::new(replica.clone()) as Arc<dyn Applier>,
         )

@@ -266,6 +266,7 @@ fn scenario(net: &str) {
         followers: addrs.clone(),
         backend: config_backend(net),
         options: ReplicaOptions::default(),
+        delay_ms: 0,
     })
     .expect("local replica");
 

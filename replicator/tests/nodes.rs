@@ -106,6 +106,7 @@ fn three_of_five_reach_the_replica(backend: Backend) {
             start: Bookmark::ZERO,
             redial_interval_ms: 20,
             backend,
+            delay_ms: 0,
         },
         Arc::clone(&memory) as Arc<dyn Applier>,
     )
@@ -187,6 +188,7 @@ fn peers_behind_the_leaders_tail_catch_up_from_followers_then_stream() {
             start: Bookmark::ZERO,
             redial_interval_ms: 20,
             backend,
+            delay_ms: 0,
         },
         Arc::clone(&memory) as Arc<dyn Applier>,
     )

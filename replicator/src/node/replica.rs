@@ -36,6 +36,9 @@ pub struct ReplicaNodeConfig {
     pub start: Bookmark,
     pub redial_interval_ms: u64,
     pub backend: Backend,
+    /// Injected replication delay: every message is held this long before
+    /// it is acted on (tests of session consistency under lag). 0: none.
+    pub delay_ms: u64,
 }
 
 const LEADER_TAG: u64 = 0;
@@ -59,6 +62,11 @@ struct State {
     last_error: Mutex<Option<String>>,
     /// Confirm lag samples (leader's quorum → visible here), µs.
     lags_us: Mutex<Vec<u64>>,
+    /// The newest watermark the leader announced (for lag reporting).
+    leader_confirmed: Mutex<Bookmark>,
+    /// Messages held back by the delay knob, in arrival order.
+    delayed: Mutex<std::collections::VecDeque<(Instant, ConnId, Message)>>,
+    delayed_ready: parking_lot::Condvar,
 }
 
 /// Samples kept between two [`ReplicaNode::take_confirm_lags_us`] calls.
@@ -91,6 +99,9 @@ impl ReplicaNode {
             transport: OnceLock::new(),
             last_error: Mutex::new(None),
             lags_us: Mutex::new(Vec::new()),
+            leader_confirmed: Mutex::new(config.start),
+            delayed: Mutex::new(std::collections::VecDeque::new()),
+            delayed_ready: parking_lot::Condvar::new(),
             config,
         });
         super::open_transport(
@@ -104,6 +115,13 @@ impl ReplicaNode {
             .name("walrelay-replica-dial".into())
             .spawn(move || redialer(weak))
             .map_err(|e| NodeError::Io(e.to_string()))?;
+        if state.config.delay_ms > 0 {
+            let weak = Arc::downgrade(&state);
+            std::thread::Builder::new()
+                .name("walrelay-replica-delay".into())
+                .spawn(move || release_delayed(weak))
+                .map_err(|e| NodeError::Io(e.to_string()))?;
+        }
         Ok(ReplicaNode { state })
     }
 
@@ -128,6 +146,11 @@ impl ReplicaNode {
         std::mem::take(&mut *self.state.lags_us.lock())
     }
 
+    /// The newest confirmed watermark the leader announced.
+    pub fn leader_confirmed(&self) -> Bookmark {
+        *self.state.leader_confirmed.lock()
+    }
+
     /// Waits until the replica has confirmed `bookmark`, at most `timeout`.
     pub fn wait_confirmed(&self, bookmark: Bookmark, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
@@ -138,6 +161,31 @@ impl ReplicaNode {
             std::thread::sleep(Duration::from_millis(1));
         }
         self.confirmed() >= bookmark
+    }
+}
+
+/// Acts on delayed messages once their time has come, in order.
+fn release_delayed(state: Weak<State>) {
+    loop {
+        let Some(s) = state.upgrade() else { return };
+        let due = {
+            let mut q = s.delayed.lock();
+            match q.front() {
+                Some((at, _, _)) if *at <= Instant::now() => q.pop_front(),
+                Some((at, _, _)) => {
+                    let at = *at;
+                    s.delayed_ready.wait_until(&mut q, at);
+                    None
+                }
+                None => {
+                    s.delayed_ready.wait_for(&mut q, Duration::from_millis(100));
+                    None
+                }
+            }
+        };
+        if let Some((_, conn, message)) = due {
+            s.act(conn, message);
+        }
     }
 }
 
@@ -254,6 +302,22 @@ impl NetHandler for State {
     }
 
     fn message(&self, conn: ConnId, message: Message) {
+        if self.config.delay_ms > 0 {
+            let at = Instant::now() + Duration::from_millis(self.config.delay_ms);
+            self.delayed.lock().push_back((at, conn, message));
+            self.delayed_ready.notify_one();
+            return;
+        }
+        self.act(conn, message);
+    }
+
+    fn closed(&self, conn: ConnId, _error: Option<String>) {
+        self.disconnected(conn);
+    }
+}
+
+impl State {
+    fn act(&self, conn: ConnId, message: Message) {
         let mut core = self.core.lock();
         let source = if core.1.leader == Some(conn) {
             Source::Leader
@@ -266,6 +330,12 @@ impl NetHandler for State {
             Message::Confirm { confirmed_us, .. } => Some(*confirmed_us),
             _ => None,
         };
+        if let Message::Confirm { confirmed, .. } | Message::Heartbeat { confirmed, .. } = &message
+            && source == Source::Leader
+        {
+            let mut lc = self.leader_confirmed.lock();
+            *lc = (*lc).max(*confirmed);
+        }
         let before = core.0.confirmed();
         let actions = core.0.handle(SubscriberEvent::Received(source, message));
         self.run(&mut core, actions);
@@ -280,7 +350,7 @@ impl NetHandler for State {
         }
     }
 
-    fn closed(&self, conn: ConnId, _error: Option<String>) {
+    fn disconnected(&self, conn: ConnId) {
         let mut core = self.core.lock();
         let source = if core.1.leader == Some(conn) {
             core.1.leader = None;

@@ -1,0 +1,320 @@
+//! The HTTP API's wire format, shaped like Cloudflare D1's REST API. This
+//! module is the only place that reads or writes it.
+//!
+//! ```text
+//! POST /v1/databases/{name}/query
+//!   x-d1-bookmark: first-primary | first-unconstrained | <bookmark>   (optional)
+//!   body: {"sql": "...", "params": [...]}            one statement
+//!       | [{"sql": ..., "params": [...]}, ...]       an atomic batch
+//!   params: null | true/false (as 1/0) | number | string
+//!
+//! 200  x-d1-bookmark: <the session's bookmark after the request>
+//!   {"result": [{"results": [{"col": value, ...}, ...],
+//!                "success": true,
+//!                "meta": {"served_by_primary": bool, "served_by_region": "...",
+//!                         "bookmark": "...", "rows_read": n, "rows_written": n,
+//!                         "changes": n, "last_row_id": n, "duration": ms}}, ...],
+//!    "success": true, "errors": [], "messages": []}
+//! 4xx/5xx
+//!   {"result": [], "success": false,
+//!    "errors": [{"code": n, "message": "..."}], "messages": []}
+//! ```
+//!
+//! Result values: null, integers and reals as numbers, text as strings,
+//! blobs as arrays of byte values (as D1 returns them).
+
+use crate::session::{Meta, QueryResult};
+use crate::value::Value;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value as Json};
+
+/// The session header, in requests and responses.
+pub const BOOKMARK_HEADER: &str = "x-d1-bookmark";
+
+/// One statement of a request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Statement {
+    pub sql: String,
+    pub params: Vec<Value>,
+}
+
+/// A parsed request body.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Body {
+    One(Statement),
+    Batch(Vec<Statement>),
+}
+
+/// Why a body is not a valid request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BodyError {
+    #[error("malformed JSON: {0}")]
+    Json(String),
+    #[error("the body must be {{\"sql\": ..., \"params\": [...]}} or an array of them")]
+    Shape,
+    #[error("statement {index}: \"sql\" must be a string")]
+    Sql { index: usize },
+    #[error("statement {index}: \"params\" must be an array")]
+    ParamsNotArray { index: usize },
+    #[error(
+        "statement {index}, parameter {param}: {kind} is not a supported parameter type (null, boolean, number or string)"
+    )]
+    ParamType {
+        index: usize,
+        param: usize,
+        kind: &'static str,
+    },
+    #[error("an empty batch")]
+    EmptyBatch,
+}
+
+fn kind(v: &Json) -> &'static str {
+    match v {
+        Json::Null => "null",
+        Json::Bool(_) => "a boolean",
+        Json::Number(_) => "a number",
+        Json::String(_) => "a string",
+        Json::Array(_) => "an array",
+        Json::Object(_) => "an object",
+    }
+}
+
+fn statement(index: usize, v: &Json) -> Result<Statement, BodyError> {
+    let Json::Object(o) = v else {
+        return Err(BodyError::Shape);
+    };
+    if o.keys().any(|k| k != "sql" && k != "params") {
+        return Err(BodyError::Shape);
+    }
+    let Some(Json::String(sql)) = o.get("sql") else {
+        return Err(BodyError::Sql { index });
+    };
+    let params = match o.get("params") {
+        None | Some(Json::Null) => Vec::new(),
+        Some(Json::Array(a)) => a
+            .iter()
+            .enumerate()
+            .map(|(param, p)| match p {
+                Json::Null => Ok(Value::Null),
+                Json::Bool(b) => Ok(Value::Integer(i64::from(*b))),
+                Json::Number(n) => Ok(match n.as_i64() {
+                    Some(i) => Value::Integer(i),
+                    None => Value::Real(n.as_f64().unwrap_or(f64::NAN)),
+                }),
+                Json::String(s) => Ok(Value::Text(s.clone())),
+                other => Err(BodyError::ParamType {
+                    index,
+                    param,
+                    kind: kind(other),
+                }),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(BodyError::ParamsNotArray { index }),
+    };
+    Ok(Statement {
+        sql: sql.clone(),
+        params,
+    })
+}
+
+/// Parses a request body (its size was bounded before it was read).
+pub fn parse_body(bytes: &[u8]) -> Result<Body, BodyError> {
+    let v: Json = serde_json::from_slice(bytes).map_err(|e| BodyError::Json(e.to_string()))?;
+    match &v {
+        Json::Array(items) => {
+            if items.is_empty() {
+                return Err(BodyError::EmptyBatch);
+            }
+            Ok(Body::Batch(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| statement(i, s))
+                    .collect::<Result<_, _>>()?,
+            ))
+        }
+        Json::Object(_) => Ok(Body::One(statement(0, &v)?)),
+        _ => Err(BodyError::Shape),
+    }
+}
+
+/// Encodes a request body (the client side).
+pub fn encode_body(body: &Body) -> Json {
+    let one = |s: &Statement| {
+        serde_json::json!({
+            "sql": s.sql,
+            "params": s.params.iter().map(value_json).collect::<Vec<_>>(),
+        })
+    };
+    match body {
+        Body::One(s) => one(s),
+        Body::Batch(ss) => Json::Array(ss.iter().map(one).collect()),
+    }
+}
+
+fn value_json(v: &Value) -> Json {
+    match v {
+        Value::Null => Json::Null,
+        Value::Integer(i) => Json::from(*i),
+        Value::Real(r) => serde_json::Number::from_f64(*r).map_or(Json::Null, Json::Number),
+        Value::Text(s) => Json::String(s.clone()),
+        Value::Blob(b) => Json::Array(b.iter().map(|x| Json::from(*x)).collect()),
+    }
+}
+
+/// D1's meta object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MetaJson {
+    pub served_by_primary: bool,
+    pub served_by_region: String,
+    pub bookmark: String,
+    pub rows_read: u64,
+    pub rows_written: u64,
+    pub changes: u64,
+    pub last_row_id: i64,
+    /// Milliseconds, as D1 reports it.
+    pub duration: f64,
+}
+
+impl From<&Meta> for MetaJson {
+    fn from(m: &Meta) -> MetaJson {
+        MetaJson {
+            served_by_primary: m.served_by_primary,
+            served_by_region: m.served_by_region.clone(),
+            bookmark: m.bookmark.to_string(),
+            rows_read: m.rows_read,
+            rows_written: m.rows_written,
+            changes: m.changes,
+            last_row_id: m.last_row_id,
+            duration: m.duration_us as f64 / 1000.0,
+        }
+    }
+}
+
+/// One statement's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResultJson {
+    pub results: Vec<Map<String, Json>>,
+    pub success: bool,
+    pub meta: MetaJson,
+}
+
+impl From<&QueryResult> for ResultJson {
+    fn from(r: &QueryResult) -> ResultJson {
+        ResultJson {
+            results: r
+                .results
+                .iter()
+                .map(|row| {
+                    row.columns()
+                        .iter()
+                        .zip(row.values())
+                        .map(|(c, v)| (c.clone(), value_json(v)))
+                        .collect()
+                })
+                .collect(),
+            success: true,
+            meta: MetaJson::from(&r.meta),
+        }
+    }
+}
+
+/// One error entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorJson {
+    pub code: u32,
+    pub message: String,
+}
+
+/// The whole response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    pub result: Vec<ResultJson>,
+    pub success: bool,
+    pub errors: Vec<ErrorJson>,
+    pub messages: Vec<String>,
+}
+
+impl Response {
+    pub fn ok(results: &[QueryResult]) -> Response {
+        Response {
+            result: results.iter().map(ResultJson::from).collect(),
+            success: true,
+            errors: Vec::new(),
+            messages: Vec::new(),
+        }
+    }
+
+    pub fn error(code: u32, message: impl Into<String>) -> Response {
+        Response {
+            result: Vec::new(),
+            success: false,
+            errors: vec![ErrorJson {
+                code,
+                message: message.into(),
+            }],
+            messages: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_statement_and_a_batch_parse_with_typed_parameters() {
+        let b = parse_body(
+            br#"{"sql":"SELECT ?1, ?2, ?3, ?4, ?5","params":[1, 2.5, "x", null, true]}"#,
+        )
+        .expect("valid");
+        assert_eq!(
+            b,
+            Body::One(Statement {
+                sql: "SELECT ?1, ?2, ?3, ?4, ?5".into(),
+                params: vec![
+                    Value::Integer(1),
+                    Value::Real(2.5),
+                    Value::Text("x".into()),
+                    Value::Null,
+                    Value::Integer(1)
+                ],
+            })
+        );
+        let b =
+            parse_body(br#"[{"sql":"INSERT INTO t VALUES (1)"},{"sql":"SELECT 1","params":[]}]"#)
+                .expect("batch");
+        assert!(matches!(&b, Body::Batch(v) if v.len() == 2));
+        assert_eq!(
+            parse_body(&serde_json::to_vec(&encode_body(&b)).expect("json")),
+            Ok(b)
+        );
+    }
+
+    #[test]
+    fn bad_bodies_are_typed_errors() {
+        assert!(matches!(parse_body(b"{"), Err(BodyError::Json(_))));
+        assert_eq!(parse_body(b"42"), Err(BodyError::Shape));
+        assert_eq!(parse_body(b"[]"), Err(BodyError::EmptyBatch));
+        assert_eq!(
+            parse_body(br#"{"sql": 1}"#),
+            Err(BodyError::Sql { index: 0 })
+        );
+        assert_eq!(
+            parse_body(br#"{"sql": "SELECT 1", "params": {"a": 1}}"#),
+            Err(BodyError::ParamsNotArray { index: 0 })
+        );
+        assert_eq!(
+            parse_body(br#"[{"sql": "SELECT 1"}, {"sql": "SELECT ?", "params": [[1]]}]"#),
+            Err(BodyError::ParamType {
+                index: 1,
+                param: 0,
+                kind: "an array"
+            })
+        );
+        assert_eq!(
+            parse_body(br#"{"sql": "SELECT 1", "extra": 1}"#),
+            Err(BodyError::Shape)
+        );
+    }
+}

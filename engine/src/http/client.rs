@@ -1,0 +1,218 @@
+//! A client-side session handle over HTTP, like D1's `withSession()`.
+//!
+//! A session's queries go to the nearest replica: one in the client's
+//! preferred region if there is one, any replica otherwise. The exception
+//! is the first query of a `first-primary` session, which goes to the
+//! primary. Replicas forward writes, and reads they cannot serve in time,
+//! to the primary. The session's bookmark travels in `x-d1-bookmark` and
+//! only grows: bookmarks are fixed-width and sort as strings.
+
+use super::api::{self, BOOKMARK_HEADER, Body, Response, Statement};
+use crate::value::Value;
+use parking_lot::Mutex;
+use std::time::Duration;
+
+/// A node the client can send to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// Base URL, e.g. `http://127.0.0.1:8101`.
+    pub url: String,
+    pub region: String,
+    pub primary: bool,
+}
+
+/// Why a request failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    /// The node answered with an error (4xx/5xx, D1's error shape).
+    #[error("HTTP {status}: {message}")]
+    Refused {
+        status: u16,
+        code: u32,
+        message: String,
+    },
+    #[error("transport: {0}")]
+    Transport(String),
+    #[error("undecodable answer: {0}")]
+    Decode(String),
+    #[error("no node to send to")]
+    NoNode,
+}
+
+/// A successful answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    pub response: Response,
+    /// The session's bookmark after the request (the response header).
+    pub bookmark: Option<String>,
+    /// The node the request was sent to.
+    pub sent_to: String,
+}
+
+/// Knows the nodes of one database.
+#[derive(Debug)]
+pub struct Client {
+    nodes: Vec<NodeInfo>,
+    region: String,
+    database: String,
+    agent: ureq::Agent,
+}
+
+impl Client {
+    pub fn new(nodes: Vec<NodeInfo>, preferred_region: &str, database: &str) -> Client {
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(30)))
+            .http_status_as_error(false)
+            .build()
+            .new_agent();
+        Client {
+            nodes,
+            region: preferred_region.to_string(),
+            database: database.to_string(),
+            agent,
+        }
+    }
+
+    /// Starts a session: `first-primary`, `first-unconstrained` or a
+    /// bookmark from an earlier session.
+    pub fn session(&self, constraint: &str) -> ClientSession<'_> {
+        ClientSession {
+            client: self,
+            state: Mutex::new(State {
+                header: constraint.to_string(),
+                started: false,
+            }),
+        }
+    }
+
+    pub fn primary(&self) -> Option<&NodeInfo> {
+        self.nodes.iter().find(|n| n.primary)
+    }
+
+    /// The replica in the preferred region, else any replica, else the
+    /// primary.
+    pub fn nearest(&self) -> Option<&NodeInfo> {
+        let replicas = || self.nodes.iter().filter(|n| !n.primary);
+        replicas()
+            .find(|n| n.region == self.region)
+            .or_else(|| replicas().next())
+            .or_else(|| self.primary())
+    }
+
+    /// Sends one request to `url` with the given session header.
+    pub fn send(&self, url: &str, header: Option<&str>, body: &Body) -> Result<Reply, ClientError> {
+        let endpoint = format!("{url}/v1/databases/{}/query", self.database);
+        let mut req = self
+            .agent
+            .post(&endpoint)
+            .header("content-type", "application/json");
+        if let Some(h) = header {
+            req = req.header(BOOKMARK_HEADER, h);
+        }
+        let payload = serde_json::to_vec(&api::encode_body(body))
+            .map_err(|e| ClientError::Decode(e.to_string()))?;
+        let mut resp = req
+            .send(&payload[..])
+            .map_err(|e| ClientError::Transport(e.to_string()))?;
+        let status = resp.status().as_u16();
+        let bookmark = resp
+            .headers()
+            .get(BOOKMARK_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let bytes = resp
+            .body_mut()
+            .with_config()
+            .limit(256 << 20)
+            .read_to_vec()
+            .map_err(|e| ClientError::Transport(e.to_string()))?;
+        let response: Response =
+            serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(e.to_string()))?;
+        if status >= 400 || !response.success {
+            let (code, message) = response
+                .errors
+                .first()
+                .map_or((0, String::new()), |e| (e.code, e.message.clone()));
+            return Err(ClientError::Refused {
+                status,
+                code,
+                message,
+            });
+        }
+        Ok(Reply {
+            response,
+            bookmark,
+            sent_to: url.to_string(),
+        })
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    /// What the next request sends in `x-d1-bookmark`.
+    header: String,
+    started: bool,
+}
+
+/// One session: sequentially consistent across every node it touches.
+#[derive(Debug)]
+pub struct ClientSession<'c> {
+    client: &'c Client,
+    state: Mutex<State>,
+}
+
+impl ClientSession<'_> {
+    /// Runs one statement where the session's routing sends it.
+    pub fn query(&self, sql: &str, params: Vec<Value>) -> Result<Reply, ClientError> {
+        let body = Body::One(Statement {
+            sql: sql.to_string(),
+            params,
+        });
+        let url = self.route()?;
+        self.query_via(&url, &body)
+    }
+
+    /// Runs statements as one atomic batch.
+    pub fn batch(&self, statements: Vec<(String, Vec<Value>)>) -> Result<Reply, ClientError> {
+        let body = Body::Batch(
+            statements
+                .into_iter()
+                .map(|(sql, params)| Statement { sql, params })
+                .collect(),
+        );
+        let url = self.route()?;
+        self.query_via(&url, &body)
+    }
+
+    /// Sends through a chosen node (tests, or a caller with its own
+    /// routing); the session's bookmark is carried all the same.
+    pub fn query_via(&self, url: &str, body: &Body) -> Result<Reply, ClientError> {
+        let header = self.state.lock().header.clone();
+        let reply = self.client.send(url, Some(&header), body)?;
+        let mut st = self.state.lock();
+        st.started = true;
+        if let Some(b) = &reply.bookmark {
+            let is_bookmark = !st.header.starts_with("first-");
+            if !is_bookmark || b.as_str() > st.header.as_str() {
+                st.header = b.clone();
+            }
+        }
+        Ok(reply)
+    }
+
+    fn route(&self) -> Result<String, ClientError> {
+        let st = self.state.lock();
+        let node = if !st.started && st.header == "first-primary" {
+            self.client.primary()
+        } else {
+            self.client.nearest()
+        };
+        node.map(|n| n.url.clone()).ok_or(ClientError::NoNode)
+    }
+
+    /// The session's bookmark (None before its first answer).
+    pub fn bookmark(&self) -> Option<String> {
+        let st = self.state.lock();
+        (!st.header.starts_with("first-")).then(|| st.header.clone())
+    }
+}

@@ -1,0 +1,196 @@
+//! Per-node metrics in the Prometheus text format (version 0.0.4).
+
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+/// Upper bounds (µs) of the confirm-lag histogram's buckets.
+const LAG_BUCKETS_US: [u64; 12] = [
+    25, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 50_000, 250_000, 1_000_000,
+];
+
+#[derive(Debug, Default)]
+struct Histogram {
+    counts: [u64; LAG_BUCKETS_US.len()],
+    count: u64,
+    sum: u64,
+}
+
+/// What a node counts.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Queries answered, by (served_by_primary, served_by_region).
+    served: Mutex<BTreeMap<(bool, String), u64>>,
+    /// Requests this node forwarded to the primary, by reason.
+    forwarded: Mutex<BTreeMap<&'static str, u64>>,
+    /// Requests refused, by HTTP status.
+    refused: Mutex<BTreeMap<u16, u64>>,
+    confirm_lag: Mutex<Histogram>,
+}
+
+/// A replica's position against its primary, read at scrape time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaLag {
+    /// Transactions the replica has not revealed yet, of those the primary
+    /// had confirmed when it last said.
+    pub bookmarks: u64,
+    /// The most recent confirm lag (quorum → visible here), µs.
+    pub last_confirm_lag_us: u64,
+}
+
+impl Metrics {
+    pub fn served(&self, by_primary: bool, region: &str) {
+        *self
+            .served
+            .lock()
+            .entry((by_primary, region.to_string()))
+            .or_insert(0) += 1;
+    }
+
+    pub fn forwarded(&self, reason: &'static str) {
+        *self.forwarded.lock().entry(reason).or_insert(0) += 1;
+    }
+
+    pub fn refused(&self, status: u16) {
+        *self.refused.lock().entry(status).or_insert(0) += 1;
+    }
+
+    pub fn confirm_lags(&self, samples_us: &[u64]) {
+        let mut h = self.confirm_lag.lock();
+        for &s in samples_us {
+            if let Some(i) = LAG_BUCKETS_US.iter().position(|&b| s <= b) {
+                h.counts[i] += 1;
+            }
+            h.count += 1;
+            h.sum += s;
+        }
+    }
+
+    /// The text exposition. `role` and `region` label the node.
+    pub fn render(&self, role: &str, region: &str, lag: Option<ReplicaLag>) -> String {
+        let mut out = String::new();
+        let node = format!("role=\"{role}\",node_region=\"{}\"", escape(region));
+        let _ = writeln!(
+            out,
+            "# HELP walrelay_queries_total Queries answered, by where they were served."
+        );
+        let _ = writeln!(out, "# TYPE walrelay_queries_total counter");
+        for ((by_primary, served_region), n) in self.served.lock().iter() {
+            let by = if *by_primary { "primary" } else { "replica" };
+            let _ = writeln!(
+                out,
+                "walrelay_queries_total{{{node},served_by=\"{by}\",served_by_region=\"{}\"}} {n}",
+                escape(served_region)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP walrelay_forwarded_total Requests a replica forwarded to the primary, by reason."
+        );
+        let _ = writeln!(out, "# TYPE walrelay_forwarded_total counter");
+        for (reason, n) in self.forwarded.lock().iter() {
+            let _ = writeln!(
+                out,
+                "walrelay_forwarded_total{{{node},reason=\"{reason}\"}} {n}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP walrelay_refused_total Requests refused, by HTTP status."
+        );
+        let _ = writeln!(out, "# TYPE walrelay_refused_total counter");
+        for (status, n) in self.refused.lock().iter() {
+            let _ = writeln!(
+                out,
+                "walrelay_refused_total{{{node},status=\"{status}\"}} {n}"
+            );
+        }
+        if let Some(lag) = lag {
+            let _ = writeln!(
+                out,
+                "# HELP walrelay_replica_lag_bookmarks Transactions confirmed by the primary and not yet visible here."
+            );
+            let _ = writeln!(out, "# TYPE walrelay_replica_lag_bookmarks gauge");
+            let _ = writeln!(
+                out,
+                "walrelay_replica_lag_bookmarks{{{node}}} {}",
+                lag.bookmarks
+            );
+            let _ = writeln!(
+                out,
+                "# HELP walrelay_replica_lag_us The last confirm lag: primary quorum to visible here."
+            );
+            let _ = writeln!(out, "# TYPE walrelay_replica_lag_us gauge");
+            let _ = writeln!(
+                out,
+                "walrelay_replica_lag_us{{{node}}} {}",
+                lag.last_confirm_lag_us
+            );
+            let h = self.confirm_lag.lock();
+            let _ = writeln!(
+                out,
+                "# HELP walrelay_confirm_lag_us Confirm lag: primary quorum to visible here."
+            );
+            let _ = writeln!(out, "# TYPE walrelay_confirm_lag_us histogram");
+            let mut cumulative = 0;
+            for (bound, n) in LAG_BUCKETS_US.iter().zip(h.counts) {
+                cumulative += n;
+                let _ = writeln!(
+                    out,
+                    "walrelay_confirm_lag_us_bucket{{{node},le=\"{bound}\"}} {cumulative}"
+                );
+            }
+            let _ = writeln!(
+                out,
+                "walrelay_confirm_lag_us_bucket{{{node},le=\"+Inf\"}} {}",
+                h.count
+            );
+            let _ = writeln!(out, "walrelay_confirm_lag_us_sum{{{node}}} {}", h.sum);
+            let _ = writeln!(out, "walrelay_confirm_lag_us_count{{{node}}} {}", h.count);
+        }
+        out
+    }
+}
+
+/// Label values escape backslash, quote and newline.
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exposition_counts_by_label_and_the_histogram_is_cumulative() {
+        let m = Metrics::default();
+        m.served(true, "eu");
+        m.served(false, "us");
+        m.served(false, "us");
+        m.forwarded("write");
+        m.confirm_lags(&[10, 60, 60, 2_000_000]);
+        let text = m.render(
+            "replica",
+            "us\"x",
+            Some(ReplicaLag {
+                bookmarks: 3,
+                last_confirm_lag_us: 60,
+            }),
+        );
+        assert!(text.contains(
+            "walrelay_queries_total{role=\"replica\",node_region=\"us\\\"x\",served_by=\"replica\",served_by_region=\"us\"} 2"
+        ));
+        assert!(text.contains("served_by=\"primary\",served_by_region=\"eu\"} 1"));
+        assert!(text.contains(
+            "walrelay_forwarded_total{role=\"replica\",node_region=\"us\\\"x\",reason=\"write\"} 1"
+        ));
+        assert!(text.contains("le=\"25\"} 1"));
+        assert!(text.contains("le=\"100\"} 3"));
+        assert!(text.contains("le=\"+Inf\"} 4"));
+        assert!(text.contains(
+            "walrelay_replica_lag_bookmarks{role=\"replica\",node_region=\"us\\\"x\"} 3"
+        ));
+    }
+}

@@ -1,0 +1,15 @@
+//! The HTTP face of a node, and a client that routes sessions across
+//! nodes.
+//!
+//! - [`api`]: the D1-shaped request and response format.
+//! - [`server`]: a node's endpoint (`POST /v1/databases/{name}/query`,
+//!   `GET /metrics`), with write forwarding and read fallback on replicas.
+//! - [`metrics`]: the Prometheus exposition.
+//! - [`client`]: a session handle that sends a session's queries to the
+//!   nearest replica (the first to the primary under `first-primary`) and
+//!   carries its bookmark across requests.
+
+pub mod api;
+pub mod client;
+pub mod metrics;
+pub mod server;

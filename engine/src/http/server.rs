@@ -1,0 +1,467 @@
+//! A node's HTTP server: the D1-shaped query endpoint and `/metrics`.
+//!
+//! On the primary every request runs locally (behind the output gate when
+//! the primary replicates). On a replica:
+//! - `first-primary` (the session's first query) and batches go to the
+//!   primary;
+//! - a statement SQLite calls a write (`sqlite3_stmt_readonly`) is refused
+//!   by the replica's engine and forwarded to the primary;
+//! - a read waits, boundedly, until the replica has applied the session's
+//!   bookmark; past that it is forwarded and served by the primary, and its
+//!   meta says so.
+//!
+//! A forwarded request carries the session's bookmark; the primary's
+//! answer (status, body and bookmark) is relayed as it is.
+
+use super::api::{self, BOOKMARK_HEADER, Body, Response};
+use super::metrics::{Metrics, ReplicaLag};
+use crate::database::Database;
+use crate::error::{QueryError, SessionError};
+use crate::replication::ReplicatedReplica;
+use crate::session::{Constraint, QueryResult, Session};
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// D1-style error codes, one per family.
+pub mod codes {
+    pub const BAD_REQUEST: u32 = 7400;
+    pub const BOOKMARK: u32 = 7401;
+    pub const UNKNOWN_DATABASE: u32 = 7404;
+    pub const TOO_LARGE: u32 = 7413;
+    pub const SQL: u32 = 7500;
+    pub const UNAVAILABLE: u32 = 7503;
+    pub const INTERNAL: u32 = 7000;
+}
+
+/// What a node serves.
+#[derive(Debug)]
+pub enum Role {
+    Primary(Database),
+    Replica {
+        replica: Arc<ReplicatedReplica>,
+        /// The primary's HTTP base URL, e.g. `http://127.0.0.1:8100`.
+        primary_url: String,
+    },
+}
+
+/// How a node serves HTTP.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// The database name in `/v1/databases/{name}/query`.
+    pub database: String,
+    /// This node's region label.
+    pub region: String,
+    /// Larger request bodies are refused with 413 before they are parsed.
+    pub max_body_bytes: usize,
+    /// How long a forwarded request may take.
+    pub forward_timeout_ms: u64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> HttpConfig {
+        HttpConfig {
+            database: "main".into(),
+            region: "local".into(),
+            max_body_bytes: 1 << 20,
+            forward_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// One node's request handling, independent of the HTTP framework.
+#[derive(Debug)]
+pub struct Node {
+    role: Role,
+    config: HttpConfig,
+    metrics: Metrics,
+    agent: ureq::Agent,
+    /// The last confirm lag seen, for the lag gauge between confirms.
+    last_lag_us: std::sync::atomic::AtomicU64,
+}
+
+/// An answer: status, the session's bookmark, the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub status: u16,
+    pub bookmark: Option<String>,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    fn json(status: u16, bookmark: Option<String>, r: &Response) -> Answer {
+        Answer {
+            status,
+            bookmark,
+            body: serde_json::to_vec(r).unwrap_or_default(),
+        }
+    }
+    fn error(status: u16, code: u32, message: impl Into<String>) -> Answer {
+        Answer::json(status, None, &Response::error(code, message))
+    }
+}
+
+fn query_error(e: &QueryError) -> (u16, u32) {
+    match e {
+        QueryError::Sql { .. }
+        | QueryError::ParameterCount { .. }
+        | QueryError::NotSupported(_)
+        | QueryError::Batch { .. }
+        | QueryError::ReadOnlyReplica => (400, codes::SQL),
+        QueryError::NotConfirmed { .. }
+        | QueryError::WriteNotAdmitted { .. }
+        | QueryError::ReplicaBehind { .. } => (503, codes::UNAVAILABLE),
+        QueryError::CaptureFailed(_) | QueryError::SequenceExhausted => (500, codes::INTERNAL),
+    }
+}
+
+impl Node {
+    pub fn new(role: Role, config: HttpConfig) -> Node {
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_millis(config.forward_timeout_ms)))
+            .http_status_as_error(false)
+            .build()
+            .new_agent();
+        Node {
+            role,
+            config,
+            metrics: Metrics::default(),
+            agent,
+            last_lag_us: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn role_name(&self) -> &'static str {
+        match self.role {
+            Role::Primary(_) => "primary",
+            Role::Replica { .. } => "replica",
+        }
+    }
+
+    /// Handles `POST /v1/databases/{name}/query`.
+    pub fn query(&self, name: &str, bookmark_header: Option<&str>, body: &[u8]) -> Answer {
+        let answer = self.query_inner(name, bookmark_header, body);
+        if answer.status >= 400 {
+            self.metrics.refused(answer.status);
+        } else if let Ok(r) = serde_json::from_slice::<Response>(&answer.body) {
+            for res in &r.result {
+                self.metrics
+                    .served(res.meta.served_by_primary, &res.meta.served_by_region);
+            }
+        }
+        answer
+    }
+
+    fn query_inner(&self, name: &str, header: Option<&str>, body: &[u8]) -> Answer {
+        if name != self.config.database {
+            return Answer::error(
+                404,
+                codes::UNKNOWN_DATABASE,
+                format!("unknown database {name:?}"),
+            );
+        }
+        if body.len() > self.config.max_body_bytes {
+            return Answer::error(
+                413,
+                codes::TOO_LARGE,
+                format!(
+                    "request body of {} bytes exceeds the limit of {}",
+                    body.len(),
+                    self.config.max_body_bytes
+                ),
+            );
+        }
+        let constraint = match header.map(str::parse::<Constraint>).transpose() {
+            Ok(c) => c.unwrap_or(Constraint::FirstUnconstrained),
+            Err(e) => return Answer::error(400, codes::BOOKMARK, e.to_string()),
+        };
+        let parsed = match api::parse_body(body) {
+            Ok(b) => b,
+            Err(e) => return Answer::error(400, codes::BAD_REQUEST, e.to_string()),
+        };
+        match &self.role {
+            Role::Primary(db) => self.run(db, constraint, &parsed).into_answer(),
+            Role::Replica {
+                replica,
+                primary_url,
+            } => {
+                if constraint == Constraint::FirstPrimary {
+                    return self.forward(primary_url, name, header, body, "first-primary");
+                }
+                if matches!(parsed, Body::Batch(_)) {
+                    // An atomic batch runs where writes run.
+                    return self.forward(primary_url, name, header, body, "batch");
+                }
+                match self.run(replica.replica().database(), constraint, &parsed) {
+                    Routed::Done(a) => a,
+                    Routed::Forward(Forward::Write) => {
+                        self.forward(primary_url, name, header, body, "write")
+                    }
+                    Routed::Forward(Forward::Behind) => {
+                        self.forward(primary_url, name, header, body, "behind")
+                    }
+                }
+            }
+        }
+    }
+
+    fn run(&self, db: &Database, constraint: Constraint, body: &Body) -> Routed {
+        let session = match db.session(constraint) {
+            Ok(s) => s,
+            Err(e @ SessionError::FutureBookmark { .. })
+            | Err(e @ SessionError::MalformedBookmark(_)) => {
+                return Routed::Done(Answer::error(400, codes::BOOKMARK, e.to_string()));
+            }
+        };
+        let result = run_body(&session, body);
+        let bookmark = session.bookmark().map(|b| b.to_string());
+        match result {
+            Ok(results) => Routed::Done(Answer::json(200, bookmark, &Response::ok(&results))),
+            Err(QueryError::ReadOnlyReplica) => Routed::Forward(Forward::Write),
+            Err(QueryError::ReplicaBehind { .. }) => Routed::Forward(Forward::Behind),
+            Err(e) => {
+                let (status, code) = query_error(&e);
+                Routed::Done(Answer::error(status, code, e.to_string()))
+            }
+        }
+    }
+
+    fn forward(
+        &self,
+        primary_url: &str,
+        name: &str,
+        header: Option<&str>,
+        body: &[u8],
+        reason: &'static str,
+    ) -> Answer {
+        self.metrics.forwarded(reason);
+        let url = format!("{primary_url}/v1/databases/{name}/query");
+        let mut req = self
+            .agent
+            .post(&url)
+            .header("content-type", "application/json");
+        if let Some(h) = header {
+            req = req.header(BOOKMARK_HEADER, h);
+        }
+        match req.send(body) {
+            Ok(mut resp) => {
+                let status = resp.status().as_u16();
+                let bookmark = resp
+                    .headers()
+                    .get(BOOKMARK_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                match resp.body_mut().with_config().limit(64 << 20).read_to_vec() {
+                    Ok(body) => Answer {
+                        status,
+                        bookmark,
+                        body,
+                    },
+                    Err(e) => Answer::error(
+                        502,
+                        codes::UNAVAILABLE,
+                        format!("reading the primary's answer: {e}"),
+                    ),
+                }
+            }
+            Err(e) => Answer::error(
+                503,
+                codes::UNAVAILABLE,
+                format!("cannot reach the primary at {primary_url}: {e}"),
+            ),
+        }
+    }
+
+    /// The Prometheus exposition for `GET /metrics`.
+    pub fn metrics_text(&self) -> String {
+        let lag = match &self.role {
+            Role::Primary(_) => None,
+            Role::Replica { replica, .. } => {
+                let node = replica.node();
+                let samples = node.take_confirm_lags_us();
+                self.metrics.confirm_lags(&samples);
+                let visible = replica.replica().confirmed();
+                let announced = node.leader_confirmed();
+                let bookmarks = if announced.epoch == visible.epoch {
+                    announced.sequence.0.saturating_sub(visible.sequence.0)
+                } else {
+                    u64::from(announced > visible)
+                };
+                if let Some(&last) = samples.last() {
+                    self.last_lag_us
+                        .store(last, std::sync::atomic::Ordering::Relaxed);
+                }
+                let last = self.last_lag_us.load(std::sync::atomic::Ordering::Relaxed);
+                Some(ReplicaLag {
+                    bookmarks,
+                    last_confirm_lag_us: last,
+                })
+            }
+        };
+        self.metrics
+            .render(self.role_name(), &self.config.region, lag)
+    }
+}
+
+/// Why a replica hands a request to the primary.
+enum Forward {
+    Write,
+    Behind,
+}
+
+/// A request's fate on this node.
+enum Routed {
+    Done(Answer),
+    Forward(Forward),
+}
+
+impl Routed {
+    fn into_answer(self) -> Answer {
+        match self {
+            Routed::Done(a) => a,
+            // Only a primary's run ends here, and a primary never forwards.
+            Routed::Forward(_) => Answer::error(500, codes::INTERNAL, "nowhere to forward"),
+        }
+    }
+}
+
+fn run_body(session: &Session, body: &Body) -> Result<Vec<QueryResult>, QueryError> {
+    match body {
+        Body::One(s) => Ok(vec![
+            session
+                .prepare(s.sql.clone())
+                .bind(s.params.iter().cloned())
+                .all()?,
+        ]),
+        Body::Batch(ss) => session.batch(ss.iter().map(|s| {
+            session
+                .prepare(s.sql.clone())
+                .bind(s.params.iter().cloned())
+        })),
+    }
+}
+
+/// A running HTTP server.
+pub struct HttpServer {
+    addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for HttpServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpServer")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl HttpServer {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+async fn query_route(
+    State(node): State<Arc<Node>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> impl IntoResponse {
+    let header = headers
+        .get(BOOKMARK_HEADER)
+        .map(|v| v.to_str().map(str::to_string));
+    let limit = node.config.max_body_bytes;
+    // Read at most one byte past the limit: enough to know it is exceeded,
+    // never an allocation the client chose.
+    let body = axum::body::to_bytes(body, limit.saturating_add(1)).await;
+    let answer = match (header, body) {
+        (_, Err(_)) => Answer::error(
+            413,
+            codes::TOO_LARGE,
+            format!("request body exceeds the limit of {limit} bytes"),
+        ),
+        (Some(Err(_)), _) => Answer::error(400, codes::BOOKMARK, "the bookmark header is not text"),
+        (header, Ok(body)) => {
+            let header = header.and_then(Result::ok);
+            let n = Arc::clone(&node);
+            // SQLite, the output gate and forwarding all block.
+            tokio::task::spawn_blocking(move || n.query(&name, header.as_deref(), &body))
+                .await
+                .unwrap_or_else(|e| Answer::error(500, codes::INTERNAL, e.to_string()))
+        }
+    };
+    let mut out = HeaderMap::new();
+    out.insert("content-type", HeaderValue::from_static("application/json"));
+    if let Some(b) = answer.bookmark.and_then(|b| HeaderValue::from_str(&b).ok()) {
+        out.insert(BOOKMARK_HEADER, b);
+    }
+    (
+        StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        out,
+        answer.body,
+    )
+}
+
+async fn metrics_route(State(node): State<Arc<Node>>) -> impl IntoResponse {
+    let n = Arc::clone(&node);
+    let text = tokio::task::spawn_blocking(move || n.metrics_text())
+        .await
+        .unwrap_or_default();
+    ([("content-type", "text/plain; version=0.0.4")], text)
+}
+
+/// Serves `node` on `addr` from a thread of its own (a small tokio
+/// runtime; database work runs on its blocking pool).
+pub fn serve(node: Arc<Node>, addr: SocketAddr) -> io::Result<HttpServer> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("walrelay-http")
+        .enable_all()
+        .build()?;
+    let listener = runtime.block_on(tokio::net::TcpListener::bind(addr))?;
+    let bound = listener.local_addr()?;
+    // The body limit is enforced by the handler, in D1's error shape.
+    let app = Router::new()
+        .route("/v1/databases/{name}/query", post(query_route))
+        .route("/metrics", get(metrics_route))
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(node);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name("walrelay-http-main".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let _ = axum::serve(listener, app)
+                    .with_graceful_shutdown(async move {
+                        let _ = rx.await;
+                    })
+                    .await;
+            });
+        })?;
+    Ok(HttpServer {
+        addr: bound,
+        shutdown: Some(tx),
+        thread: Some(thread),
+    })
+}

@@ -1,0 +1,178 @@
+//! A whole cluster in one process, each node with its HTTP endpoint on
+//! loopback: five followers, a primary and replicas in named regions. For
+//! tests, benchmarks and embedding; `walrelay up` runs the same roles as
+//! separate processes.
+
+use crate::http::client::{Client, NodeInfo};
+use crate::http::server::{HttpConfig, HttpServer, Node, Role, serve};
+use crate::replica::ReplicaOptions;
+use crate::replication::{
+    PrimaryConfig, PrimaryError, ReplicaConfig, ReplicatedPrimary, ReplicatedReplica,
+};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use walrelay_replicator::DatabaseId;
+use walrelay_replicator::net::Backend;
+use walrelay_replicator::node::follower::{FollowerNode, FollowerNodeConfig};
+
+/// How to build a local cluster.
+#[derive(Debug, Clone)]
+pub struct LocalClusterConfig {
+    pub followers: usize,
+    pub primary_region: String,
+    /// One replica per entry, in that region.
+    pub replica_regions: Vec<String>,
+    /// Injected replication delay on every replica (ms).
+    pub replica_delay_ms: u64,
+    /// How long a replica read waits for a session's bookmark before the
+    /// primary serves it.
+    pub replica_max_wait_ms: u64,
+    pub http: HttpConfig,
+}
+
+impl Default for LocalClusterConfig {
+    fn default() -> LocalClusterConfig {
+        LocalClusterConfig {
+            followers: 5,
+            primary_region: "primary-region".into(),
+            replica_regions: vec!["region-a".into(), "region-b".into()],
+            replica_delay_ms: 0,
+            replica_max_wait_ms: 1_000,
+            http: HttpConfig::default(),
+        }
+    }
+}
+
+/// A running cluster. Dropping it stops the HTTP servers; the replication
+/// threads end with the process.
+pub struct LocalCluster {
+    pub primary: Arc<ReplicatedPrimary>,
+    pub replicas: Vec<Arc<ReplicatedReplica>>,
+    pub followers: Vec<FollowerNode>,
+    pub primary_http: HttpServer,
+    pub replica_http: Vec<HttpServer>,
+    config: LocalClusterConfig,
+}
+
+impl std::fmt::Debug for LocalCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalCluster")
+            .field("primary", &self.primary_http.url())
+            .field(
+                "replicas",
+                &self
+                    .replica_http
+                    .iter()
+                    .map(|h| h.url())
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+fn any_port() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+impl LocalCluster {
+    /// Starts everything under `dir`.
+    pub fn start(dir: &Path, config: LocalClusterConfig) -> Result<LocalCluster, PrimaryError> {
+        let io = |e: std::io::Error| PrimaryError::Replication(e.to_string());
+        let followers = (0..config.followers)
+            .map(|i| {
+                FollowerNode::start(FollowerNodeConfig {
+                    database: DatabaseId(1),
+                    listen: any_port(),
+                    dir: dir.join(format!("follower-{i}")),
+                    peers: vec![],
+                    segment_bytes: 16 << 20,
+                    backend: Backend::Auto,
+                })
+                .map_err(|e| PrimaryError::Replication(e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let addrs: Vec<SocketAddr> = followers.iter().map(|f| f.addr()).collect();
+        let mut pc = PrimaryConfig::new(dir.join("primary.db"), addrs.clone());
+        pc.listen = Some(any_port());
+        pc.options.region = config.primary_region.clone();
+        let primary = Arc::new(ReplicatedPrimary::start(pc)?);
+        let primary_http = serve(
+            Arc::new(Node::new(
+                Role::Primary(primary.database().clone()),
+                HttpConfig {
+                    region: config.primary_region.clone(),
+                    ..config.http.clone()
+                },
+            )),
+            any_port(),
+        )
+        .map_err(io)?;
+        let mut replicas = Vec::new();
+        let mut replica_http = Vec::new();
+        for (i, region) in config.replica_regions.iter().enumerate() {
+            let r = Arc::new(ReplicatedReplica::start(ReplicaConfig {
+                database: DatabaseId(1),
+                path: dir.join(format!("replica-{i}.db")),
+                leader: primary.replica_addr().ok_or_else(|| {
+                    PrimaryError::Replication("the primary listens for no replicas".into())
+                })?,
+                followers: addrs.clone(),
+                backend: Backend::Auto,
+                options: ReplicaOptions {
+                    region: region.clone(),
+                    max_wait_ms: config.replica_max_wait_ms,
+                    durable: false,
+                    ..ReplicaOptions::default()
+                },
+                delay_ms: config.replica_delay_ms,
+            })?);
+            let http = serve(
+                Arc::new(Node::new(
+                    Role::Replica {
+                        replica: Arc::clone(&r),
+                        primary_url: primary_http.url(),
+                    },
+                    HttpConfig {
+                        region: region.clone(),
+                        ..config.http.clone()
+                    },
+                )),
+                any_port(),
+            )
+            .map_err(io)?;
+            replicas.push(r);
+            replica_http.push(http);
+        }
+        Ok(LocalCluster {
+            primary,
+            replicas,
+            followers,
+            primary_http,
+            replica_http,
+            config,
+        })
+    }
+
+    /// Every node, as a client sees them.
+    pub fn nodes(&self) -> Vec<NodeInfo> {
+        let mut nodes = vec![NodeInfo {
+            url: self.primary_http.url(),
+            region: self.config.primary_region.clone(),
+            primary: true,
+        }];
+        for (h, region) in self.replica_http.iter().zip(&self.config.replica_regions) {
+            nodes.push(NodeInfo {
+                url: h.url(),
+                region: region.clone(),
+                primary: false,
+            });
+        }
+        nodes
+    }
+
+    /// A client preferring `region`.
+    pub fn client(&self, region: &str) -> Client {
+        Client::new(self.nodes(), region, &self.config.http.database)
+    }
+}

@@ -1,0 +1,130 @@
+//! Sessions over HTTP in one process: routing, write forwarding, the
+//! bookmark across requests and nodes, reads falling back to the primary.
+
+use walrelay_engine::Value;
+use walrelay_engine::http::api::{Body, Statement};
+use walrelay_engine::http::client::ClientError;
+use walrelay_engine::local_cluster::{LocalCluster, LocalClusterConfig};
+
+fn cluster(config: LocalClusterConfig) -> (tempfile::TempDir, LocalCluster) {
+    let dir = tempfile::tempdir().expect("dir");
+    let c = LocalCluster::start(dir.path(), config).expect("cluster");
+    (dir, c)
+}
+
+fn one(sql: &str, params: Vec<Value>) -> Body {
+    Body::One(Statement {
+        sql: sql.into(),
+        params,
+    })
+}
+
+#[test]
+fn the_d1_example_writes_through_one_replica_and_reads_its_write_through_another() {
+    let (_dir, c) = cluster(LocalClusterConfig::default());
+    let client = c.client("region-a");
+    let setup = client.session("first-primary");
+    setup
+        .query(
+            "CREATE TABLE orders(id INTEGER PRIMARY KEY, customer TEXT)",
+            vec![],
+        )
+        .expect("create");
+    let replica_a = c.replica_http[0].url();
+    let replica_b = c.replica_http[1].url();
+    for i in 0..50 {
+        // A new session each time, starting unconstrained, like the post's
+        // Worker handling one request.
+        let s = client.session("first-unconstrained");
+        let w = s
+            .query_via(
+                &replica_a,
+                &one(
+                    "INSERT INTO orders(customer) VALUES (?1)",
+                    vec![Value::Text(format!("c{i}"))],
+                ),
+            )
+            .expect("write through a replica");
+        let meta = &w.response.result[0].meta;
+        assert!(meta.served_by_primary, "the write was forwarded");
+        let bookmark = w.bookmark.clone().expect("a bookmark");
+        assert_eq!(bookmark, meta.bookmark);
+        // The next request carries the bookmark to another replica.
+        let s2 = client.session(&bookmark);
+        let r = s2
+            .query_via(
+                &replica_b,
+                &one(
+                    "SELECT count(*) AS n FROM orders WHERE customer = ?1",
+                    vec![Value::Text(format!("c{i}"))],
+                ),
+            )
+            .expect("read");
+        assert_eq!(r.response.result[0].results[0]["n"], 1, "order {i} missing");
+        assert!(s2.bookmark().expect("bookmark") >= bookmark);
+    }
+}
+
+#[test]
+fn first_primary_goes_to_the_primary_and_unconstrained_reads_stay_on_a_replica() {
+    let (_dir, c) = cluster(LocalClusterConfig::default());
+    let client = c.client("region-b");
+    let s = client.session("first-primary");
+    let r = s.query("SELECT 1 AS one", vec![]).expect("read");
+    assert_eq!(r.sent_to, c.primary_http.url());
+    assert!(r.response.result[0].meta.served_by_primary);
+    let s = client.session("first-unconstrained");
+    let r = s.query("SELECT 1 AS one", vec![]).expect("read");
+    assert_eq!(r.sent_to, c.replica_http[1].url(), "the region-b replica");
+    let meta = &r.response.result[0].meta;
+    assert!(!meta.served_by_primary);
+    assert_eq!(meta.served_by_region, "region-b");
+}
+
+#[test]
+fn a_replica_that_cannot_catch_up_in_time_lets_the_primary_serve_the_read() {
+    let (_dir, c) = cluster(LocalClusterConfig {
+        replica_delay_ms: 400,
+        replica_max_wait_ms: 50,
+        ..LocalClusterConfig::default()
+    });
+    let client = c.client("region-a");
+    let s = client.session("first-primary");
+    s.query("CREATE TABLE t(x)", vec![]).expect("create");
+    s.query("INSERT INTO t VALUES (1)", vec![]).expect("insert");
+    let r = s
+        .query("SELECT count(*) AS n FROM t", vec![])
+        .expect("read");
+    let meta = &r.response.result[0].meta;
+    assert!(
+        meta.served_by_primary,
+        "served by the primary and meta says so"
+    );
+    assert_eq!(r.response.result[0].results[0]["n"], 1);
+}
+
+#[test]
+fn batches_are_atomic_and_errors_come_back_in_d1_shape() {
+    let (_dir, c) = cluster(LocalClusterConfig::default());
+    let client = c.client("region-a");
+    let s = client.session("first-unconstrained");
+    s.query("CREATE TABLE t(x INTEGER UNIQUE)", vec![])
+        .expect("create");
+    let err = s
+        .batch(vec![
+            ("INSERT INTO t VALUES (1)".into(), vec![]),
+            ("INSERT INTO t VALUES (1)".into(), vec![]),
+        ])
+        .expect_err("unique violation");
+    assert!(
+        matches!(&err, ClientError::Refused { status: 400, code: 7500, message } if message.contains("UNIQUE")),
+        "{err:?}"
+    );
+    let r = s
+        .query("SELECT count(*) AS n FROM t", vec![])
+        .expect("read");
+    assert_eq!(
+        r.response.result[0].results[0]["n"], 0,
+        "nothing of the batch stayed"
+    );
+}
