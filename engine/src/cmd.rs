@@ -14,6 +14,7 @@ use std::process::{Child, Command};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use walrelay_engine::http::server::{HttpConfig, Node, Role, serve};
 use walrelay_engine::replication::{
     PrimaryConfig, ReplicaConfig, ReplicatedPrimary, ReplicatedReplica, database_path,
 };
@@ -100,6 +101,10 @@ pub struct PrimaryArgs {
     pub demo_writers: usize,
     /// Stop after this long (0: until a signal).
     pub seconds: u64,
+    /// Serve the HTTP API here.
+    pub http: Option<SocketAddr>,
+    pub region: String,
+    pub database_name: String,
 }
 
 pub fn primary(a: PrimaryArgs) -> Result<()> {
@@ -113,7 +118,30 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
     config.listen = Some(a.listen);
     config.confirm_timeout_ms = a.confirm_timeout_ms;
     config.backend = a.net;
+    config.options.region = a.region.clone();
     let primary = Arc::new(ReplicatedPrimary::start(config).context("starting the primary")?);
+    let http = match a.http {
+        Some(addr) => {
+            let node = Node::new(
+                Role::Primary(primary.database().clone()),
+                HttpConfig {
+                    database: a.database_name.clone(),
+                    region: a.region.clone(),
+                    ..HttpConfig::default()
+                },
+            );
+            let server =
+                serve(Arc::new(node), addr).with_context(|| format!("serving HTTP on {addr}"))?;
+            println!(
+                "primary HTTP at {}/v1/databases/{}/query (region {})",
+                server.url(),
+                a.database_name,
+                a.region
+            );
+            Some(server)
+        }
+        None => None,
+    };
     println!(
         "primary epoch {} replicas at {} followers {:?} W={} transport {}",
         primary.database().epoch().0,
@@ -197,6 +225,8 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
     for w in writers {
         let _ = w.join();
     }
+    // No new requests from here; the in-flight ones finish first.
+    drop(http);
     let primary =
         Arc::try_unwrap(primary).map_err(|_| anyhow::anyhow!("the primary is still in use"))?;
     match primary.stop(Duration::from_secs(10)) {
@@ -206,31 +236,70 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
     Ok(())
 }
 
-pub fn replica(
-    dir: PathBuf,
-    leader: SocketAddr,
-    followers: Vec<SocketAddr>,
-    database: u64,
-    net: Backend,
-) -> Result<()> {
+/// Options of `walrelay replica`.
+pub struct ReplicaArgs {
+    pub dir: PathBuf,
+    pub leader: SocketAddr,
+    pub followers: Vec<SocketAddr>,
+    pub database: u64,
+    pub net: Backend,
+    pub http: Option<SocketAddr>,
+    pub region: String,
+    pub primary_http: Option<String>,
+    pub database_name: String,
+    pub max_wait_ms: u64,
+    pub delay_ms: u64,
+}
+
+pub fn replica(a: ReplicaArgs) -> Result<()> {
     install_stop_handler();
+    let (dir, leader) = (a.dir.clone(), a.leader);
     std::fs::create_dir_all(&dir)?;
-    let r = ReplicatedReplica::start(ReplicaConfig {
-        database: DatabaseId(database),
-        path: database_path(&dir),
-        leader,
-        followers,
-        backend: net,
-        options: ReplicaOptions {
-            region: "replica".into(),
-            // The log is durable on the followers; a replica that loses
-            // recent confirms to a power cut refetches them.
-            durable: false,
-            ..ReplicaOptions::default()
-        },
-        delay_ms: 0,
-    })
-    .context("starting the replica")?;
+    let r = Arc::new(
+        ReplicatedReplica::start(ReplicaConfig {
+            database: DatabaseId(a.database),
+            path: database_path(&dir),
+            leader,
+            followers: a.followers.clone(),
+            backend: a.net,
+            options: ReplicaOptions {
+                region: a.region.clone(),
+                max_wait_ms: a.max_wait_ms,
+                // The log is durable on the followers; a replica that loses
+                // recent confirms to a power cut refetches them.
+                durable: false,
+                ..ReplicaOptions::default()
+            },
+            delay_ms: a.delay_ms,
+        })
+        .context("starting the replica")?,
+    );
+    let http = match (a.http, a.primary_http.clone()) {
+        (Some(addr), Some(primary_url)) => {
+            let node = Arc::new(Node::new(
+                Role::Replica {
+                    replica: Arc::clone(&r),
+                    primary_url,
+                },
+                HttpConfig {
+                    database: a.database_name.clone(),
+                    region: a.region.clone(),
+                    ..HttpConfig::default()
+                },
+            ));
+            let server = serve(Arc::clone(&node), addr)
+                .with_context(|| format!("serving HTTP on {addr}"))?;
+            println!(
+                "replica HTTP at {}/v1/databases/{}/query (region {})",
+                server.url(),
+                a.database_name,
+                a.region
+            );
+            Some((server, node))
+        }
+        (Some(_), None) => bail!("--http needs --primary-http (where writes are forwarded)"),
+        _ => None,
+    };
     println!(
         "replica {} following {leader} from {}",
         dir.display(),
@@ -242,6 +311,9 @@ pub fn replica(
         if last_report.elapsed() >= Duration::from_secs(1) {
             last_report = Instant::now();
             let mut lags = r.node().take_confirm_lags_us();
+            if let Some((_, node)) = &http {
+                node.observe_confirm_lags(&lags);
+            }
             let confirmed = r.replica().confirmed();
             if lags.is_empty() {
                 println!("replica {} confirmed={confirmed}", dir.display());
@@ -317,6 +389,10 @@ pub fn up(a: UpArgs) -> Result<()> {
         a.replicas,
         dir.display()
     );
+    println!(
+        "  try: curl -s -X POST http://127.0.0.1:{}/v1/databases/main/query -H 'x-d1-bookmark: first-unconstrained' -d '{{\"sql\":\"SELECT count(*) FROM events\"}}'",
+        a.base_port + 11
+    );
     let spawn = |args: Vec<String>| -> Result<Child> {
         let mut command = Command::new(&exe);
         command.args(&args);
@@ -358,8 +434,13 @@ pub fn up(a: UpArgs) -> Result<()> {
             a.net.clone(),
         ])?);
     }
+    // HTTP: the primary on base+10, replicas on base+11...
+    let http = |i: u16| SocketAddr::from(([127, 0, 0, 1], a.base_port + 10 + i));
+    let primary_http = format!("http://{}", http(0));
     let mut primary_args = vec![
         "primary".into(),
+        "--http".into(),
+        http(0).to_string(),
         "--dir".into(),
         dir.join("primary").display().to_string(),
         "--followers".into(),
@@ -378,6 +459,12 @@ pub fn up(a: UpArgs) -> Result<()> {
     for i in 0..a.replicas {
         others.push(spawn(vec![
             "replica".into(),
+            "--http".into(),
+            http(1 + i as u16).to_string(),
+            "--primary-http".into(),
+            primary_http.clone(),
+            "--region".into(),
+            format!("region-{}", (b'a' + i as u8) as char),
             "--dir".into(),
             dir.join(format!("replica-{i}")).display().to_string(),
             "--leader".into(),

@@ -99,6 +99,15 @@ enum Command {
         seconds: u64,
         #[arg(long, default_value = "auto")]
         net: String,
+        /// Serve the HTTP API on this address.
+        #[arg(long)]
+        http: Option<SocketAddr>,
+        /// This node's region label (meta.served_by_region).
+        #[arg(long, default_value = "primary-region")]
+        region: String,
+        /// The database's name in the HTTP API's paths.
+        #[arg(long, default_value = "main")]
+        database_name: String,
     },
     /// Run a read replica streaming from a primary.
     Replica {
@@ -114,6 +123,24 @@ enum Command {
         database: u64,
         #[arg(long, default_value = "auto")]
         net: String,
+        /// Serve the HTTP API on this address (needs --primary-http).
+        #[arg(long)]
+        http: Option<SocketAddr>,
+        /// The primary's HTTP base URL, where writes are forwarded.
+        #[arg(long)]
+        primary_http: Option<String>,
+        /// This node's region label.
+        #[arg(long, default_value = "replica-region")]
+        region: String,
+        #[arg(long, default_value = "main")]
+        database_name: String,
+        /// How long a read waits for the session's bookmark before the
+        /// primary serves it.
+        #[arg(long, default_value_t = 1_000)]
+        max_wait_ms: u64,
+        /// Injected replication delay (testing).
+        #[arg(long, default_value_t = 0)]
+        delay_ms: u64,
     },
 }
 
@@ -301,6 +328,9 @@ fn main() -> Result<()> {
             demo_writers,
             seconds,
             net,
+            http,
+            region,
+            database_name,
         } => cmd::primary(cmd::PrimaryArgs {
             dir,
             followers,
@@ -311,6 +341,9 @@ fn main() -> Result<()> {
             net: cmd::backend(&net)?,
             demo_writers,
             seconds,
+            http,
+            region,
+            database_name,
         }),
         Command::Replica {
             dir,
@@ -318,6 +351,24 @@ fn main() -> Result<()> {
             followers,
             database,
             net,
-        } => cmd::replica(dir, leader, followers, database, cmd::backend(&net)?),
+            http,
+            primary_http,
+            region,
+            database_name,
+            max_wait_ms,
+            delay_ms,
+        } => cmd::replica(cmd::ReplicaArgs {
+            dir,
+            leader,
+            followers,
+            database,
+            net: cmd::backend(&net)?,
+            http,
+            region,
+            primary_http,
+            database_name,
+            max_wait_ms,
+            delay_ms,
+        }),
     }
 }

@@ -278,6 +278,17 @@ impl Node {
         }
     }
 
+    /// Records confirm-lag samples taken from the replica elsewhere (a
+    /// process that also prints them): each sample is counted once, by
+    /// whoever drains it.
+    pub fn observe_confirm_lags(&self, samples_us: &[u64]) {
+        self.metrics.confirm_lags(samples_us);
+        if let Some(&last) = samples_us.last() {
+            self.last_lag_us
+                .store(last, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     /// The Prometheus exposition for `GET /metrics`.
     pub fn metrics_text(&self) -> String {
         let lag = match &self.role {
