@@ -107,6 +107,10 @@ impl Answer {
     }
 }
 
+fn too_large(limit: usize) -> String {
+    format!("request body exceeds the limit of {limit} bytes")
+}
+
 fn query_error(e: &QueryError) -> (u16, u32) {
     match e {
         QueryError::Sql { .. }
@@ -167,15 +171,7 @@ impl Node {
             );
         }
         if body.len() > self.config.max_body_bytes {
-            return Answer::error(
-                413,
-                codes::TOO_LARGE,
-                format!(
-                    "request body of {} bytes exceeds the limit of {}",
-                    body.len(),
-                    self.config.max_body_bytes
-                ),
-            );
+            return Answer::error(413, codes::TOO_LARGE, too_large(self.config.max_body_bytes));
         }
         let constraint = match header.map(str::parse::<Constraint>).transpose() {
             Ok(c) => c.unwrap_or(Constraint::FirstUnconstrained),
@@ -276,6 +272,13 @@ impl Node {
                 format!("cannot reach the primary at {primary_url}: {e}"),
             ),
         }
+    }
+
+    /// Counts a refusal made before the request reached [`Node::query`]
+    /// (the framework layer), and passes it through.
+    fn refuse(&self, answer: Answer) -> Answer {
+        self.metrics.refused(answer.status);
+        answer
     }
 
     /// Records confirm-lag samples taken from the replica elsewhere (a
@@ -407,12 +410,12 @@ async fn query_route(
     // never an allocation the client chose.
     let body = axum::body::to_bytes(body, limit.saturating_add(1)).await;
     let answer = match (header, body) {
-        (_, Err(_)) => Answer::error(
-            413,
-            codes::TOO_LARGE,
-            format!("request body exceeds the limit of {limit} bytes"),
-        ),
-        (Some(Err(_)), _) => Answer::error(400, codes::BOOKMARK, "the bookmark header is not text"),
+        (_, Err(_)) => node.refuse(Answer::error(413, codes::TOO_LARGE, too_large(limit))),
+        (Some(Err(_)), _) => node.refuse(Answer::error(
+            400,
+            codes::BOOKMARK,
+            "the bookmark header is not text",
+        )),
         (header, Ok(body)) => {
             let header = header.and_then(Result::ok);
             let n = Arc::clone(&node);

@@ -1,0 +1,764 @@
+//! Bad input over HTTP, sent raw to both the primary and a replica of a
+//! local cluster: every bad request is a 4xx in D1's error shape
+//! (`success: false`, one error with a code and a clear message, no
+//! results), issues no bookmark, changes nothing on the primary, leaves the
+//! node serving, and is counted in `/metrics` by status.
+//!
+//! Requests are built by hand (not with the crate's client or `api`
+//! types) so that what is tested is the wire format itself.
+
+mod common;
+
+use serde_json::{Value as Json, json};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use walrelay_engine::http::server::HttpConfig;
+use walrelay_engine::local_cluster::{LocalCluster, LocalClusterConfig};
+use walrelay_engine::{Bookmark, Constraint, Epoch, Sequence};
+
+/// Small, so a 10 KB body is over it.
+const MAX_BODY: usize = 4096;
+
+/// D1-style error codes, as documented in `http::server::codes` (spelled
+/// out here so a renumbering shows up as a failing test).
+const BAD_REQUEST: u32 = 7400;
+const BOOKMARK: u32 = 7401;
+const UNKNOWN_DATABASE: u32 = 7404;
+const TOO_LARGE: u32 = 7413;
+const SQL: u32 = 7500;
+
+struct Fixture {
+    // Field order is drop order: the cluster stops before its directory goes.
+    c: LocalCluster,
+    _dir: tempfile::TempDir,
+    agent: ureq::Agent,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = LocalCluster::start(
+        dir.path(),
+        LocalClusterConfig {
+            // A replica waits this long for a bookmark it has not applied
+            // before the primary answers: short, because the future
+            // bookmarks sent here never arrive.
+            replica_max_wait_ms: 200,
+            http: HttpConfig {
+                max_body_bytes: MAX_BODY,
+                ..HttpConfig::default()
+            },
+            ..LocalClusterConfig::default()
+        },
+    )
+    .expect("cluster");
+    let s = c
+        .primary
+        .database()
+        .session(Constraint::FirstPrimary)
+        .expect("session");
+    s.prepare("CREATE TABLE t(id INTEGER PRIMARY KEY, name TEXT NOT NULL, n INTEGER) STRICT")
+        .run()
+        .expect("create");
+    s.prepare("INSERT INTO t(name, n) VALUES ('a', 1), ('b', 2), ('c', 3)")
+        .run()
+        .expect("insert");
+    // The replicas must know table t, or reads of it there would be
+    // refused for the wrong reason.
+    let latest = c.primary.database().latest_bookmark();
+    for r in &c.replicas {
+        assert!(
+            r.node().wait_confirmed(latest, Duration::from_secs(10)),
+            "a replica never caught up with the setup"
+        );
+    }
+    let agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(30)))
+        .http_status_as_error(false)
+        .build()
+        .new_agent();
+    Fixture {
+        c,
+        _dir: dir,
+        agent,
+    }
+}
+
+/// What the test saw of one HTTP answer.
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    content_type: Option<String>,
+    bookmark: Option<String>,
+    json: Json,
+}
+
+impl Fixture {
+    fn primary(&self) -> String {
+        self.c.primary_http.url()
+    }
+
+    fn replica(&self) -> String {
+        self.c.replica_http[0].url()
+    }
+
+    /// Both nodes a client may send to: every case is tried on each.
+    fn nodes(&self) -> [(&'static str, String); 2] {
+        [("primary", self.primary()), ("replica", self.replica())]
+    }
+
+    /// POSTs `body` as it is, with `header` as `x-d1-bookmark` (raw bytes,
+    /// so that non-text values can be sent too).
+    fn post(&self, base: &str, database: &str, header: Option<&[u8]>, body: &[u8]) -> Reply {
+        let mut req = self
+            .agent
+            .post(format!("{base}/v1/databases/{database}/query"))
+            .header("content-type", "application/json");
+        if let Some(h) = header {
+            req = req.header("x-d1-bookmark", h);
+        }
+        let mut resp = req.send(body).expect("the node answers");
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let (content_type, bookmark) = (header("content-type"), header("x-d1-bookmark"));
+        let text = resp.body_mut().read_to_string().expect("a body");
+        let json = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("the body is not JSON ({e}): {text:?}"));
+        Reply {
+            status: resp.status().as_u16(),
+            content_type,
+            bookmark,
+            json,
+        }
+    }
+
+    fn metrics(&self, base: &str) -> String {
+        let mut resp = self
+            .agent
+            .get(format!("{base}/metrics"))
+            .call()
+            .expect("metrics");
+        assert_eq!(resp.status().as_u16(), 200);
+        resp.body_mut().read_to_string().expect("metrics text")
+    }
+
+    /// Everything a bad request must leave as it was: the primary's
+    /// latest bookmark, its rows, every page of its file, and how far each
+    /// replica has got.
+    fn state(&self) -> State {
+        let db = self.c.primary.database();
+        let s = db.session(Constraint::FirstPrimary).expect("session");
+        let row = s
+            .prepare(
+                "SELECT count(*) AS n, total(n) AS sum, group_concat(name, ',') AS names FROM t",
+            )
+            .first()
+            .expect("checksum query")
+            .expect("a row");
+        State {
+            bookmark: db.latest_bookmark(),
+            rows: format!(
+                "count={:?} sum={:?} names={:?}",
+                row.get("n"),
+                row.get("sum"),
+                row.get("names")
+            ),
+            pages: common::logical_pages(&s),
+            replicas: self
+                .c
+                .replicas
+                .iter()
+                .map(|r| r.replica().confirmed())
+                .collect(),
+        }
+    }
+
+    /// Sends `case` to every node and checks the answer and that nothing
+    /// changed.
+    fn refuse(&self, case: &Case) {
+        for (node, url) in self.nodes() {
+            let before = self.state();
+            let r = self.post(&url, case.database, case.header.as_deref(), &case.body);
+            let what = format!("{} (sent to the {node})", case.what);
+            assert_d1_error(&r, case.status, case.code, case.message_has, &what);
+            // A refused request gives the session no new position.
+            if let Some(b) = &r.bookmark {
+                assert!(
+                    b.as_str() <= before.bookmark.to_string().as_str(),
+                    "{what}: answered with bookmark {b}, beyond the latest {}",
+                    before.bookmark
+                );
+            }
+            before.assert_same(&self.state(), &what);
+        }
+    }
+
+    /// A good read on every node, after the bad ones: they are still
+    /// serving, and the rows are the setup's.
+    fn assert_still_serving(&self) {
+        for (node, url) in self.nodes() {
+            let r = self.post(
+                &url,
+                "main",
+                Some(b"first-unconstrained"),
+                br#"{"sql": "SELECT count(*) AS n FROM t"}"#,
+            );
+            assert_eq!(r.status, 200, "the {node} stopped serving: {:?}", r.json);
+            assert_eq!(r.json["result"][0]["results"][0]["n"], 3, "{node}");
+        }
+    }
+}
+
+struct State {
+    bookmark: Bookmark,
+    rows: String,
+    pages: Vec<Vec<u8>>,
+    replicas: Vec<Bookmark>,
+}
+
+impl State {
+    fn assert_same(&self, after: &State, what: &str) {
+        assert_eq!(
+            after.bookmark, self.bookmark,
+            "{what}: the primary issued a bookmark"
+        );
+        assert_eq!(after.rows, self.rows, "{what}: the rows changed");
+        assert!(after.pages == self.pages, "{what}: a page changed");
+        assert_eq!(
+            after.replicas, self.replicas,
+            "{what}: a replica moved without a write"
+        );
+    }
+}
+
+/// D1's error shape: `{"result": [], "success": false,
+/// "errors": [{"code": n, "message": "..."}], "messages": []}`.
+fn assert_d1_error(r: &Reply, status: u16, code: u32, message_has: &str, what: &str) {
+    assert_eq!(r.status, status, "{what}: status; body {}", r.json);
+    assert_eq!(
+        r.content_type.as_deref(),
+        Some("application/json"),
+        "{what}: content type"
+    );
+    assert_eq!(r.json["success"], false, "{what}: {}", r.json);
+    assert_eq!(r.json["result"], json!([]), "{what}: {}", r.json);
+    assert!(r.json["messages"].is_array(), "{what}: {}", r.json);
+    let errors = r.json["errors"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{what}: errors is not an array: {}", r.json));
+    assert_eq!(errors.len(), 1, "{what}: one error: {}", r.json);
+    assert_eq!(errors[0]["code"], code, "{what}: code: {}", r.json);
+    let message = errors[0]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{what}: message is not a string: {}", r.json));
+    assert!(
+        message.contains(message_has),
+        "{what}: the message {message:?} should say {message_has:?}"
+    );
+}
+
+/// One bad request and how it must be refused.
+struct Case {
+    what: &'static str,
+    database: &'static str,
+    header: Option<Vec<u8>>,
+    body: Vec<u8>,
+    status: u16,
+    code: u32,
+    message_has: &'static str,
+}
+
+fn case(
+    what: &'static str,
+    body: impl Into<Vec<u8>>,
+    status: u16,
+    code: u32,
+    message_has: &'static str,
+) -> Case {
+    Case {
+        what,
+        database: "main",
+        header: Some(b"first-unconstrained".to_vec()),
+        body: body.into(),
+        status,
+        code,
+        message_has,
+    }
+}
+
+/// A body that would write if it were accepted.
+const INSERT: &str = r#"{"sql": "INSERT INTO t(name, n) VALUES ('x', 9)"}"#;
+
+fn body_cases() -> Vec<Case> {
+    vec![
+        case(
+            "malformed JSON",
+            r#"{"sql": "INSERT INTO t(name) VALUES ('x')""#,
+            400,
+            BAD_REQUEST,
+            "malformed JSON",
+        ),
+        case(
+            "not JSON at all",
+            "INSERT INTO t(name) VALUES ('x')",
+            400,
+            BAD_REQUEST,
+            "malformed JSON",
+        ),
+        case("an empty body", "", 400, BAD_REQUEST, "malformed JSON"),
+        case("a number", "42", 400, BAD_REQUEST, "must be {\"sql\""),
+        case(
+            "a string",
+            r#""SELECT 1""#,
+            400,
+            BAD_REQUEST,
+            "must be {\"sql\"",
+        ),
+        case("an empty array", "[]", 400, BAD_REQUEST, "empty batch"),
+        case(
+            "a missing sql",
+            r#"{"params": []}"#,
+            400,
+            BAD_REQUEST,
+            "\"sql\" must be a string",
+        ),
+        case(
+            "sql as a number",
+            r#"{"sql": 1}"#,
+            400,
+            BAD_REQUEST,
+            "\"sql\" must be a string",
+        ),
+        case(
+            "sql as an array",
+            r#"{"sql": ["INSERT INTO t(name) VALUES ('x')"]}"#,
+            400,
+            BAD_REQUEST,
+            "\"sql\" must be a string",
+        ),
+        case(
+            "params as an object",
+            r#"{"sql": "INSERT INTO t(name) VALUES (?1)", "params": {"1": "x"}}"#,
+            400,
+            BAD_REQUEST,
+            "\"params\" must be an array",
+        ),
+        case(
+            "params as a string",
+            r#"{"sql": "INSERT INTO t(name) VALUES (?1)", "params": "x"}"#,
+            400,
+            BAD_REQUEST,
+            "\"params\" must be an array",
+        ),
+        case(
+            "an object parameter",
+            r#"{"sql": "INSERT INTO t(name) VALUES (?1)", "params": [{"a": 1}]}"#,
+            400,
+            BAD_REQUEST,
+            "parameter 0: an object is not a supported parameter type",
+        ),
+        case(
+            "an array parameter",
+            r#"{"sql": "INSERT INTO t(name, n) VALUES (?1, ?2)", "params": ["x", [1, 2]]}"#,
+            400,
+            BAD_REQUEST,
+            "parameter 1: an array is not a supported parameter type",
+        ),
+        case(
+            "an unknown field",
+            r#"{"sql": "INSERT INTO t(name) VALUES ('x')", "params": [], "extra": 1}"#,
+            400,
+            BAD_REQUEST,
+            "must be {\"sql\"",
+        ),
+        case(
+            "a batch with one bad statement after a good one",
+            r#"[{"sql": "INSERT INTO t(name) VALUES ('x')"}, {"sql": 7}]"#,
+            400,
+            BAD_REQUEST,
+            "statement 1: \"sql\" must be a string",
+        ),
+    ]
+}
+
+#[test]
+fn malformed_or_wrongly_shaped_bodies_are_400_bad_request_and_change_nothing() {
+    let fx = fixture();
+    for c in body_cases() {
+        fx.refuse(&c);
+    }
+    fx.assert_still_serving();
+}
+
+/// A valid insert of about 10 KB: only its size is wrong.
+fn oversized_insert() -> Vec<u8> {
+    let body = json!({
+        "sql": "INSERT INTO t(name, n) VALUES (?1, 1)",
+        "params": ["x".repeat(10 * 1024)],
+    })
+    .to_string();
+    assert!(body.len() > 2 * MAX_BODY);
+    body.into_bytes()
+}
+
+#[test]
+fn a_body_over_the_configured_limit_is_413_and_changes_nothing() {
+    let fx = fixture();
+    fx.refuse(&case(
+        "a 10 KB body over a 4 KB limit",
+        oversized_insert(),
+        413,
+        TOO_LARGE,
+        "exceeds the limit of 4096 bytes",
+    ));
+    // One byte over is as over as ten thousand (the server reads one byte
+    // past the limit to know); exactly at the limit is fine.
+    let at = |len: usize| {
+        let fixed = r#"{"sql": "SELECT ?1 AS s", "params": [""]}"#.len();
+        format!(
+            r#"{{"sql": "SELECT ?1 AS s", "params": ["{}"]}}"#,
+            "y".repeat(len - fixed)
+        )
+        .into_bytes()
+    };
+    fx.refuse(&case(
+        "a body one byte over the limit",
+        at(MAX_BODY + 1),
+        413,
+        TOO_LARGE,
+        "exceeds the limit",
+    ));
+    for (node, url) in fx.nodes() {
+        let r = fx.post(&url, "main", Some(b"first-unconstrained"), &at(MAX_BODY));
+        assert_eq!(r.status, 200, "a body at the limit ({node}): {}", r.json);
+    }
+    fx.assert_still_serving();
+}
+
+#[test]
+fn an_unknown_database_name_is_404_and_changes_nothing() {
+    let fx = fixture();
+    for database in ["nope", "Main", "main2"] {
+        fx.refuse(&Case {
+            database,
+            ..case(
+                "an unknown database",
+                INSERT,
+                404,
+                UNKNOWN_DATABASE,
+                "unknown database",
+            )
+        });
+    }
+    fx.assert_still_serving();
+}
+
+/// The primary's latest bookmark moved forward by `epochs` and `sequences`.
+fn beyond(latest: Bookmark, epochs: u32, sequences: u64) -> String {
+    Bookmark::new(
+        Epoch(latest.epoch.0 + epochs),
+        Sequence(latest.sequence.0 + sequences),
+    )
+    .to_string()
+}
+
+#[test]
+fn malformed_and_future_bookmarks_are_400_bookmark_errors_and_change_nothing() {
+    let fx = fixture();
+    let latest = fx.c.primary.database().latest_bookmark();
+    let real = latest.to_string();
+    // Every malformed spelling is refused before the body runs; the body
+    // is a write, so running it would show.
+    let malformed: Vec<(&'static str, Vec<u8>)> = vec![
+        ("a word", b"not-a-bookmark".to_vec()),
+        ("an empty header", b"".to_vec()),
+        (
+            "a short bookmark",
+            real.as_bytes()[..real.len() - 1].to_vec(),
+        ),
+        // (Lowercase, it would be a well-formed future bookmark.)
+        (
+            "an uppercase bookmark",
+            b"0000000A-000000000000000F".to_vec(),
+        ),
+        ("no separator", real.replace('-', "0").into_bytes()),
+        // (Inside: HTTP trims spaces around a header's value.)
+        (
+            "a bookmark with a space inside",
+            format!("{} {}", &real[..3], &real[4..]).into_bytes(),
+        ),
+        ("a misspelled constraint", b"first_primary".to_vec()),
+    ];
+    for (what, header) in malformed {
+        fx.refuse(&Case {
+            header: Some(header),
+            ..case(what, INSERT, 400, BOOKMARK, "malformed bookmark")
+        });
+    }
+    fx.refuse(&Case {
+        header: Some(b"\xff\xfe-bookmark".to_vec()),
+        ..case(
+            "a header that is not text",
+            INSERT,
+            400,
+            BOOKMARK,
+            "not text",
+        )
+    });
+    // A bookmark the primary never issued: one step ahead, far ahead, and
+    // in a later epoch. A replica cannot know it is bogus (it may just be
+    // behind), so it waits, then the primary refuses it.
+    for (what, header) in [
+        ("the next sequence", beyond(latest, 0, 1)),
+        ("a far sequence", beyond(latest, 0, 1 << 40)),
+        ("a later epoch", beyond(latest, 1, 0)),
+    ] {
+        fx.refuse(&Case {
+            header: Some(header.into_bytes()),
+            ..case(what, INSERT, 400, BOOKMARK, "beyond the latest")
+        });
+    }
+    // The real bookmark is fine: the refusals were about the header only.
+    for (node, url) in fx.nodes() {
+        let r = fx.post(
+            &url,
+            "main",
+            Some(real.as_bytes()),
+            br#"{"sql": "SELECT count(*) AS n FROM t"}"#,
+        );
+        assert_eq!(r.status, 200, "the real bookmark ({node}): {}", r.json);
+        assert_eq!(r.bookmark.as_deref(), Some(real.as_str()), "{node}");
+    }
+    fx.assert_still_serving();
+}
+
+fn sql_cases() -> Vec<Case> {
+    vec![
+        case(
+            "a syntax error",
+            r#"{"sql": "SELEC 1"}"#,
+            400,
+            SQL,
+            "syntax error",
+        ),
+        case(
+            "a syntax error in a write",
+            r#"{"sql": "INSERT INTO t(name) VALUE ('x')"}"#,
+            400,
+            SQL,
+            "syntax error",
+        ),
+        case(
+            "an empty statement",
+            r#"{"sql": ""}"#,
+            400,
+            SQL,
+            "SQL is empty",
+        ),
+        case(
+            "a write to a missing table",
+            r#"{"sql": "INSERT INTO missing(x) VALUES (1)"}"#,
+            400,
+            SQL,
+            "no such table: missing",
+        ),
+        case(
+            "a read of a missing table",
+            r#"{"sql": "SELECT * FROM missing"}"#,
+            400,
+            SQL,
+            "no such table: missing",
+        ),
+        case(
+            "a write to a missing column",
+            r#"{"sql": "UPDATE t SET nope = 1"}"#,
+            400,
+            SQL,
+            "no such column: nope",
+        ),
+        case(
+            "too few parameters for a write",
+            r#"{"sql": "INSERT INTO t(name, n) VALUES (?1, ?2)", "params": ["x"]}"#,
+            400,
+            SQL,
+            "expects 2 parameters, 1 given",
+        ),
+        case(
+            "too many parameters for a write",
+            r#"{"sql": "INSERT INTO t(name) VALUES (?1)", "params": ["x", 2]}"#,
+            400,
+            SQL,
+            "expects 1 parameters, 2 given",
+        ),
+        case(
+            "too few parameters for a read",
+            r#"{"sql": "SELECT * FROM t WHERE n = ?1"}"#,
+            400,
+            SQL,
+            "expects 1 parameters, 0 given",
+        ),
+        case(
+            "a constraint violation",
+            r#"{"sql": "INSERT INTO t(name, n) VALUES (NULL, 1)"}"#,
+            400,
+            SQL,
+            "NOT NULL",
+        ),
+        case(
+            "a type violation in a STRICT table",
+            r#"{"sql": "INSERT INTO t(name, n) VALUES ('x', ?1)", "params": ["not a number"]}"#,
+            400,
+            SQL,
+            "cannot store TEXT value in INTEGER column",
+        ),
+        case(
+            "two statements in one",
+            r#"{"sql": "INSERT INTO t(name) VALUES ('x'); DELETE FROM t"}"#,
+            400,
+            SQL,
+            "Multiple statements",
+        ),
+    ]
+}
+
+#[test]
+fn sql_errors_missing_tables_and_parameter_mismatches_are_400_sql_errors_and_change_nothing() {
+    let fx = fixture();
+    for c in sql_cases() {
+        fx.refuse(&c);
+    }
+    fx.assert_still_serving();
+}
+
+/// Sums the samples of `name` whose labels include all of `labels`.
+fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> u64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, rest) = series.split_once('{')?;
+            if n != name {
+                return None;
+            }
+            let have: BTreeMap<&str, &str> = rest
+                .trim_end_matches('}')
+                .split(',')
+                .filter_map(|kv| {
+                    let (k, v) = kv.split_once('=')?;
+                    Some((k, v.trim_matches('"')))
+                })
+                .collect();
+            labels
+                .iter()
+                .all(|(k, v)| have.get(k) == Some(v))
+                .then(|| value.parse::<u64>().expect("a counter"))
+        })
+        .sum()
+}
+
+#[test]
+fn metrics_count_every_refused_request_by_status_and_none_as_served() {
+    let fx = fixture();
+    // Every kind of refusal, each sent once to each node.
+    let mut cases = body_cases();
+    cases.extend(sql_cases());
+    cases.push(case(
+        "too large",
+        oversized_insert(),
+        413,
+        TOO_LARGE,
+        "exceeds the limit",
+    ));
+    cases.push(Case {
+        database: "nope",
+        ..case(
+            "unknown database",
+            INSERT,
+            404,
+            UNKNOWN_DATABASE,
+            "unknown database",
+        )
+    });
+    cases.push(Case {
+        header: Some(b"not-a-bookmark".to_vec()),
+        ..case(
+            "malformed bookmark",
+            INSERT,
+            400,
+            BOOKMARK,
+            "malformed bookmark",
+        )
+    });
+    cases.push(Case {
+        header: Some(b"\xff-not-text".to_vec()),
+        ..case("non-text bookmark", INSERT, 400, BOOKMARK, "not text")
+    });
+    let future = beyond(fx.c.primary.database().latest_bookmark(), 0, 5).into_bytes();
+    cases.push(Case {
+        header: Some(future),
+        ..case(
+            "future bookmark",
+            INSERT,
+            400,
+            BOOKMARK,
+            "beyond the latest",
+        )
+    });
+    for c in &cases {
+        fx.refuse(c);
+    }
+    let mut sent: BTreeMap<u16, u64> = BTreeMap::new();
+    for c in &cases {
+        *sent.entry(c.status).or_insert(0) += 1;
+    }
+    let replica = fx.metrics(&fx.replica());
+    let primary = fx.metrics(&fx.primary());
+    let refused = |text: &str, status: u16| {
+        metric(
+            text,
+            "walrelay_refused_total",
+            &[("status", &status.to_string())],
+        )
+    };
+    // Every discrepancy is collected, so one run shows them all.
+    let mut wrong = Vec::new();
+    // The replica counts every refusal it answered, its own and the
+    // primary's it relayed.
+    for (&status, &n) in &sent {
+        let got = refused(&replica, status);
+        if got != n {
+            wrong.push(format!(
+                "replica, status {status}: counted {got}, answered {n}"
+            ));
+        }
+    }
+    // The primary counts the refusals sent to it and those the replica
+    // forwarded to it (all 400s here: names and sizes are checked before
+    // anything is forwarded, and the forwarded ones came back refused).
+    let forwarded = metric(&replica, "walrelay_forwarded_total", &[]);
+    assert!(forwarded > 0, "the replica forwarded nothing:\n{replica}");
+    for (&status, &n) in &sent {
+        let want = n + if status == 400 { forwarded } else { 0 };
+        let got = refused(&primary, status);
+        if got != want {
+            wrong.push(format!(
+                "primary, status {status}: counted {got}, answered {want}"
+            ));
+        }
+    }
+    // No refused request was counted as a query served.
+    for (node, text) in [("replica", &replica), ("primary", &primary)] {
+        let served = metric(text, "walrelay_queries_total", &[]);
+        if served != 0 {
+            wrong.push(format!("{node}: {served} refusals counted as served"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "walrelay_refused_total disagrees with the answers:\n  {}\n--- replica\n{replica}--- primary\n{primary}",
+        wrong.join("\n  ")
+    );
+}
