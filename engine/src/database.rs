@@ -606,11 +606,25 @@ impl Database {
         // A refused capture left a transaction in the local WAL that has no
         // bookmark and never will: serve nothing that could show it.
         self.check_capture()?;
-        if let (Role::Replica(r), Some(b)) = (&self.inner.role, at_least) {
+        let mut reader = self.inner.readers.take();
+        let mut readonly = reader.conn.prepare_cached(sql).map(|s| s.readonly());
+        if let (Role::Replica(r), Some(b)) = (&self.inner.role, at_least)
+            && r.visible() < b
+        {
+            if matches!(readonly, Ok(false)) {
+                // A write goes to the primary anyway: no reason to wait for
+                // this replica to catch up first.
+                self.inner.readers.give(reader);
+                return Err(QueryError::ReadOnlyReplica);
+            }
+            // A read (or a statement naming what the session's bookmark
+            // created but this replica has not applied yet): wait, then
+            // classify again against the newer schema.
+            self.inner.readers.give(reader);
             r.wait_visible(b)?;
+            reader = self.inner.readers.take();
+            readonly = reader.conn.prepare_cached(sql).map(|s| s.readonly());
         }
-        let reader = self.inner.readers.take();
-        let readonly = reader.conn.prepare_cached(sql).map(|s| s.readonly());
         let readonly = match readonly {
             Ok(r) => r,
             Err(e) => {

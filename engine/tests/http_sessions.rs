@@ -128,3 +128,50 @@ fn batches_are_atomic_and_errors_come_back_in_d1_shape() {
         "nothing of the batch stayed"
     );
 }
+
+#[test]
+fn a_write_through_a_lagging_replica_is_forwarded_at_once_without_waiting_for_the_session() {
+    // The replica is 400 ms behind and would wait at most 50 ms for a
+    // session's bookmark: had it waited before noticing the statement is a
+    // write, the second write would be forwarded as "behind".
+    let (_dir, c) = cluster(LocalClusterConfig {
+        replica_delay_ms: 400,
+        replica_max_wait_ms: 50,
+        ..LocalClusterConfig::default()
+    });
+    let client = c.client("region-a");
+    let replica_a = c.replica_http[0].url();
+    // The table exists on the replica before the session starts (a
+    // statement naming a table the replica has not applied yet cannot be
+    // classified there, and rightly waits).
+    let created = client
+        .session("first-primary")
+        .query("CREATE TABLE t(x)", vec![])
+        .expect("create")
+        .bookmark
+        .expect("bookmark")
+        .parse()
+        .expect("a bookmark");
+    assert!(
+        c.replicas[0]
+            .node()
+            .wait_confirmed(created, std::time::Duration::from_secs(10))
+    );
+    let s = client.session("first-unconstrained");
+    for sql in [
+        "INSERT INTO t VALUES (1)",
+        "INSERT INTO t VALUES (2)",
+        "INSERT INTO t VALUES (3)",
+    ] {
+        let r = s.query_via(&replica_a, &one(sql, vec![])).expect("write");
+        assert!(r.response.result[0].meta.served_by_primary);
+    }
+    let metrics = ureq::get(format!("{replica_a}/metrics"))
+        .call()
+        .expect("metrics")
+        .body_mut()
+        .read_to_string()
+        .expect("text");
+    assert!(metrics.contains("reason=\"write\"} 3"), "{metrics}");
+    assert!(!metrics.contains("reason=\"behind\""), "{metrics}");
+}

@@ -61,7 +61,12 @@ pub struct Client {
 impl Client {
     pub fn new(nodes: Vec<NodeInfo>, preferred_region: &str, database: &str) -> Client {
         let agent = ureq::Agent::config_builder()
-            .timeout_global(Some(Duration::from_secs(30)))
+            // Per phase, not global: a global deadline makes ureq resolve
+            // every address (even a literal IP) on a thread of its own.
+            .timeout_connect(Some(Duration::from_secs(2)))
+            .timeout_send_request(Some(Duration::from_secs(30)))
+            .timeout_recv_response(Some(Duration::from_secs(30)))
+            .timeout_recv_body(Some(Duration::from_secs(30)))
             .http_status_as_error(false)
             .build()
             .new_agent();

@@ -92,6 +92,9 @@ pub struct Answer {
     pub status: u16,
     pub bookmark: Option<String>,
     pub body: Vec<u8>,
+    /// Where each result was served, when answered here (a relayed answer
+    /// is read back from its body instead).
+    served: Option<Vec<(bool, String)>>,
 }
 
 impl Answer {
@@ -100,6 +103,17 @@ impl Answer {
             status,
             bookmark,
             body: serde_json::to_vec(r).unwrap_or_default(),
+            served: Some(
+                r.result
+                    .iter()
+                    .map(|res| {
+                        (
+                            res.meta.served_by_primary,
+                            res.meta.served_by_region.clone(),
+                        )
+                    })
+                    .collect(),
+            ),
         }
     }
     fn error(status: u16, code: u32, message: impl Into<String>) -> Answer {
@@ -128,7 +142,12 @@ fn query_error(e: &QueryError) -> (u16, u32) {
 impl Node {
     pub fn new(role: Role, config: HttpConfig) -> Node {
         let agent = ureq::Agent::config_builder()
-            .timeout_global(Some(Duration::from_millis(config.forward_timeout_ms)))
+            // Per phase, not global: a global deadline makes ureq resolve
+            // every address (even a literal IP) on a thread of its own.
+            .timeout_connect(Some(Duration::from_secs(2)))
+            .timeout_send_request(Some(Duration::from_millis(config.forward_timeout_ms)))
+            .timeout_recv_response(Some(Duration::from_millis(config.forward_timeout_ms)))
+            .timeout_recv_body(Some(Duration::from_millis(config.forward_timeout_ms)))
             .http_status_as_error(false)
             .build()
             .new_agent();
@@ -153,6 +172,10 @@ impl Node {
         let answer = self.query_inner(name, bookmark_header, body);
         if answer.status >= 400 {
             self.metrics.refused(answer.status);
+        } else if let Some(served) = &answer.served {
+            for (by_primary, region) in served {
+                self.metrics.served(*by_primary, region);
+            }
         } else if let Ok(r) = serde_json::from_slice::<Response>(&answer.body) {
             for res in &r.result {
                 self.metrics
@@ -258,6 +281,7 @@ impl Node {
                         status,
                         bookmark,
                         body,
+                        served: None,
                     },
                     Err(e) => Answer::error(
                         502,
