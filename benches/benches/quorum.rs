@@ -67,6 +67,7 @@ fn main() {
                 peers: vec![],
                 segment_bytes: 64 << 20,
                 backend: Backend::Auto,
+                catch_up_batch_bytes: walrelay_replicator::node::follower::CATCH_UP_BATCH_BYTES,
             })
             .expect("follower")
         })

@@ -69,6 +69,7 @@ pub fn follower(
         peers,
         segment_bytes: 64 << 20,
         backend: net,
+        catch_up_batch_bytes: walrelay_replicator::node::follower::CATCH_UP_BATCH_BYTES,
     })
     .with_context(|| format!("starting follower in {}", dir.display()))?;
     let r = node.recovery();

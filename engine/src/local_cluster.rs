@@ -88,6 +88,7 @@ impl LocalCluster {
                     peers: vec![],
                     segment_bytes: 16 << 20,
                     backend: Backend::Auto,
+                    catch_up_batch_bytes: walrelay_replicator::node::follower::CATCH_UP_BATCH_BYTES,
                 })
                 .map_err(|e| PrimaryError::Replication(e.to_string()))
             })

@@ -462,15 +462,34 @@ impl SegmentLog {
     /// records: ones appended since the last `sync` are not returned (they
     /// are not in the files yet, and catch-up must not serve them anyway).
     pub fn read_after(&self, after: Bookmark) -> Result<Vec<Bytes>, SegmentError> {
+        self.read_batch(after, self.durable, usize::MAX)
+    }
+
+    /// The durable records after `after` and up to `upto`, in order, up to
+    /// about `max_bytes` (always at least one record if there is one):
+    /// catch-up is served in bounded batches.
+    pub fn read_batch(
+        &self,
+        after: Bookmark,
+        upto: Bookmark,
+        max_bytes: usize,
+    ) -> Result<Vec<Bytes>, SegmentError> {
         let start = self.entries.partition_point(|e| e.bookmark <= after);
-        let end = self.entries.partition_point(|e| e.bookmark <= self.durable);
-        let mut out = Vec::with_capacity(end.saturating_sub(start));
+        let end = self
+            .entries
+            .partition_point(|e| e.bookmark <= self.durable.min(upto));
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
         for e in self.entries.get(start..end).unwrap_or_default() {
+            if !out.is_empty() && bytes.saturating_add(e.len as usize) > max_bytes {
+                break;
+            }
             let path = Self::segment_path(&self.dir, e.segment);
             let file = File::open(&path).map_err(io_at(&path))?;
             let mut buf = vec![0u8; e.len as usize];
             file.read_exact_at(&mut buf, e.offset)
                 .map_err(io_at(&path))?;
+            bytes += buf.len();
             out.push(Bytes::from(buf));
         }
         Ok(out)

@@ -56,6 +56,8 @@ pub struct Subscriber {
     database: DatabaseId,
     appended: Bookmark,
     confirmed: Bookmark,
+    /// Where the current catch-up request started.
+    catch_up_from: Bookmark,
 }
 
 impl Subscriber {
@@ -65,6 +67,7 @@ impl Subscriber {
             database,
             appended: confirmed,
             confirmed,
+            catch_up_from: confirmed,
         }
     }
 
@@ -103,9 +106,12 @@ impl Subscriber {
                         role: Role::Replica,
                         last_durable: self.confirmed,
                     },
-                    Source::Follower => Message::CatchUp {
-                        from: self.confirmed,
-                    },
+                    Source::Follower => {
+                        self.catch_up_from = self.confirmed;
+                        Message::CatchUp {
+                            from: self.confirmed,
+                        }
+                    }
                 };
                 out.push(SubscriberAction::Send(source, message));
             }
@@ -126,9 +132,20 @@ impl Subscriber {
                 Message::Confirm { confirmed, .. } | Message::Heartbeat { confirmed, .. },
             ) => self.confirm(confirmed, &mut out),
             SubscriberEvent::Received(Source::Follower, Message::CatchUpDone { upto }) => {
-                // A follower streams confirmed records only.
+                // A follower streams confirmed records only, one bounded
+                // batch per request: ask again until a batch brings nothing.
                 self.confirm(upto, &mut out);
-                out.push(SubscriberAction::Close(Source::Follower));
+                if upto > self.catch_up_from && self.confirmed > self.catch_up_from {
+                    self.catch_up_from = self.confirmed;
+                    out.push(SubscriberAction::Send(
+                        Source::Follower,
+                        Message::CatchUp {
+                            from: self.confirmed,
+                        },
+                    ));
+                } else {
+                    out.push(SubscriberAction::Close(Source::Follower));
+                }
             }
             SubscriberEvent::Received(Source::Leader, Message::Refuse { reason, .. }) => {
                 out.push(SubscriberAction::Close(Source::Leader));
@@ -235,7 +252,7 @@ mod tests {
     }
 
     #[test]
-    fn a_gap_closes_the_stream_and_behind_sends_the_replica_to_a_follower() {
+    fn a_gap_closes_the_stream_and_behind_sends_the_replica_to_a_follower_for_batches() {
         let mut s = Subscriber::new(DatabaseId(1), b(0));
         let a = recv(&mut s, Message::Append(rec(3)));
         assert_eq!(a, vec![SubscriberAction::Close(Source::Leader)]);
@@ -273,12 +290,19 @@ mod tests {
             Source::Follower,
             Message::CatchUpDone { upto: b(2) },
         ));
+        // A batch that made progress: ask for the next one.
         assert_eq!(
             a,
             vec![
                 SubscriberAction::Confirm(b(2)),
-                SubscriberAction::Close(Source::Follower)
+                SubscriberAction::Send(Source::Follower, Message::CatchUp { from: b(2) })
             ]
         );
+        // A batch that brings nothing: caught up.
+        let a = s.handle(SubscriberEvent::Received(
+            Source::Follower,
+            Message::CatchUpDone { upto: b(2) },
+        ));
+        assert_eq!(a, vec![SubscriberAction::Close(Source::Follower)]);
     }
 }

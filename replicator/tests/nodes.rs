@@ -80,6 +80,7 @@ fn three_of_five_reach_the_replica(backend: Backend) {
                 peers: vec![],
                 segment_bytes: 1 << 20,
                 backend,
+                catch_up_batch_bytes: walrelay_replicator::node::follower::CATCH_UP_BATCH_BYTES,
             })
             .expect("follower")
         })
@@ -146,6 +147,8 @@ fn peers_behind_the_leaders_tail_catch_up_from_followers_then_stream() {
             peers,
             segment_bytes: 1 << 20,
             backend,
+            // Small batches: a catch-up takes many requests.
+            catch_up_batch_bytes: 64 << 10,
         })
         .expect("follower")
     };

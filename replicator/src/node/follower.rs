@@ -31,14 +31,20 @@ pub struct FollowerNodeConfig {
     pub peers: Vec<SocketAddr>,
     pub segment_bytes: u64,
     pub backend: Backend,
+    /// Bytes of records served per catch-up request
+    /// ([`CATCH_UP_BATCH_BYTES`] by default).
+    pub catch_up_batch_bytes: usize,
 }
+
+/// Bytes of records served per catch-up request, by default.
+pub const CATCH_UP_BATCH_BYTES: usize = 4 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Conn {
     /// Accepted: a leader, or a peer/replica asking for catch-up.
     Inbound,
-    /// Dialed by us to catch up.
-    CatchUpSource,
+    /// Dialed by us to catch up; the position last asked from.
+    CatchUpSource { from: Bookmark },
 }
 
 struct Core {
@@ -164,18 +170,27 @@ impl State {
                 }
                 FollowerAction::Sync { .. } => core.sync_requested = true,
                 FollowerAction::ServeCatchUp { after, upto } => {
+                    // One bounded batch per request: the peer asks again
+                    // from where the batch ended (pull-based, so a long
+                    // catch-up never queues more than a batch).
                     let Some(to) = reply else { continue };
-                    match core.log.read_after(after) {
+                    match core
+                        .log
+                        .read_batch(after, upto, self.config.catch_up_batch_bytes)
+                    {
                         Ok(records) => {
+                            let mut last = after;
                             for bytes in records {
                                 match crate::record::Encoded::decode(&bytes) {
-                                    Ok((e, _)) if e.bookmark <= upto => {
+                                    Ok((e, _)) => {
+                                        last = e.bookmark;
                                         self.transport().send(to, &Message::Append(e));
                                     }
-                                    _ => break,
+                                    Err(_) => break,
                                 }
                             }
-                            self.transport().send(to, &Message::CatchUpDone { upto });
+                            self.transport()
+                                .send(to, &Message::CatchUpDone { upto: last });
                         }
                         Err(_) => self.transport().close(to),
                     }
@@ -199,7 +214,7 @@ impl State {
                     let sources: Vec<ConnId> = core
                         .conns
                         .iter()
-                        .filter(|(_, k)| **k == Conn::CatchUpSource)
+                        .filter(|(_, k)| matches!(k, Conn::CatchUpSource { .. }))
                         .map(|(c, _)| *c)
                         .collect();
                     for c in sources {
@@ -231,8 +246,8 @@ impl NetHandler for State {
 
     fn connected(&self, conn: ConnId, _tag: u64) {
         let mut core = self.core.lock();
-        core.conns.insert(conn, Conn::CatchUpSource);
         let from = core.follower.last_appended();
+        core.conns.insert(conn, Conn::CatchUpSource { from });
         self.transport().send(conn, &Message::CatchUp { from });
     }
 
@@ -249,14 +264,22 @@ impl NetHandler for State {
         }
         let kind = core.conns.get(&conn).copied();
         let event = match (kind, message) {
-            (Some(Conn::CatchUpSource), Message::Append(record)) => {
+            (Some(Conn::CatchUpSource { .. }), Message::Append(record)) => {
                 FollowerEvent::CatchUpRecord(record)
             }
-            (Some(Conn::CatchUpSource), Message::CatchUpDone { upto }) => {
-                self.transport().close(conn);
+            (Some(Conn::CatchUpSource { from }), Message::CatchUpDone { upto }) => {
+                if upto > from {
+                    // A batch ended: ask for the next one.
+                    let next = core.follower.last_appended().max(upto);
+                    core.conns.insert(conn, Conn::CatchUpSource { from: next });
+                    self.transport()
+                        .send(conn, &Message::CatchUp { from: next });
+                } else {
+                    self.transport().close(conn);
+                }
                 FollowerEvent::CatchUpDone { upto }
             }
-            (Some(Conn::CatchUpSource), _) => {
+            (Some(Conn::CatchUpSource { .. }), _) => {
                 self.transport().close(conn);
                 return;
             }
@@ -274,7 +297,7 @@ impl NetHandler for State {
             }
         };
         let actions = core.follower.handle(event);
-        let reply = (kind != Some(Conn::CatchUpSource)).then_some(conn);
+        let reply = (!matches!(kind, Some(Conn::CatchUpSource { .. }))).then_some(conn);
         self.run(&mut core, reply, actions);
         let dial = core.dial.take();
         drop(core);
@@ -290,7 +313,7 @@ impl NetHandler for State {
 
     fn closed(&self, conn: ConnId, _error: Option<String>) {
         let mut core = self.core.lock();
-        if core.conns.remove(&conn) == Some(Conn::CatchUpSource) {
+        if matches!(core.conns.remove(&conn), Some(Conn::CatchUpSource { .. })) {
             core.catching_up = false;
             // Make what was fetched durable before anyone relies on it.
             self.sync(&mut core);
