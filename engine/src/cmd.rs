@@ -84,6 +84,11 @@ pub fn follower(
     );
     while !stopping() {
         std::thread::sleep(Duration::from_millis(50));
+        if let Some(why) = node.broken() {
+            // Exit loudly: a supervisor restarts it, and the restart cuts
+            // the log back to what was durable before the failure.
+            bail!("follower {} stopped taking records: {why}", node.addr());
+        }
     }
     println!("follower {} stopping at {}", node.addr(), node.durable());
     Ok(())

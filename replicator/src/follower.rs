@@ -164,6 +164,13 @@ impl Follower {
                 }
             }
             FollowerEvent::Received(Message::Append(record)) => {
+                // Only a leader's handshake raises the epoch: an append from
+                // a newer epoch that never introduced itself is refused, so
+                // a stray message cannot fence every future leader.
+                if record.bookmark.epoch > self.epoch {
+                    out.push(self.refuse(RefuseReason::NotIntroduced));
+                    return out;
+                }
                 if !self.accept_epoch(record.bookmark.epoch, &mut out) {
                     return out;
                 }

@@ -377,7 +377,15 @@ impl Leader {
                     return;
                 }
                 if epoch > self.config.epoch {
-                    self.fence(epoch, out);
+                    // Only a durability follower's accepted epoch fences a
+                    // leader; a replica (or anything on the replica port)
+                    // claiming a newer epoch is simply not of this history.
+                    if let Kind::Follower(_) = kind {
+                        self.fence(epoch, out);
+                    } else {
+                        self.refuse_and_close(peer, CloseReason::Diverged, out);
+                        self.peers.remove(&peer);
+                    }
                     return;
                 }
                 let from = match self.locate(last_durable) {
@@ -415,8 +423,12 @@ impl Leader {
                 }
                 self.ack(index, durable, out);
             }
-            (_, Message::Refuse { epoch, reason }) => match reason {
-                RefuseReason::StaleEpoch if epoch > self.config.epoch => self.fence(epoch, out),
+            (kind, Message::Refuse { epoch, reason }) => match reason {
+                RefuseReason::StaleEpoch
+                    if epoch > self.config.epoch && matches!(kind, Kind::Follower(_)) =>
+                {
+                    self.fence(epoch, out)
+                }
                 RefuseReason::Gap => {
                     // Resending on this connection would race the appends
                     // still in flight (each would refuse again and ask for

@@ -262,8 +262,71 @@ impl SegmentLog {
             log.current = Some((index, file));
             log.write_offset = at as u64;
         }
+        if let Some(good) = poison::load(dir)? {
+            rec.cut_bytes += log.cut_after(good)?;
+        }
+        // What survived a process crash may still sit in the page cache
+        // only: sync it before anything counts as durable (a follower acks
+        // its position on every handshake).
+        let mut synced = std::collections::BTreeSet::new();
+        for e in &log.entries {
+            if synced.insert(e.segment) {
+                let path = Self::segment_path(dir, e.segment);
+                File::open(&path)
+                    .and_then(|f| f.sync_data())
+                    .map_err(io_at(&path))?;
+            }
+        }
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_at(dir))?;
+        poison::clear(dir)?;
         log.durable = log.last();
         Ok((log, rec))
+    }
+
+    /// Cuts every record after `keep` (zeroing their bytes, removing later
+    /// segments); returns the bytes cut.
+    fn cut_after(&mut self, keep: Bookmark) -> Result<u64, SegmentError> {
+        let first = self.entries.partition_point(|e| e.bookmark <= keep);
+        let Some(from) = self.entries.get(first).copied() else {
+            return Ok(0);
+        };
+        let mut cut = 0;
+        let mut segments: Vec<u64> = self.entries[first..].iter().map(|e| e.segment).collect();
+        segments.dedup();
+        for &seg in &segments {
+            let path = Self::segment_path(&self.dir, seg);
+            if seg == from.segment {
+                let end = self.entries[first..]
+                    .iter()
+                    .filter(|e| e.segment == seg)
+                    .map(|e| e.offset + e.len)
+                    .max()
+                    .unwrap_or(from.offset);
+                let len = (end - from.offset) as usize;
+                let file = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(io_at(&path))?;
+                file.write_all_at(&vec![0u8; len], from.offset)
+                    .map_err(io_at(&path))?;
+                file.sync_data().map_err(io_at(&path))?;
+                cut += len as u64;
+            } else {
+                cut += std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+                std::fs::remove_file(&path).map_err(io_at(&path))?;
+            }
+        }
+        self.entries.truncate(first);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(Self::segment_path(&self.dir, from.segment))
+            .map_err(io_at(&self.dir))?;
+        self.current = Some((from.segment, file));
+        self.write_offset = from.offset;
+        Ok(cut)
     }
 
     /// The newest record's bookmark (or the base).
@@ -392,6 +455,10 @@ impl SegmentLog {
         let upto = self.last();
         if let Err(e) = self.write_pending() {
             self.failed = true;
+            // Best effort: a reopen must not trust what this failed sync
+            // may or may not have written (a retried fdatasync can report
+            // success for pages the kernel already dropped).
+            let _ = poison::store(&self.dir, self.durable);
             return Err(e);
         }
         self.pending.clear();
@@ -493,6 +560,69 @@ impl SegmentLog {
             out.push(Bytes::from(buf));
         }
         Ok(out)
+    }
+}
+
+/// The poison marker, `<dir>/poisoned`: written when a sync fails, naming
+/// the last bookmark known durable; the next open cuts the log back to it.
+///
+/// ```text
+///  0  magic     b"WRPOISON"                  8
+///  8  bookmark  epoch u32, sequence u64 BE  12
+/// 20  crc32     u32 BE over bytes 0..20      4
+/// ```
+mod poison {
+    use super::{SegmentError, io_at};
+    use crate::bookmark::Bookmark;
+    use std::fs::File;
+    use std::io::Write;
+    use std::path::Path;
+
+    const NAME: &str = "poisoned";
+    const MAGIC: [u8; 8] = *b"WRPOISON";
+
+    pub(super) fn store(dir: &Path, good: Bookmark) -> Result<(), SegmentError> {
+        let path = dir.join(NAME);
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&good.to_bytes());
+        bytes.extend_from_slice(&crc32fast::hash(&bytes).to_be_bytes());
+        let mut f = File::create(&path).map_err(io_at(&path))?;
+        f.write_all(&bytes).map_err(io_at(&path))?;
+        f.sync_all().map_err(io_at(&path))?;
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_at(dir))
+    }
+
+    /// The marker's bookmark; a damaged marker cuts everything (the safe
+    /// reading: nothing past the base is trusted).
+    pub(super) fn load(dir: &Path) -> Result<Option<Bookmark>, SegmentError> {
+        let path = dir.join(NAME);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_at(&path)(e)),
+        };
+        let valid = bytes.len() == 24
+            && bytes[..8] == MAGIC
+            && crc32fast::hash(&bytes[..20]).to_be_bytes()[..] == bytes[20..24];
+        if !valid {
+            return Ok(Some(Bookmark::ZERO));
+        }
+        let mut raw = [0u8; 12];
+        raw.copy_from_slice(&bytes[8..20]);
+        Ok(Some(Bookmark::from_bytes(raw)))
+    }
+
+    pub(super) fn clear(dir: &Path) -> Result<(), SegmentError> {
+        let path = dir.join(NAME);
+        match std::fs::remove_file(&path) {
+            Ok(()) => File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io_at(dir)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_at(&path)(e)),
+        }
     }
 }
 
@@ -674,6 +804,35 @@ mod tests {
             assert_eq!(r.records, 0);
             log.append(&rec(1)).expect("append after reopen");
             assert_eq!(log.sync().expect("sync"), b(1));
+        }
+    }
+
+    #[test]
+    fn after_a_failed_sync_a_reopen_keeps_only_what_was_durable_before_it() {
+        for backend in BACKENDS {
+            let dir = tempfile::tempdir().expect("tmp");
+            let (mut log, _) = open(dir.path(), backend);
+            log.append(&rec(1)).expect("append");
+            log.append(&rec(2)).expect("append");
+            assert_eq!(log.sync().expect("sync"), b(2));
+            let end = log.write_offset;
+            log.append(&rec(3)).expect("append");
+            let (index, _) = log.current.take().expect("current");
+            let path = SegmentLog::segment_path(dir.path(), index);
+            log.current = Some((index, File::open(&path).expect("read-only")));
+            assert!(log.sync().is_err());
+            drop(log);
+            // The failed sync's bytes may still have reached the file (the
+            // kernel wrote them, then reported the flush failed): the
+            // marker left by the failure must win over what the scan finds.
+            let f = OpenOptions::new().write(true).open(&path).expect("open");
+            f.write_all_at(&rec(3), end).expect("write");
+            drop(f);
+            let (log, r) = open(dir.path(), backend);
+            assert_eq!(log.last(), b(2));
+            assert_eq!(log.durable(), b(2));
+            assert!(r.cut_bytes > 0);
+            assert!(!dir.path().join("poisoned").exists());
         }
     }
 }

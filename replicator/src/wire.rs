@@ -18,7 +18,8 @@
 //!  6 CatchUpDone upto bookmark (12): the stream has caught up    = 12
 //!  7 Heartbeat   epoch u32, confirmed bookmark (12), sent_us u64 = 24
 //!  8 Refuse      epoch u32 (the receiver's), reason u8 (1 stale epoch,
-//!                2 wrong database, 3 gap, 4 behind, 5 diverged)  = 5
+//!                2 wrong database, 3 gap, 4 behind, 5 diverged,
+//!                6 not introduced)                                = 5
 //! ```
 //!
 //! A frame's length is checked against [`MAX_FRAME_BYTES`] before anything
@@ -59,6 +60,8 @@ pub enum RefuseReason {
     /// The peer's log holds records the leader's history does not (a
     /// diverged tail from an older epoch); it cannot be used until repaired.
     Diverged,
+    /// An append arrived in an epoch no handshake introduced.
+    NotIntroduced,
 }
 
 /// One protocol message.
@@ -204,6 +207,7 @@ impl Message {
                     RefuseReason::Gap => 3,
                     RefuseReason::Behind => 4,
                     RefuseReason::Diverged => 5,
+                    RefuseReason::NotIntroduced => 6,
                 });
                 kind_and_body(&mut b, REFUSE, &body);
             }
@@ -325,6 +329,7 @@ impl Message {
                     3 => RefuseReason::Gap,
                     4 => RefuseReason::Behind,
                     5 => RefuseReason::Diverged,
+                    6 => RefuseReason::NotIntroduced,
                     r => return Err(WireError::UnknownReason(r)),
                 };
                 Message::Refuse {

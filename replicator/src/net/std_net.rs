@@ -100,8 +100,8 @@ impl Shared {
                     ));
                 }
                 if (buf.len() as u64) < len {
-                    // Reserve only once the size is known to be bounded.
-                    buf.reserve(len as usize - buf.len());
+                    // Grow only as bytes arrive: a header alone must not make
+                    // this side allocate the size it claims.
                     break;
                 }
                 let frame: Bytes = buf.split_to(len as usize).freeze();

@@ -425,8 +425,8 @@ fn split_frames(buf: &mut BytesMut, mut deliver: impl FnMut(Message)) -> (bool, 
             return (handed, Err(e));
         }
         if (buf.len() as u64) < len {
-            // Reserve only once the size is known to be bounded.
-            buf.reserve(len as usize - buf.len());
+            // Grow only as bytes arrive: a header alone must not make
+            // this side allocate the size it claims.
             return (handed, Ok(()));
         }
         let frame: Bytes = buf.split_to(len as usize).freeze();
@@ -1102,6 +1102,34 @@ mod tests {
         let mut rest = Vec::new();
         let _ = peer.read_to_end(&mut rest);
         assert!(rest.is_empty());
+    }
+
+    /// A header claiming a large (but legal) frame, and nothing after it:
+    /// neither transport may allocate what it claims.
+    #[test]
+    fn a_large_claimed_frame_allocates_only_what_arrives_on_either_transport() {
+        let (tx, _rx) = mpsc::channel();
+        let std_server = crate::net::std_net::StdTransport::new(Arc::new(Collect(Mutex::new(tx))));
+        let mut servers: Vec<Box<dyn Transport>> = vec![Box::new(std_server)];
+        if let Some((uring, _)) = transport() {
+            servers.push(Box::new(uring));
+        }
+        for server in &servers {
+            let addr = server.listen(local()).expect("listen");
+            let mut peer = TcpStream::connect(addr).expect("connect");
+            let claimed = MAX_FRAME_BYTES - 64;
+            let mut frame = u32::try_from(claimed).expect("fits").to_be_bytes().to_vec();
+            frame.extend_from_slice(&[1, 2]);
+            frame.extend_from_slice(&[0u8; 4096]);
+            peer.write_all(&frame).expect("write");
+            std::thread::sleep(Duration::from_millis(200));
+            let largest = LARGEST.load(Ordering::Relaxed) as u64;
+            assert!(
+                largest < MAX_FRAME_BYTES / 2,
+                "{}: allocated {largest} bytes for a claim",
+                server.backend()
+            );
+        }
     }
 
     #[test]

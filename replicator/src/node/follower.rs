@@ -139,6 +139,13 @@ impl FollowerNode {
     pub fn backend(&self) -> &'static str {
         self.state.transport().backend()
     }
+    /// Why the follower stopped taking records (a storage failure), if it
+    /// did. It then refuses everything: a process supervisor should
+    /// restart it, which cuts the log back to what was durable.
+    pub fn broken(&self) -> Option<String> {
+        self.state.core.lock().broken.clone()
+    }
+
     /// How the log reaches the disk: "std" or "io_uring".
     pub fn storage_backend(&self) -> &'static str {
         self.state.core.lock().log.io_backend()
@@ -283,20 +290,30 @@ impl NetHandler for State {
                 self.transport().close(conn);
                 return;
             }
-            (_, m) => {
-                if matches!(
-                    m,
-                    Message::Handshake {
-                        role: Role::Leader,
-                        ..
-                    }
-                ) {
-                    core.leader = Some(conn);
-                }
-                FollowerEvent::Received(m)
+            (_, Message::Append(_) | Message::Confirm { .. } | Message::Heartbeat { .. })
+                if core.leader != Some(conn) =>
+            {
+                // Log traffic is taken only from the connection whose
+                // leader handshake was accepted.
+                self.transport().close(conn);
+                return;
             }
+            (_, m) => FollowerEvent::Received(m),
         };
         let actions = core.follower.handle(event);
+        // The follower answers a leader handshake it accepts with its own:
+        // from then on that connection is the leader's.
+        if actions.iter().any(|a| {
+            matches!(
+                a,
+                FollowerAction::Send(Message::Handshake {
+                    role: Role::Follower,
+                    ..
+                })
+            )
+        }) {
+            core.leader = Some(conn);
+        }
         let reply = (!matches!(kind, Some(Conn::CatchUpSource { .. }))).then_some(conn);
         self.run(&mut core, reply, actions);
         let dial = core.dial.take();
