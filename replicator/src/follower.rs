@@ -356,6 +356,20 @@ mod tests {
     }
 
     #[test]
+    fn an_append_from_an_epoch_no_handshake_introduced_changes_nothing() {
+        let mut f = Follower::new(DB, Epoch(1), b(1, 0));
+        let a = append(&mut f, rec(4_000_000_000, 1, b(4_000_000_000, 0)));
+        assert_eq!(
+            a,
+            vec![FollowerAction::Send(Message::Refuse {
+                epoch: Epoch(1),
+                reason: RefuseReason::NotIntroduced
+            })]
+        );
+        assert_eq!(f.epoch(), Epoch(1), "the epoch did not move");
+    }
+
+    #[test]
     fn catch_up_serves_only_confirmed_records() {
         let mut f = Follower::new(DB, Epoch(1), b(1, 9));
         f.handle(FollowerEvent::Received(Message::Confirm {

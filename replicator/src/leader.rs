@@ -511,3 +511,73 @@ impl Leader {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bookmark::Sequence;
+
+    fn leader() -> Leader {
+        Leader::new(LeaderConfig {
+            database: DatabaseId(1),
+            epoch: Epoch(3),
+            followers: 3,
+            write_quorum: 2,
+            start: Bookmark::ZERO,
+            tail_limit_bytes: 1 << 20,
+            heartbeat_interval_us: 1_000,
+        })
+        .expect("leader")
+    }
+
+    fn handshake(role: Role, epoch: u32) -> Message {
+        Message::Handshake {
+            database: DatabaseId(1),
+            epoch: Epoch(epoch),
+            role,
+            last_durable: Bookmark::ZERO,
+        }
+    }
+
+    #[test]
+    fn a_replica_claiming_a_newer_epoch_is_refused_and_cannot_fence_the_leader() {
+        let mut l = leader();
+        l.handle(LeaderEvent::ReplicaConnected { peer: PeerId(9) });
+        let a = l.handle(LeaderEvent::Received {
+            peer: PeerId(9),
+            message: handshake(Role::Replica, 999),
+        });
+        assert!(!a.iter().any(|x| matches!(x, LeaderAction::Fenced(_))));
+        assert!(a.iter().any(|x| matches!(
+            x,
+            LeaderAction::Close {
+                reason: CloseReason::Diverged,
+                ..
+            }
+        )));
+        let r = crate::record::Record {
+            bookmark: Bookmark::new(Epoch(3), Sequence(1)),
+            previous: Bookmark::ZERO,
+            page_size: 512,
+            db_pages: 1,
+            pages: vec![(1, bytes::Bytes::from(vec![0u8; 512]))],
+        }
+        .to_encoded()
+        .expect("record");
+        assert!(l.committed(r).is_ok(), "the leader still takes commits");
+    }
+
+    #[test]
+    fn a_follower_with_a_newer_epoch_fences_the_leader() {
+        let mut l = leader();
+        l.handle(LeaderEvent::FollowerConnected {
+            peer: PeerId(1),
+            index: 0,
+        });
+        let a = l.handle(LeaderEvent::Received {
+            peer: PeerId(1),
+            message: handshake(Role::Follower, 4),
+        });
+        assert_eq!(a, vec![LeaderAction::Fenced(Epoch(4))]);
+    }
+}
