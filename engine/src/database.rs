@@ -838,6 +838,20 @@ impl Database {
     }
 }
 
+impl Database {
+    /// Runs `check` while holding the writer lock (no commit in flight);
+    /// a replica just runs it.
+    pub(crate) fn quiesce(&self, check: impl FnOnce() -> bool) -> bool {
+        match self.primary() {
+            Some(p) => {
+                let _w = p.writer.lock();
+                check()
+            }
+            None => check(),
+        }
+    }
+}
+
 impl PrimaryRole {
     fn gate_admit(&self) -> Result<(), QueryError> {
         match &self.gate {

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use walrelay_replicator::net::Backend;
-use walrelay_replicator::node::leader::{LeaderNode, LeaderNodeConfig, LeaderStatus};
+use walrelay_replicator::node::leader::{ConfirmError, LeaderNode, LeaderNodeConfig, LeaderStatus};
 use walrelay_replicator::node::replica::{Applier, ReplicaNode, ReplicaNodeConfig};
 use walrelay_replicator::{Bookmark, DatabaseId, Encoded, Record};
 use walrelay_vfs::{CapturedTransaction, PageNo, PageSet};
@@ -69,6 +69,11 @@ struct Link {
     previous: Mutex<Bookmark>,
     confirm_timeout: Duration,
     max_unconfirmed_bytes: usize,
+    /// The log position this leader started after (a stop with no commit
+    /// in this epoch leaves it as the marker).
+    start: Bookmark,
+    /// Set by `stop`: no write is admitted any more.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl TransactionSink for Link {
@@ -115,6 +120,9 @@ impl CommitGate for Link {
         let Some(leader) = self.leader.get() else {
             return Err(GateError("replication is not started".into()));
         };
+        if self.stopping.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(GateError("the primary is stopping".into()));
+        }
         let deadline = Instant::now() + self.confirm_timeout;
         loop {
             let status = leader.status();
@@ -129,8 +137,13 @@ impl CommitGate for Link {
                     status.streaming_followers
                 )));
             }
-            // Waiting for the oldest unconfirmed record frees the most room.
-            let _ = leader.wait_confirmed(status.last, Duration::from_millis(10));
+            // Room frees as confirms arrive; a fenced leader never frees
+            // any, so say so at once.
+            if let Err(e @ ConfirmError::Fenced(_)) =
+                leader.wait_confirmed(status.last, Duration::from_millis(10))
+            {
+                return Err(GateError(e.to_string()));
+            }
         }
     }
 
@@ -170,6 +183,7 @@ pub enum PrimaryError {
 pub struct ReplicatedPrimary {
     db: Database,
     leader: LeaderNode,
+    link: Arc<Link>,
     path: PathBuf,
 }
 
@@ -202,6 +216,8 @@ impl ReplicatedPrimary {
             previous: Mutex::new(start),
             confirm_timeout: Duration::from_millis(config.confirm_timeout_ms),
             max_unconfirmed_bytes: config.max_unconfirmed_bytes,
+            start,
+            stopping: std::sync::atomic::AtomicBool::new(false),
         });
         let mut options = config.options.clone();
         options.sink = Some(Arc::clone(&link) as Arc<dyn TransactionSink>);
@@ -226,6 +242,7 @@ impl ReplicatedPrimary {
         Ok(ReplicatedPrimary {
             db,
             leader,
+            link,
             path: config.path,
         })
     }
@@ -248,12 +265,35 @@ impl ReplicatedPrimary {
     /// the stop marker so the next start can continue the log. Writes
     /// arriving meanwhile are the caller's to prevent.
     pub fn stop(self, timeout: Duration) -> Result<Bookmark, PrimaryError> {
-        let last = self.db.latest_bookmark();
-        self.leader
-            .wait_confirmed(last, timeout)
-            .map_err(|e| PrimaryError::Stop(e.to_string()))?;
-        stop_marker::store(&self.path, last)?;
-        Ok(last)
+        // No write starts from here; one already admitted may still commit,
+        // so wait until the newest bookmark stops moving and is confirmed.
+        self.link
+            .stopping
+            .store(true, std::sync::atomic::Ordering::Release);
+        let deadline = Instant::now() + timeout;
+        loop {
+            let last = self.db.latest_bookmark();
+            let left = deadline.saturating_duration_since(Instant::now());
+            if last.sequence.0 > 0 {
+                self.leader
+                    .wait_confirmed(last, left)
+                    .map_err(|e| PrimaryError::Stop(e.to_string()))?;
+            }
+            // Every commit holds the writer lock; taking it means none is
+            // in flight, so `last` is final if it has not moved.
+            if self.db.quiesce(|| self.db.latest_bookmark() == last) {
+                let mark = if last.sequence.0 == 0 {
+                    self.link.start
+                } else {
+                    last
+                };
+                stop_marker::store(&self.path, mark)?;
+                return Ok(mark);
+            }
+            if Instant::now() >= deadline {
+                return Err(PrimaryError::Stop("writes kept committing".into()));
+            }
+        }
     }
 }
 
@@ -269,6 +309,9 @@ impl Applier for Replica {
     }
     fn discard_unconfirmed(&self) -> Result<(), String> {
         Replica::discard_unconfirmed(self).map_err(|e| e.to_string())
+    }
+    fn confirmed(&self) -> Bookmark {
+        Replica::confirmed(self)
     }
 }
 

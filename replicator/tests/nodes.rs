@@ -45,6 +45,9 @@ impl Applier for Memory {
         *self.visible.lock() = bookmark;
         Ok(())
     }
+    fn confirmed(&self) -> Bookmark {
+        *self.visible.lock()
+    }
     fn discard_unconfirmed(&self) -> Result<(), String> {
         let v = *self.visible.lock();
         self.applied.lock().retain(|b| *b <= v);
@@ -132,7 +135,7 @@ fn three_of_five_reach_the_replica(backend: Backend) {
 }
 
 #[test]
-fn peers_behind_the_leaders_tail_catch_up_from_followers_then_stream() {
+fn peers_behind_the_leaders_tail_catch_up_from_followers_then_stream_skipping_a_frozen_one() {
     let backend = Backend::Auto;
     let dirs: Vec<_> = (0..5).map(|_| tempfile::tempdir().expect("dir")).collect();
     // The fifth follower's address is reserved now and started later.
@@ -182,12 +185,23 @@ fn peers_behind_the_leaders_tail_catch_up_from_followers_then_stream() {
     std::thread::sleep(Duration::from_millis(50));
 
     let late = start(4, late_addr, addrs[..4].to_vec());
+    // The replica's first catch-up source accepts and then says nothing (a
+    // frozen peer): the replica must give up on it and use the next.
+    let frozen = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let frozen_addr = frozen.local_addr().expect("addr");
+    let _frozen_peer = std::thread::spawn(move || {
+        let held: Vec<_> = frozen.incoming().take(4).collect();
+        std::thread::sleep(Duration::from_secs(60));
+        drop(held);
+    });
+    let mut sources = vec![frozen_addr];
+    sources.extend_from_slice(&addrs[..4]);
     let memory = Arc::new(Memory::default());
     let replica = ReplicaNode::start(
         ReplicaNodeConfig {
             database: DB,
             leader: leader.replica_addr().expect("listening"),
-            followers: addrs[..4].to_vec(),
+            followers: sources,
             start: Bookmark::ZERO,
             redial_interval_ms: 20,
             backend,
@@ -209,7 +223,7 @@ fn peers_behind_the_leaders_tail_catch_up_from_followers_then_stream() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(
-        replica.wait_confirmed(b(220), Duration::from_secs(20)),
+        replica.wait_confirmed(b(220), Duration::from_secs(30)),
         "replica stuck at {} ({:?})",
         replica.confirmed(),
         replica.last_error()

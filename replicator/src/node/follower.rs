@@ -60,6 +60,8 @@ struct Core {
     broken: Option<String>,
     /// A catch-up source to dial after the lock is released.
     dial: Option<SocketAddr>,
+    /// When a catch-up was started or its source last spoke.
+    catch_up_seen: Option<std::time::Instant>,
 }
 
 struct State {
@@ -107,6 +109,7 @@ impl FollowerNode {
                 next_peer: 0,
                 broken: None,
                 dial: None,
+                catch_up_seen: None,
             }),
             transport: OnceLock::new(),
             config,
@@ -119,6 +122,11 @@ impl FollowerNode {
         let addr = transport
             .listen(state.config.listen)
             .map_err(|e| NodeError::Io(format!("listen on {}: {e}", state.config.listen)))?;
+        let weak = Arc::downgrade(&state);
+        std::thread::Builder::new()
+            .name("walrelay-follower-watch".into())
+            .spawn(move || watch_catch_up(weak))
+            .map_err(|e| NodeError::Io(e.to_string()))?;
         Ok(FollowerNode {
             state,
             addr,
@@ -149,6 +157,36 @@ impl FollowerNode {
     /// How the log reaches the disk: "std" or "io_uring".
     pub fn storage_backend(&self) -> &'static str {
         self.state.core.lock().log.io_backend()
+    }
+}
+
+/// A catch-up silent this long is abandoned (the next `Behind` starts
+/// another, from the next peer): a frozen peer must not wedge the follower.
+pub const CATCH_UP_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn watch_catch_up(state: std::sync::Weak<State>) {
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let Some(s) = state.upgrade() else { return };
+        let stale: Vec<ConnId> = {
+            let mut core = s.core.lock();
+            let idle = core
+                .catch_up_seen
+                .is_some_and(|t| t.elapsed() > CATCH_UP_IDLE);
+            if !(core.catching_up && idle) {
+                continue;
+            }
+            core.catching_up = false;
+            core.catch_up_seen = None;
+            core.conns
+                .iter()
+                .filter(|(_, k)| matches!(k, Conn::CatchUpSource { .. }))
+                .map(|(c, _)| *c)
+                .collect()
+        };
+        for c in stale {
+            s.transport().close(c);
+        }
     }
 }
 
@@ -210,6 +248,7 @@ impl State {
                 FollowerAction::CatchUpFromPeer { .. } => {
                     if !core.catching_up && !self.config.peers.is_empty() {
                         core.catching_up = true;
+                        core.catch_up_seen = Some(std::time::Instant::now());
                         let peer = self.config.peers[core.next_peer % self.config.peers.len()];
                         core.next_peer += 1;
                         // Dialed once the lock is released: a failed dial
@@ -270,6 +309,9 @@ impl NetHandler for State {
             return;
         }
         let kind = core.conns.get(&conn).copied();
+        if matches!(kind, Some(Conn::CatchUpSource { .. })) {
+            core.catch_up_seen = Some(std::time::Instant::now());
+        }
         let event = match (kind, message) {
             (Some(Conn::CatchUpSource { .. }), Message::Append(record)) => {
                 FollowerEvent::CatchUpRecord(record)

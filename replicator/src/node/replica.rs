@@ -23,6 +23,8 @@ pub trait Applier: Send + Sync {
     /// Makes everything up to `bookmark` visible at once.
     fn confirm(&self, bookmark: Bookmark) -> Result<(), String>;
     fn discard_unconfirmed(&self) -> Result<(), String>;
+    /// What is visible now (where a resubscription starts).
+    fn confirmed(&self) -> Bookmark;
 }
 
 /// How to run a replica's subscriber.
@@ -52,6 +54,8 @@ struct Links {
     /// Catch up from a follower before the next leader connection.
     need_catch_up: bool,
     next_follower: usize,
+    /// When the catch-up source last spoke (a silent one is dropped).
+    catch_up_seen: Option<Instant>,
 }
 
 struct State {
@@ -189,10 +193,24 @@ fn release_delayed(state: Weak<State>) {
     }
 }
 
+/// A catch-up source silent this long is dropped (and another tried):
+/// a frozen peer must not wedge the replica.
+pub const CATCH_UP_IDLE: Duration = Duration::from_secs(5);
+
 fn redialer(state: Weak<State>) {
     loop {
         let Some(s) = state.upgrade() else { return };
         let interval = Duration::from_millis(s.config.redial_interval_ms.max(1));
+        let stale = {
+            let core = s.core.lock();
+            match (core.1.follower, core.1.catch_up_seen) {
+                (Some(c), Some(seen)) if seen.elapsed() > CATCH_UP_IDLE => Some(c),
+                _ => None,
+            }
+        };
+        if let Some(c) = stale {
+            s.transport().close(c);
+        }
         s.dial();
         drop(s);
         std::thread::sleep(interval);
@@ -266,9 +284,12 @@ impl State {
                 }
             };
             if let Err(e) = result {
-                // The replica's database could not follow: drop the streams;
-                // reconnecting starts again from the confirmed position.
+                // The replica's database could not follow: drop the streams
+                // and start again from what the database really shows (the
+                // core may have moved past it), without its unconfirmed tail.
                 self.fail(e);
+                let _ = self.applier.discard_unconfirmed();
+                core.0 = Subscriber::new(self.config.database, self.applier.confirmed());
                 for c in [core.1.leader, core.1.follower].into_iter().flatten() {
                     self.transport().close(c);
                 }
@@ -288,6 +309,7 @@ impl NetHandler for State {
         core.1.dialing = false;
         let source = if tag == FOLLOWER_TAG {
             core.1.follower = Some(conn);
+            core.1.catch_up_seen = Some(Instant::now());
             Source::Follower
         } else {
             core.1.leader = Some(conn);
@@ -322,6 +344,7 @@ impl State {
         let source = if core.1.leader == Some(conn) {
             Source::Leader
         } else if core.1.follower == Some(conn) {
+            core.1.catch_up_seen = Some(Instant::now());
             Source::Follower
         } else {
             return;

@@ -1,0 +1,100 @@
+//! A replicated primary stopped cleanly continues the log on its next
+//! start, including after an epoch in which it committed nothing; after
+//! `stop`, no write is admitted.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+use walrelay_engine::replication::{PrimaryConfig, ReplicatedPrimary};
+use walrelay_engine::{Constraint, QueryError};
+use walrelay_replicator::DatabaseId;
+use walrelay_replicator::net::Backend;
+use walrelay_replicator::node::follower::{CATCH_UP_BATCH_BYTES, FollowerNode, FollowerNodeConfig};
+
+fn followers(dir: &std::path::Path) -> Vec<FollowerNode> {
+    (0..3)
+        .map(|i| {
+            FollowerNode::start(FollowerNodeConfig {
+                database: DatabaseId(1),
+                listen: "127.0.0.1:0".parse().expect("addr"),
+                dir: dir.join(format!("f{i}")),
+                peers: vec![],
+                segment_bytes: 1 << 20,
+                backend: Backend::Auto,
+                catch_up_batch_bytes: CATCH_UP_BATCH_BYTES,
+            })
+            .expect("follower")
+        })
+        .collect()
+}
+
+fn start(path: &std::path::Path, addrs: &[SocketAddr]) -> ReplicatedPrimary {
+    let mut c = PrimaryConfig::new(path, addrs.to_vec());
+    c.confirm_timeout_ms = 5_000;
+    ReplicatedPrimary::start(c).expect("primary")
+}
+
+#[test]
+fn a_clean_stop_even_after_an_idle_epoch_lets_the_next_start_continue_the_log() {
+    let dir = tempfile::tempdir().expect("dir");
+    let fs = followers(dir.path());
+    let addrs: Vec<SocketAddr> = fs.iter().map(|f| f.addr()).collect();
+    let path = dir.path().join("p.db");
+
+    let p = start(&path, &addrs);
+    let s = p
+        .database()
+        .session(Constraint::FirstPrimary)
+        .expect("session");
+    s.prepare("CREATE TABLE t(x)").run().expect("create");
+    s.prepare("INSERT INTO t VALUES (1)").run().expect("insert");
+    drop(s); // a session holds the database open
+    let first = p.stop(Duration::from_secs(10)).expect("stop");
+
+    // An epoch with no commit at all: its marker must still name a real
+    // record (the last of the previous epoch), or the next start could not
+    // chain onto the followers' logs.
+    let p = start(&path, &addrs);
+    let idle = p.stop(Duration::from_secs(10)).expect("stop");
+    assert_eq!(idle, first);
+
+    let p = start(&path, &addrs);
+    let s = p
+        .database()
+        .session(Constraint::FirstPrimary)
+        .expect("session");
+    let r = s
+        .prepare("INSERT INTO t VALUES (2)")
+        .run()
+        .expect("confirmed in epoch 3");
+    assert_eq!(r.meta.bookmark.epoch.0, 3);
+    let n = s
+        .prepare("SELECT count(*) AS n FROM t")
+        .first()
+        .expect("read")
+        .and_then(|row| row.get("n").and_then(|v| v.as_i64()));
+    assert_eq!(n, Some(2));
+    drop(s);
+    p.stop(Duration::from_secs(10)).expect("stop");
+}
+
+#[test]
+fn after_stop_begins_no_write_is_admitted() {
+    let dir = tempfile::tempdir().expect("dir");
+    let fs = followers(dir.path());
+    let addrs: Vec<SocketAddr> = fs.iter().map(|f| f.addr()).collect();
+    let p = start(&dir.path().join("p.db"), &addrs);
+    let db = p.database().clone();
+    db.session(Constraint::FirstPrimary)
+        .expect("session")
+        .prepare("CREATE TABLE t(x)")
+        .run()
+        .expect("create");
+    p.stop(Duration::from_secs(10)).expect("stop");
+    let err = db
+        .session(Constraint::FirstPrimary)
+        .expect("session")
+        .prepare("INSERT INTO t VALUES (1)")
+        .run()
+        .expect_err("stopped");
+    assert!(matches!(err, QueryError::WriteNotAdmitted { .. }), "{err}");
+}
