@@ -381,6 +381,17 @@ fn signal(child: &Child, sig: libc::c_int) {
 
 pub fn up(a: UpArgs) -> Result<()> {
     install_stop_handler();
+    if a.replicas > 26 {
+        bail!("at most 26 replicas (regions region-a to region-z)");
+    }
+    // Followers take base+1..=base+N; HTTP takes base+10..=base+10+replicas.
+    let highest = u32::from(a.base_port) + (a.followers as u32).max(10 + a.replicas as u32);
+    if a.followers > 9 || highest > u32::from(u16::MAX) {
+        bail!(
+            "ports {}..={highest} do not fit (at most 9 followers, and a lower --base-port)",
+            a.base_port
+        );
+    }
     let dir = match a.dir {
         Some(d) => d,
         None => std::env::temp_dir().join(format!("walrelay-up-{}", std::process::id())),

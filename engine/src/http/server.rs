@@ -290,10 +290,14 @@ impl Node {
                     ),
                 }
             }
+            // Whether the primary ran the request is unknown once it was
+            // sent: say so, so a client does not blindly retry a write.
             Err(e) => Answer::error(
                 503,
                 codes::UNAVAILABLE,
-                format!("cannot reach the primary at {primary_url}: {e}"),
+                format!(
+                    "no answer from the primary at {primary_url} ({e}); a forwarded write may or may not have committed"
+                ),
             ),
         }
     }
@@ -430,11 +434,33 @@ async fn query_route(
         .get(BOOKMARK_HEADER)
         .map(|v| v.to_str().map(str::to_string));
     let limit = node.config.max_body_bytes;
+    let declared = headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
     // Read at most one byte past the limit: enough to know it is exceeded,
     // never an allocation the client chose.
-    let body = axum::body::to_bytes(body, limit.saturating_add(1)).await;
+    let body = match declared {
+        Some(n) if n > limit as u64 => Err(BodyRead::TooLarge),
+        _ => axum::body::to_bytes(body, limit.saturating_add(1))
+            .await
+            .map_err(|e| {
+                if is_length_limit(&e) {
+                    BodyRead::TooLarge
+                } else {
+                    BodyRead::Failed(e.to_string())
+                }
+            }),
+    };
     let answer = match (header, body) {
-        (_, Err(_)) => node.refuse(Answer::error(413, codes::TOO_LARGE, too_large(limit))),
+        (_, Err(BodyRead::TooLarge)) => {
+            node.refuse(Answer::error(413, codes::TOO_LARGE, too_large(limit)))
+        }
+        (_, Err(BodyRead::Failed(why))) => node.refuse(Answer::error(
+            400,
+            codes::BAD_REQUEST,
+            format!("could not read the request body: {why}"),
+        )),
         (Some(Err(_)), _) => node.refuse(Answer::error(
             400,
             codes::BOOKMARK,
@@ -459,6 +485,26 @@ async fn query_route(
         out,
         answer.body,
     )
+}
+
+/// Why a request body was not read.
+enum BodyRead {
+    TooLarge,
+    Failed(String),
+}
+
+/// Whether a body error is the size limit (http-body's `LengthLimitError`,
+/// which axum wraps; matched by its message to avoid a dependency for one
+/// type).
+fn is_length_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.to_string().contains("length limit exceeded") {
+            return true;
+        }
+        source = err.source();
+    }
+    false
 }
 
 async fn metrics_route(State(node): State<Arc<Node>>) -> impl IntoResponse {

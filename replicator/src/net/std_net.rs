@@ -1,7 +1,9 @@
-//! The portable transport: blocking sockets, one reader thread per
-//! connection, writes on the caller's thread (no hop between a commit and
-//! its send). A write that cannot finish within [`WRITE_TIMEOUT`] closes
-//! the connection, so a stalled peer cannot stall its sender for long.
+//! The portable transport: blocking sockets, a reader and a writer thread
+//! per connection. `send` only queues (it never blocks on a socket, so a
+//! slow or stalled peer cannot stall a sender holding its locks, such as
+//! a leader fanning out a commit); the writer drains the queue with
+//! vectored writes. A queue over [`MAX_QUEUED_BYTES`] or a write stuck for
+//! [`WRITE_TIMEOUT`] closes the connection.
 
 use super::{ConnId, NetHandler, Transport};
 use crate::wire::{FRAME_HEADER_BYTES, MAX_FRAME_BYTES, Message, encode_append};
@@ -15,13 +17,40 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Bytes queued for one peer past which it is closed as not keeping up.
+pub const MAX_QUEUED_BYTES: u64 = 256 << 20;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const READ_CHUNK: usize = 256 * 1024;
+
+/// What waits to be written to one peer.
+#[derive(Default)]
+struct Outbox {
+    queue: std::collections::VecDeque<Bytes>,
+    bytes: u64,
+    /// `close` was called: write what is queued, then shut down.
+    closing: bool,
+    /// The connection is over: drop whatever is queued.
+    dead: bool,
+}
+
+struct ConnState {
+    stream: TcpStream,
+    out: Mutex<Outbox>,
+    ready: parking_lot::Condvar,
+}
+
+impl ConnState {
+    fn kill(&self) {
+        self.out.lock().dead = true;
+        self.ready.notify_all();
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
 
 struct Shared {
     handler: Arc<dyn NetHandler>,
     next: AtomicU64,
-    conns: Mutex<HashMap<ConnId, Arc<Mutex<TcpStream>>>>,
+    conns: Mutex<HashMap<ConnId, Arc<ConnState>>>,
 }
 
 /// See the module docs.
@@ -55,21 +84,37 @@ impl Shared {
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
         let conn = self.next.fetch_add(1, Ordering::Relaxed);
-        self.conns.lock().insert(conn, Arc::new(Mutex::new(stream)));
+        self.conns.lock().insert(
+            conn,
+            Arc::new(ConnState {
+                stream,
+                out: Mutex::new(Outbox::default()),
+                ready: parking_lot::Condvar::new(),
+            }),
+        );
         Ok(conn)
     }
 
+    /// Starts the connection's reader and writer threads.
     fn start_reader(self: &Arc<Self>, conn: ConnId) {
-        let Some(stream) = self.conns.lock().get(&conn).cloned() else {
+        let Some(state) = self.conns.lock().get(&conn).cloned() else {
             return;
         };
-        let reader = match stream.lock().try_clone() {
-            Ok(r) => r,
-            Err(e) => {
+        let (reader, writer) = match (state.stream.try_clone(), state.stream.try_clone()) {
+            (Ok(r), Ok(w)) => (r, w),
+            (Err(e), _) | (_, Err(e)) => {
                 self.drop_conn(conn, Some(e.to_string()));
                 return;
             }
         };
+        let out = Arc::clone(&state);
+        let spawned = std::thread::Builder::new()
+            .name(format!("walrelay-net-w{conn}"))
+            .spawn(move || write_loop(&out, writer));
+        if let Err(e) = spawned {
+            self.drop_conn(conn, Some(e.to_string()));
+            return;
+        }
         let shared = Arc::clone(self);
         let spawned = std::thread::Builder::new()
             .name(format!("walrelay-net-{conn}"))
@@ -128,9 +173,40 @@ impl Shared {
     fn drop_conn(&self, conn: ConnId, error: Option<String>) {
         let removed = self.conns.lock().remove(&conn);
         if let Some(s) = removed {
-            let _ = s.lock().shutdown(Shutdown::Both);
+            s.kill();
             self.handler.closed(conn, error);
         }
+    }
+}
+
+/// Drains one connection's outbox until it is closed or fails; the reader
+/// then sees the shutdown and reports `closed`.
+fn write_loop(state: &ConnState, mut stream: TcpStream) {
+    loop {
+        let batch: Vec<Bytes> = {
+            let mut out = state.out.lock();
+            while out.queue.is_empty() && !out.closing && !out.dead {
+                state.ready.wait(&mut out);
+            }
+            if out.dead {
+                return;
+            }
+            if out.queue.is_empty() {
+                // Closing, and everything queued went out.
+                drop(out);
+                let _ = state.stream.shutdown(Shutdown::Both);
+                return;
+            }
+            out.queue.drain(..).collect()
+        };
+        let parts: Vec<&[u8]> = batch.iter().map(|b| &b[..]).collect();
+        let written: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        if write_all_vectored(&mut stream, &parts).is_err() {
+            state.kill();
+            return;
+        }
+        let mut out = state.out.lock();
+        out.bytes = out.bytes.saturating_sub(written);
     }
 }
 
@@ -143,7 +219,12 @@ impl Transport for StdTransport {
             .name("walrelay-accept".into())
             .spawn(move || {
                 for stream in listener.incoming() {
-                    let Ok(stream) = stream else { continue };
+                    let Ok(stream) = stream else {
+                        // Out of descriptors (or similar): back off rather
+                        // than spin on the same error.
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    };
                     let from = stream
                         .peer_addr()
                         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
@@ -175,30 +256,48 @@ impl Transport for StdTransport {
     }
 
     fn send(&self, conn: ConnId, message: &Message) {
-        let Some(stream) = self.shared.conns.lock().get(&conn).cloned() else {
+        let Some(state) = self.shared.conns.lock().get(&conn).cloned() else {
             return;
         };
-        let result = match message {
+        let parts = match message {
             Message::Append(record) => {
                 let (head, body) = encode_append(&record.bytes);
-                write_all_vectored(&mut stream.lock(), &[&head, &body])
+                vec![head, body]
             }
             other => match other.encode() {
-                Ok(frame) => stream.lock().write_all(&frame),
-                Err(e) => Err(io::Error::new(io::ErrorKind::InvalidInput, e.to_string())),
+                Ok(frame) => vec![frame],
+                Err(_) => {
+                    // Never called for a message this side cannot encode;
+                    // drop the connection rather than send half a stream.
+                    state.kill();
+                    return;
+                }
             },
         };
-        if result.is_err() {
-            // The reader thread sees the shutdown and reports `closed`: never
-            // call the handler from here, the caller may hold its locks.
-            let _ = stream.lock().shutdown(Shutdown::Both);
+        let n: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let mut out = state.out.lock();
+        if out.dead || out.closing {
+            return;
         }
+        if out.bytes > 0 && out.bytes + n > MAX_QUEUED_BYTES {
+            // The peer is not keeping up. The reader reports `closed`:
+            // never call the handler from here, the caller may hold its
+            // locks.
+            drop(out);
+            state.kill();
+            return;
+        }
+        out.bytes += n;
+        out.queue.extend(parts);
+        drop(out);
+        state.ready.notify_one();
     }
 
     fn close(&self, conn: ConnId) {
-        let stream = self.shared.conns.lock().get(&conn).cloned();
-        if let Some(s) = stream {
-            let _ = s.lock().shutdown(Shutdown::Both);
+        let state = self.shared.conns.lock().get(&conn).cloned();
+        if let Some(s) = state {
+            s.out.lock().closing = true;
+            s.ready.notify_one();
         }
     }
 
@@ -252,7 +351,38 @@ mod tests {
         fn message(&self, conn: ConnId, message: Message) {
             let _ = self.0.lock().send((conn, Some(message)));
         }
-        fn closed(&self, _: ConnId, _: Option<String>) {}
+        fn closed(&self, conn: ConnId, _: Option<String>) {
+            let _ = self.0.lock().send((conn, None));
+        }
+    }
+
+    #[test]
+    fn a_peer_that_stops_reading_is_closed_and_sends_only_ever_queue() {
+        let (tx, rx) = mpsc::channel();
+        let client = StdTransport::new(Arc::new(Collect(Mutex::new(tx))));
+        let listener = TcpListener::bind("127.0.0.1:0").expect("listen");
+        client.connect(listener.local_addr().expect("addr"), 1);
+        let (_peer, _) = listener.accept().expect("accept"); // never reads
+        let (conn, _) = rx.recv().expect("connected");
+        let b = |s| Bookmark::new(Epoch(1), Sequence(s));
+        let page = Bytes::from(vec![7u8; 64 * 1024]);
+        // Far more than the socket buffers hold: with blocking sends the
+        // loop itself would stall here; queued, it runs through.
+        for s in 1..=512u64 {
+            let record = Record {
+                bookmark: b(s),
+                previous: b(s - 1),
+                page_size: 64 * 1024,
+                db_pages: 3,
+                pages: vec![(2, page.clone())],
+            };
+            client.send(conn, &Message::Append(record.to_encoded().expect("encode")));
+        }
+        // The writer is stuck; the write timeout closes the connection.
+        let (closed, what) = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("closed reported");
+        assert_eq!((closed, what), (conn, None));
     }
 
     #[test]
