@@ -11,8 +11,8 @@
 //! issues one sync for everything that arrived together (group commit).
 //!
 //! Two implementations share this contract: [`std_net::StdTransport`]
-//! (portable: blocking sockets, a reader thread per connection, writes on
-//! the caller's thread) and, on Linux, an io_uring transport. Which one runs
+//! (portable: blocking sockets, a reader and a writer thread per
+//! connection, sends queued) and, on Linux, an io_uring transport. Which one runs
 //! is chosen at run time ([`open`]).
 //!
 //! Sizes are checked before allocation: a frame longer than
