@@ -71,6 +71,8 @@ struct Positions {
     visible: Bookmark,
     reported: Bookmark,
     confirms_since_persist: u32,
+    /// A publish reached `persist_every_confirms`: housekeeping persists.
+    persist_due: bool,
 }
 
 pub(crate) struct ReplicaRole {
@@ -174,6 +176,7 @@ impl Replica {
                 visible: confirmed,
                 reported: confirmed,
                 confirms_since_persist: 0,
+                persist_due: false,
             }),
             advanced: Condvar::new(),
             max_wait: Duration::from_millis(options.max_wait_ms),
@@ -232,6 +235,16 @@ impl Replica {
     /// Makes every appended transaction up to `bookmark` visible to reads
     /// that start from now on.
     pub fn confirm(&self, bookmark: Bookmark) -> Result<(), ApplyError> {
+        self.publish(bookmark)?;
+        self.housekeeping()
+    }
+
+    /// The visible half of [`Replica::confirm`]: publishes the watermark
+    /// (readers starting from now see everything up to `bookmark`) and
+    /// wakes waiting reads; the caller runs [`Replica::housekeeping`]
+    /// after. Split so that a confirm's latency is measured at the moment
+    /// it becomes visible, not after the checkpoint that may follow it.
+    pub fn publish(&self, bookmark: Bookmark) -> Result<(), ApplyError> {
         let role = self.role();
         let mut applier = role.applier.lock();
         if bookmark <= applier.confirmed() {
@@ -256,13 +269,24 @@ impl Replica {
             p.confirms_since_persist += 1;
             p.confirms_since_persist >= role.persist_every_confirms
         };
+        if persist {
+            role.positions.lock().persist_due = true;
+        }
         role.advanced.notify_all();
-        // Checkpoint ahead of the limit so that the restart at the limit
-        // rarely has to wait.
+        Ok(())
+    }
+
+    /// What follows a publish: a checkpoint ahead of the WAL limit (so the
+    /// restart at the limit rarely has to wait) and, every
+    /// `persist_every_confirms`, a durable watermark.
+    pub fn housekeeping(&self) -> Result<(), ApplyError> {
+        let role = self.role();
+        let mut applier = role.applier.lock();
         if applier.wal_frames() >= role.checkpoint_threshold_frames / 2 {
             applier.checkpoint()?;
         }
-        if persist {
+        let due = std::mem::take(&mut role.positions.lock().persist_due);
+        if due {
             applier.persist()?;
             role.positions.lock().confirms_since_persist = 0;
         }

@@ -305,7 +305,10 @@ impl Applier for Replica {
             .map_err(|e| e.to_string())
     }
     fn confirm(&self, bookmark: Bookmark) -> Result<(), String> {
-        Replica::confirm(self, bookmark).map_err(|e| e.to_string())
+        self.publish(bookmark).map_err(|e| e.to_string())
+    }
+    fn housekeeping(&self) -> Result<(), String> {
+        Replica::housekeeping(self).map_err(|e| e.to_string())
     }
     fn discard_unconfirmed(&self) -> Result<(), String> {
         Replica::discard_unconfirmed(self).map_err(|e| e.to_string())

@@ -10,12 +10,13 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// A base port with the five after it free (best effort; ports are only
-/// probed, then released).
+/// A base port with every port `up` derives from it free (best effort;
+/// ports are only probed, then released).
 fn free_base() -> u16 {
     for _ in 0..200 {
         let base = 20_000 + (std::process::id() as u16 % 20_000) + rand_u16() % 5_000;
-        let all_free = (0..6).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
+        // The primary and followers use base..=base+5, HTTP base+10..=base+12.
+        let all_free = (0..13).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
         if all_free {
             return base;
         }

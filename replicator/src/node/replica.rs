@@ -25,6 +25,11 @@ pub trait Applier: Send + Sync {
     fn discard_unconfirmed(&self) -> Result<(), String>;
     /// What is visible now (where a resubscription starts).
     fn confirmed(&self) -> Bookmark;
+    /// Deferred work after a confirm (checkpoints, persisting), run once
+    /// the confirm's latency has been measured.
+    fn housekeeping(&self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// How to run a replica's subscriber.
@@ -370,6 +375,11 @@ impl State {
             if lags.len() < MAX_LAG_SAMPLES {
                 lags.push(lag);
             }
+        }
+        if core.0.confirmed() > before
+            && let Err(e) = self.applier.housekeeping()
+        {
+            self.fail(e);
         }
     }
 
