@@ -12,6 +12,62 @@ use crate::value::Value;
 use parking_lot::Mutex;
 use std::time::Duration;
 
+/// An HTTP agent for query traffic. Timeouts are per phase, not global:
+/// a global deadline makes ureq resolve every address (even a literal IP)
+/// on a thread of its own.
+pub(crate) fn agent(timeout: Duration) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_connect(Some(Duration::from_secs(2)))
+        .timeout_send_request(Some(timeout))
+        .timeout_recv_response(Some(timeout))
+        .timeout_recv_body(Some(timeout))
+        .http_status_as_error(false)
+        .build()
+        .new_agent()
+}
+
+/// An answer as it came over the wire.
+pub(crate) struct RawAnswer {
+    pub status: u16,
+    pub bookmark: Option<String>,
+    pub body: Vec<u8>,
+}
+
+/// POSTs a query body to a node's endpoint (the client's request and a
+/// replica's forward are the same request).
+pub(crate) fn post_query(
+    agent: &ureq::Agent,
+    base_url: &str,
+    database: &str,
+    header: Option<&str>,
+    payload: &[u8],
+    max_answer_bytes: u64,
+) -> Result<RawAnswer, ureq::Error> {
+    let mut req = agent
+        .post(format!("{base_url}/v1/databases/{database}/query"))
+        .header("content-type", "application/json");
+    if let Some(h) = header {
+        req = req.header(BOOKMARK_HEADER, h);
+    }
+    let mut resp = req.send(payload)?;
+    let status = resp.status().as_u16();
+    let bookmark = resp
+        .headers()
+        .get(BOOKMARK_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(max_answer_bytes)
+        .read_to_vec()?;
+    Ok(RawAnswer {
+        status,
+        bookmark,
+        body,
+    })
+}
+
 /// A node the client can send to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeInfo {
@@ -60,16 +116,7 @@ pub struct Client {
 
 impl Client {
     pub fn new(nodes: Vec<NodeInfo>, preferred_region: &str, database: &str) -> Client {
-        let agent = ureq::Agent::config_builder()
-            // Per phase, not global: a global deadline makes ureq resolve
-            // every address (even a literal IP) on a thread of its own.
-            .timeout_connect(Some(Duration::from_secs(2)))
-            .timeout_send_request(Some(Duration::from_secs(30)))
-            .timeout_recv_response(Some(Duration::from_secs(30)))
-            .timeout_recv_body(Some(Duration::from_secs(30)))
-            .http_status_as_error(false)
-            .build()
-            .new_agent();
+        let agent = agent(Duration::from_secs(30));
         Client {
             nodes,
             region: preferred_region.to_string(),
@@ -106,31 +153,18 @@ impl Client {
 
     /// Sends one request to `url` with the given session header.
     pub fn send(&self, url: &str, header: Option<&str>, body: &Body) -> Result<Reply, ClientError> {
-        let endpoint = format!("{url}/v1/databases/{}/query", self.database);
-        let mut req = self
-            .agent
-            .post(&endpoint)
-            .header("content-type", "application/json");
-        if let Some(h) = header {
-            req = req.header(BOOKMARK_HEADER, h);
-        }
         let payload = serde_json::to_vec(&api::encode_body(body))
             .map_err(|e| ClientError::Decode(e.to_string()))?;
-        let mut resp = req
-            .send(&payload[..])
-            .map_err(|e| ClientError::Transport(e.to_string()))?;
-        let status = resp.status().as_u16();
-        let bookmark = resp
-            .headers()
-            .get(BOOKMARK_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let bytes = resp
-            .body_mut()
-            .with_config()
-            .limit(256 << 20)
-            .read_to_vec()
-            .map_err(|e| ClientError::Transport(e.to_string()))?;
+        let raw = post_query(
+            &self.agent,
+            url,
+            &self.database,
+            header,
+            &payload,
+            256 << 20,
+        )
+        .map_err(|e| ClientError::Transport(e.to_string()))?;
+        let (status, bookmark, bytes) = (raw.status, raw.bookmark, raw.body);
         let response: Response =
             serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(e.to_string()))?;
         if status >= 400 || !response.success {

@@ -141,16 +141,7 @@ fn query_error(e: &QueryError) -> (u16, u32) {
 
 impl Node {
     pub fn new(role: Role, config: HttpConfig) -> Node {
-        let agent = ureq::Agent::config_builder()
-            // Per phase, not global: a global deadline makes ureq resolve
-            // every address (even a literal IP) on a thread of its own.
-            .timeout_connect(Some(Duration::from_secs(2)))
-            .timeout_send_request(Some(Duration::from_millis(config.forward_timeout_ms)))
-            .timeout_recv_response(Some(Duration::from_millis(config.forward_timeout_ms)))
-            .timeout_recv_body(Some(Duration::from_millis(config.forward_timeout_ms)))
-            .http_status_as_error(false)
-            .build()
-            .new_agent();
+        let agent = super::client::agent(Duration::from_millis(config.forward_timeout_ms));
         Node {
             role,
             config,
@@ -260,36 +251,13 @@ impl Node {
         reason: &'static str,
     ) -> Answer {
         self.metrics.forwarded(reason);
-        let url = format!("{primary_url}/v1/databases/{name}/query");
-        let mut req = self
-            .agent
-            .post(&url)
-            .header("content-type", "application/json");
-        if let Some(h) = header {
-            req = req.header(BOOKMARK_HEADER, h);
-        }
-        match req.send(body) {
-            Ok(mut resp) => {
-                let status = resp.status().as_u16();
-                let bookmark = resp
-                    .headers()
-                    .get(BOOKMARK_HEADER)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string);
-                match resp.body_mut().with_config().limit(64 << 20).read_to_vec() {
-                    Ok(body) => Answer {
-                        status,
-                        bookmark,
-                        body,
-                        served: None,
-                    },
-                    Err(e) => Answer::error(
-                        502,
-                        codes::UNAVAILABLE,
-                        format!("reading the primary's answer: {e}"),
-                    ),
-                }
-            }
+        match super::client::post_query(&self.agent, primary_url, name, header, body, 64 << 20) {
+            Ok(raw) => Answer {
+                status: raw.status,
+                bookmark: raw.bookmark,
+                body: raw.body,
+                served: None,
+            },
             // Whether the primary ran the request is unknown once it was
             // sent: say so, so a client does not blindly retry a write.
             Err(e) => Answer::error(

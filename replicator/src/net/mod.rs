@@ -80,6 +80,34 @@ pub(crate) fn dial_in_background(
         .map(|_| ())
 }
 
+/// Accepts on `listener` from a thread of its own and hands each stream,
+/// with its peer's address, to `on_stream`, which returns false to stop
+/// accepting.
+pub(crate) fn accept_in_background(
+    listener: std::net::TcpListener,
+    mut on_stream: impl FnMut(std::net::TcpStream, SocketAddr) -> bool + Send + 'static,
+) -> io::Result<()> {
+    std::thread::Builder::new()
+        .name("walrelay-accept".into())
+        .spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else {
+                    // Out of descriptors (or similar): back off rather than
+                    // spin on the same error.
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    continue;
+                };
+                let from = stream
+                    .peer_addr()
+                    .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+                if !on_stream(stream, from) {
+                    return;
+                }
+            }
+        })
+        .map(|_| ())
+}
+
 /// Which transport to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {

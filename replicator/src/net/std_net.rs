@@ -215,27 +215,15 @@ impl Transport for StdTransport {
         let listener = TcpListener::bind(addr)?;
         let bound = listener.local_addr()?;
         let shared = Arc::clone(&self.shared);
-        std::thread::Builder::new()
-            .name("walrelay-accept".into())
-            .spawn(move || {
-                for stream in listener.incoming() {
-                    let Ok(stream) = stream else {
-                        // Out of descriptors (or similar): back off rather
-                        // than spin on the same error.
-                        std::thread::sleep(Duration::from_millis(10));
-                        continue;
-                    };
-                    let from = stream
-                        .peer_addr()
-                        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-                    if let Ok(conn) = shared.register(stream) {
-                        // Announce before reading, so the handler knows the
-                        // connection before its first message.
-                        shared.handler.accepted(conn, from);
-                        shared.start_reader(conn);
-                    }
-                }
-            })?;
+        super::accept_in_background(listener, move |stream, from| {
+            if let Ok(conn) = shared.register(stream) {
+                // Announce before reading, so the handler knows the
+                // connection before its first message.
+                shared.handler.accepted(conn, from);
+                shared.start_reader(conn);
+            }
+            true
+        })?;
         Ok(bound)
     }
 

@@ -264,32 +264,20 @@ impl Transport for UringTransport {
         let listener = TcpListener::bind(addr)?;
         let bound = listener.local_addr()?;
         let shared = Arc::clone(&self.shared);
-        std::thread::Builder::new()
-            .name("walrelay-accept".into())
-            .spawn(move || {
-                // Blocking accepts; the thread ends at the first connection
-                // after the transport stopped.
-                for stream in listener.incoming() {
-                    let Ok(stream) = stream else {
-                        // Out of descriptors and the like: do not spin.
-                        std::thread::sleep(Duration::from_millis(10));
-                        continue;
-                    };
-                    let from = stream
-                        .peer_addr()
-                        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-                    match shared.register(stream) {
-                        Ok(conn) => {
-                            // Announce before reading, so the handler knows
-                            // the connection before its first message.
-                            shared.handler.accepted(conn, from);
-                            shared.start(conn);
-                        }
-                        Err(_) if shared.inbox.lock().shut.is_some() => return,
-                        Err(_) => {}
-                    }
+        // Blocking accepts; the thread ends at the first connection after
+        // the transport stopped.
+        super::accept_in_background(listener, move |stream, from| {
+            match shared.register(stream) {
+                Ok(conn) => {
+                    // Announce before reading, so the handler knows the
+                    // connection before its first message.
+                    shared.handler.accepted(conn, from);
+                    shared.start(conn);
+                    true
                 }
-            })?;
+                Err(_) => shared.inbox.lock().shut.is_none(),
+            }
+        })?;
         Ok(bound)
     }
 
