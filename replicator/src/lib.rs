@@ -11,13 +11,31 @@
 //! be tested, fuzzed and reasoned about without a database in the loop, and a
 //! SQLite upgrade can never change what the replicator accepts.
 //!
-//! # Status
+//! # Layers
 //!
-//! Today the crate holds the identity and position types that every other
-//! layer must agree on, and the log record format ([`record`]): one
-//! transaction's pages with its bookmark, CRC-checked, every length bounded
-//! before allocation; and the wire format of the replication protocol's
-//! messages ([`wire`]). The sans-IO protocol cores come next.
+//! - Formats, each owned by one module: the log record ([`record`]), the
+//!   wire messages ([`wire`]), a follower's accepted epoch ([`epoch_file`]).
+//! - Sans-IO protocol cores, events in and actions out: the [`leader`]
+//!   (fan-out, W-of-N quorum through [`quorum`], confirm broadcast, a tail
+//!   for lagging peers, fencing), the durability [`follower`] and the
+//!   replica [`subscriber`]. A seeded simulator and the real runtimes drive
+//!   the same cores.
+//! - Storage: the follower's [`segments`] log (preallocated segments, group
+//!   fdatasync through io_uring where available, torn-tail recovery).
+//! - Transports ([`net`]): io_uring on Linux, a portable std fallback,
+//!   chosen at run time, behind one contract.
+//! - Runtimes ([`node`]): a core on a transport and storage, one per role.
+//!
+//! # Guarantees
+//!
+//! - A record is confirmed only once W of N followers acknowledged it as
+//!   durable, and W must be a majority.
+//! - A follower acknowledges only what a completed sync covers, and a
+//!   restarted follower counts as durable only what it has synced again.
+//! - A replica reveals only confirmed records, in order, and exactly the
+//!   leader's history.
+//! - Decoders check every size before allocating; bad input is a typed
+//!   error or a closed connection, never a panic.
 
 pub mod bookmark;
 pub mod epoch_file;
