@@ -29,6 +29,12 @@
 //!   [`replication::ReplicatedPrimary`]), every result — reads on the
 //!   primary included — is released only once the state it reflects is
 //!   confirmed by a quorum of followers; later writes commit meanwhile.
+//! - [`replication`] binds a database to the replicator:
+//!   `ReplicatedPrimary` (commits go to W of N followers, results wait at
+//!   the gate) and `ReplicatedReplica` (a replica fed over the network).
+//!   [`http`] is a node's D1-shaped HTTP face with replica write forwarding
+//!   and a session client; [`local_cluster`] runs a whole cluster in one
+//!   process.
 //! - The engine runs checkpoints (PASSIVE past a threshold, or on request);
 //!   SQLite's automatic checkpoints are off.
 //!
