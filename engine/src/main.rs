@@ -144,7 +144,8 @@ enum Command {
     },
 }
 
-/// A parsed address list (a newtype so clap takes the whole list at once).
+/// A parsed address list (an alias, so clap does not treat `Vec` as
+/// "repeat the flag" and takes the whole comma-separated list at once).
 type Addrs = Vec<SocketAddr>;
 
 fn show(what: &str, m: &Meta) {

@@ -6,17 +6,21 @@
 //! Rules:
 //! - **Fencing.** A follower remembers the highest epoch it has accepted
 //!   (persisted before it is acted on) and refuses handshakes and appends
-//!   from any lower epoch.
+//!   from any lower epoch. Only a leader's handshake raises the epoch: an
+//!   append from a newer epoch is refused as `NotIntroduced`, so the
+//!   epoch-raising branch of `accept_epoch` serves handshakes alone.
 //! - **Order.** An append must follow the follower's log (`previous` = its
 //!   last record); a duplicate is ignored (and re-acked); anything else is
-//!   refused as a gap, with an ack of where the follower stands, so the
-//!   leader resends from there.
+//!   refused as a gap, with an ack of where the follower stands (the leader
+//!   then reconnects and resumes from the handshake position).
 //! - **Group sync.** At most one sync is in flight. Records appended while
 //!   it runs are covered by the next one, issued when it completes: one
 //!   fdatasync per group, however many records arrived.
 //! - **Acks** carry the highest bookmark durable on this follower, and are
 //!   sent only after a sync that covers it.
-//! - **Catch-up** serves only confirmed records.
+//! - **Catch-up** serves only records both confirmed and durable here. A
+//!   follower the leader sends away (`Behind`) fetches confirmed history
+//!   from a peer, whatever its epoch, as long as it chains.
 
 use crate::bookmark::{Bookmark, Epoch};
 use crate::ids::DatabaseId;

@@ -23,7 +23,7 @@ use crate::ids::DatabaseId;
 use crate::quorum::{FollowerId, QuorumError, QuorumTracker};
 use crate::record::Encoded;
 use crate::wire::{Message, RefuseReason, Role};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 /// A connection, as the transport names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -145,12 +145,15 @@ pub struct Leader {
     tail: VecDeque<Encoded>,
     tail_start: Bookmark,
     tail_bytes: usize,
-    peers: HashMap<PeerId, Peer>,
+    /// Ordered, so fan-out order is deterministic (the simulator replays).
+    peers: BTreeMap<PeerId, Peer>,
     last_heartbeat_us: Option<u64>,
     fenced: Option<Epoch>,
     /// The driver's wall clock (µs since the Unix epoch), stamped on
     /// confirms so replicas can measure lag; never used for decisions.
     clock_us: u64,
+    /// The watermark last reported as `Confirmed`.
+    reported_confirmed: Bookmark,
 }
 
 impl Leader {
@@ -159,11 +162,12 @@ impl Leader {
         Ok(Leader {
             last: config.start,
             tail_start: config.start,
+            reported_confirmed: config.start,
             quorum,
             config,
             tail: VecDeque::new(),
             tail_bytes: 0,
-            peers: HashMap::new(),
+            peers: BTreeMap::new(),
             last_heartbeat_us: None,
             fenced: None,
             clock_us: 0,
@@ -181,9 +185,6 @@ impl Leader {
     }
     pub fn confirmed(&self) -> Bookmark {
         self.quorum.confirmed()
-    }
-    pub fn epoch(&self) -> Epoch {
-        self.config.epoch
     }
     /// Bytes of records committed but not yet confirmed (backpressure).
     pub fn unconfirmed_bytes(&self) -> usize {
@@ -306,14 +307,11 @@ impl Leader {
     }
 
     fn streaming_ids(&self) -> Vec<PeerId> {
-        let mut ids: Vec<PeerId> = self
-            .peers
+        self.peers
             .iter()
             .filter(|(_, p)| p.streaming)
             .map(|(id, _)| *id)
-            .collect();
-        ids.sort_unstable(); // deterministic order for the simulator
-        ids
+            .collect()
     }
 
     /// Where `position` stands against this leader's history.
@@ -336,7 +334,8 @@ impl Leader {
         }
     }
 
-    fn refuse_and_close(&self, peer: PeerId, reason: CloseReason, out: &mut Vec<LeaderAction>) {
+    /// Refuses `peer` with the reason and forgets it.
+    fn refuse_and_close(&mut self, peer: PeerId, reason: CloseReason, out: &mut Vec<LeaderAction>) {
         let refuse = match reason {
             CloseReason::Behind => RefuseReason::Behind,
             CloseReason::Diverged => RefuseReason::Diverged,
@@ -350,7 +349,13 @@ impl Leader {
                 reason: refuse,
             },
         );
+        self.close(peer, reason, out);
+    }
+
+    /// Closes `peer` and forgets it.
+    fn close(&mut self, peer: PeerId, reason: CloseReason, out: &mut Vec<LeaderAction>) {
         out.push(LeaderAction::Close { peer, reason });
+        self.peers.remove(&peer);
     }
 
     fn received(&mut self, peer: PeerId, message: Message, out: &mut Vec<LeaderAction>) {
@@ -373,7 +378,6 @@ impl Leader {
                 );
                 if database != self.config.database || !role_ok || state.streaming {
                     self.refuse_and_close(peer, CloseReason::Protocol, out);
-                    self.peers.remove(&peer);
                     return;
                 }
                 if epoch > self.config.epoch {
@@ -384,7 +388,6 @@ impl Leader {
                         self.fence(epoch, out);
                     } else {
                         self.refuse_and_close(peer, CloseReason::Diverged, out);
-                        self.peers.remove(&peer);
                     }
                     return;
                 }
@@ -392,15 +395,14 @@ impl Leader {
                     Ok(from) => from,
                     Err(reason) => {
                         self.refuse_and_close(peer, reason, out);
-                        self.peers.remove(&peer);
                         return;
                     }
                 };
                 if let Kind::Follower(index) = kind {
-                    // Only what it holds now counts; everything up to its
-                    // position is durable there.
-                    let _ = self.quorum.reset(FollowerId(index), Bookmark::ZERO);
-                    self.ack(index, last_durable, out);
+                    // Only what it holds now counts (it may be less than
+                    // before, after a cut tail).
+                    let _ = self.quorum.reset(FollowerId(index), last_durable);
+                    self.after_quorum_change(out);
                 }
                 if let Some(p) = self.peers.get_mut(&peer) {
                     p.streaming = true;
@@ -418,7 +420,6 @@ impl Leader {
             (Kind::Follower(index), Message::Ack { durable }) => {
                 if durable > self.last {
                     self.refuse_and_close(peer, CloseReason::Diverged, out);
-                    self.peers.remove(&peer);
                     return;
                 }
                 self.ack(index, durable, out);
@@ -434,29 +435,17 @@ impl Leader {
                     // still in flight (each would refuse again and ask for
                     // another resend). A fresh connection resumes cleanly
                     // from the position its handshake reports.
-                    out.push(LeaderAction::Close {
-                        peer,
-                        reason: CloseReason::Resync,
-                    });
-                    self.peers.remove(&peer);
+                    self.close(peer, CloseReason::Resync, out);
                 }
                 _ => {
-                    out.push(LeaderAction::Close {
-                        peer,
-                        reason: CloseReason::Protocol,
-                    });
-                    self.peers.remove(&peer);
+                    self.close(peer, CloseReason::Protocol, out);
                 }
             },
             // Heartbeats from peers only prove liveness; nothing else is
             // theirs to send.
             (_, Message::Heartbeat { .. }) => {}
             _ => {
-                out.push(LeaderAction::Close {
-                    peer,
-                    reason: CloseReason::Protocol,
-                });
-                self.peers.remove(&peer);
+                self.close(peer, CloseReason::Protocol, out);
             }
         }
     }
@@ -469,11 +458,16 @@ impl Leader {
     }
 
     fn ack(&mut self, index: usize, durable: Bookmark, out: &mut Vec<LeaderAction>) {
-        let before = self.confirmed();
-        if self.quorum.ack(FollowerId(index), durable).is_err() {
-            return;
+        if self.quorum.ack(FollowerId(index), durable).is_ok() {
+            self.after_quorum_change(out);
         }
+    }
+
+    /// Reports and broadcasts a confirmed watermark that moved.
+    fn after_quorum_change(&mut self, out: &mut Vec<LeaderAction>) {
+        let before = self.reported_confirmed;
         let after = self.confirmed();
+        self.reported_confirmed = after;
         if after > before {
             // The invariant the output gate rests on: never confirm what
             // this leader has not issued.

@@ -57,13 +57,30 @@ impl QuorumTracker {
     /// even if lower than before (a cut corrupt tail): only what a follower
     /// holds now may count towards confirming later records. The confirmed
     /// watermark never moves back.
-    pub fn reset(&mut self, f: FollowerId, durable: Bookmark) -> Result<(), QuorumError> {
+    pub fn reset(
+        &mut self,
+        f: FollowerId,
+        durable: Bookmark,
+    ) -> Result<Option<Bookmark>, QuorumError> {
         let slot = self
             .durable
             .get_mut(f.0)
             .ok_or(QuorumError::UnknownFollower(f.0))?;
         *slot = durable;
-        Ok(())
+        Ok(self.recompute())
+    }
+
+    /// Raises the watermark to the W-th highest durable bookmark (held by
+    /// at least W followers); returns it if it moved.
+    fn recompute(&mut self) -> Option<Bookmark> {
+        let mut sorted = self.durable.clone();
+        sorted.sort_unstable_by(|a, b| b.cmp(a));
+        let candidate = sorted[self.w - 1];
+        if candidate > self.confirmed {
+            self.confirmed = candidate;
+            return Some(candidate);
+        }
+        None
     }
 
     /// Records that follower `f` holds everything up to `durable`. Returns
@@ -82,15 +99,7 @@ impl QuorumTracker {
             return Ok(None);
         }
         *slot = durable;
-        // The W-th highest durable bookmark is held by at least W followers.
-        let mut sorted = self.durable.clone();
-        sorted.sort_unstable_by(|a, b| b.cmp(a));
-        let candidate = sorted[self.w - 1];
-        if candidate > self.confirmed {
-            self.confirmed = candidate;
-            return Ok(Some(candidate));
-        }
-        Ok(None)
+        Ok(self.recompute())
     }
 }
 

@@ -484,7 +484,8 @@ async fn metrics_route(State(node): State<Arc<Node>>) -> impl IntoResponse {
 }
 
 /// Serves `node` on `addr` from a thread of its own (a small tokio
-/// runtime; database work runs on its blocking pool).
+/// runtime; a request's blocking work runs on its worker through
+/// `block_in_place`).
 pub fn serve(node: Arc<Node>, addr: SocketAddr) -> io::Result<HttpServer> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -53,15 +53,14 @@ struct Core {
     conns: HashMap<ConnId, Conn>,
     leader: Option<ConnId>,
     sync_requested: bool,
-    catching_up: bool,
     next_peer: usize,
     /// A storage failure stops the follower taking records: acking after
     /// one could claim durability it does not have.
     broken: Option<String>,
     /// A catch-up source to dial after the lock is released.
     dial: Option<SocketAddr>,
-    /// When a catch-up was started or its source last spoke.
-    catch_up_seen: Option<std::time::Instant>,
+    /// Catching up from a peer: when it started or its source last spoke.
+    catch_up: Option<std::time::Instant>,
 }
 
 struct State {
@@ -105,11 +104,10 @@ impl FollowerNode {
                 conns: HashMap::new(),
                 leader: None,
                 sync_requested: false,
-                catching_up: false,
                 next_peer: 0,
                 broken: None,
                 dial: None,
-                catch_up_seen: None,
+                catch_up: None,
             }),
             transport: OnceLock::new(),
             config,
@@ -160,24 +158,19 @@ impl FollowerNode {
     }
 }
 
-/// A catch-up silent this long is abandoned (the next `Behind` starts
-/// another, from the next peer): a frozen peer must not wedge the follower.
-pub const CATCH_UP_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
-
 fn watch_catch_up(state: std::sync::Weak<State>) {
     loop {
         std::thread::sleep(std::time::Duration::from_millis(500));
         let Some(s) = state.upgrade() else { return };
         let stale: Vec<ConnId> = {
             let mut core = s.core.lock();
-            let idle = core
-                .catch_up_seen
-                .is_some_and(|t| t.elapsed() > CATCH_UP_IDLE);
-            if !(core.catching_up && idle) {
+            if core
+                .catch_up
+                .is_none_or(|t| t.elapsed() <= super::CATCH_UP_IDLE)
+            {
                 continue;
             }
-            core.catching_up = false;
-            core.catch_up_seen = None;
+            core.catch_up = None;
             core.conns
                 .iter()
                 .filter(|(_, k)| matches!(k, Conn::CatchUpSource { .. }))
@@ -246,9 +239,8 @@ impl State {
                     }
                 }
                 FollowerAction::CatchUpFromPeer { .. } => {
-                    if !core.catching_up && !self.config.peers.is_empty() {
-                        core.catching_up = true;
-                        core.catch_up_seen = Some(std::time::Instant::now());
+                    if core.catch_up.is_none() && !self.config.peers.is_empty() {
+                        core.catch_up = Some(std::time::Instant::now());
                         let peer = self.config.peers[core.next_peer % self.config.peers.len()];
                         core.next_peer += 1;
                         // Dialed once the lock is released: a failed dial
@@ -299,7 +291,7 @@ impl NetHandler for State {
 
     fn connect_failed(&self, _tag: u64, _error: io::Error) {
         // Try another peer the next time the leader sends us away.
-        self.core.lock().catching_up = false;
+        self.core.lock().catch_up = None;
     }
 
     fn message(&self, conn: ConnId, message: Message) {
@@ -310,7 +302,7 @@ impl NetHandler for State {
         }
         let kind = core.conns.get(&conn).copied();
         if matches!(kind, Some(Conn::CatchUpSource { .. })) {
-            core.catch_up_seen = Some(std::time::Instant::now());
+            core.catch_up = Some(std::time::Instant::now());
         }
         let event = match (kind, message) {
             (Some(Conn::CatchUpSource { .. }), Message::Append(record)) => {
@@ -373,7 +365,7 @@ impl NetHandler for State {
     fn closed(&self, conn: ConnId, _error: Option<String>) {
         let mut core = self.core.lock();
         if matches!(core.conns.remove(&conn), Some(Conn::CatchUpSource { .. })) {
-            core.catching_up = false;
+            core.catch_up = None;
             // Make what was fetched durable before anyone relies on it.
             self.sync(&mut core);
         }

@@ -171,7 +171,7 @@ impl LeaderNode {
         let mut core = self.state.core.lock();
         core.leader.set_clock_us(wall_clock_us());
         let actions = core.leader.committed(record)?;
-        self.state.run(&mut core, actions);
+        self.state.run(actions);
         Ok(())
     }
 
@@ -227,11 +227,6 @@ impl LeaderNode {
             }
         }
     }
-
-    /// Microseconds since this leader started (the clock heartbeats carry).
-    pub fn now_us(&self) -> u64 {
-        self.state.started.elapsed().as_micros() as u64
-    }
 }
 
 /// Microseconds since the Unix epoch: comparable across processes on one
@@ -251,7 +246,7 @@ fn ticker(state: Weak<State>) {
             let mut core = s.core.lock();
             let now_us = s.started.elapsed().as_micros() as u64;
             let actions = core.leader.handle(LeaderEvent::Tick { now_us });
-            s.run(&mut core, actions);
+            s.run(actions);
         }
         if last_redial.elapsed() >= Duration::from_millis(s.config.redial_interval_ms) {
             last_redial = Instant::now();
@@ -288,7 +283,7 @@ impl State {
         }
     }
 
-    fn run(&self, core: &mut Core, actions: Vec<LeaderAction>) {
+    fn run(&self, actions: Vec<LeaderAction>) {
         for action in actions {
             match action {
                 LeaderAction::Send { peer, message } => self.transport().send(peer.0, &message),
@@ -305,7 +300,6 @@ impl State {
                 }
             }
         }
-        let _ = core;
     }
 }
 
@@ -315,7 +309,7 @@ impl NetHandler for State {
         let actions = core
             .leader
             .handle(LeaderEvent::ReplicaConnected { peer: PeerId(conn) });
-        self.run(&mut core, actions);
+        self.run(actions);
     }
 
     fn connected(&self, conn: ConnId, tag: u64) {
@@ -330,7 +324,7 @@ impl NetHandler for State {
             peer: PeerId(conn),
             index,
         });
-        self.run(&mut core, actions);
+        self.run(actions);
     }
 
     fn connect_failed(&self, tag: u64, _error: io::Error) {
@@ -347,7 +341,7 @@ impl NetHandler for State {
             peer: PeerId(conn),
             message,
         });
-        self.run(&mut core, actions);
+        self.run(actions);
     }
 
     fn closed(&self, conn: ConnId, _error: Option<String>) {
@@ -360,6 +354,6 @@ impl NetHandler for State {
         let actions = core
             .leader
             .handle(LeaderEvent::Disconnected { peer: PeerId(conn) });
-        self.run(&mut core, actions);
+        self.run(actions);
     }
 }

@@ -30,6 +30,10 @@ fn open_transport(
     Ok(transport)
 }
 
+/// A catch-up source silent this long is dropped (and another peer tried
+/// later): a frozen peer must not wedge a replica or a follower.
+pub const CATCH_UP_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Why a runtime could not start.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NodeError {

@@ -138,11 +138,6 @@ impl ReplicaNode {
         self.state.core.lock().0.confirmed()
     }
 
-    /// True while streaming from the leader.
-    pub fn streaming(&self) -> bool {
-        self.state.core.lock().1.leader.is_some()
-    }
-
     /// The last apply or protocol error, if any.
     pub fn last_error(&self) -> Option<String> {
         self.state.last_error.lock().clone()
@@ -198,10 +193,6 @@ fn release_delayed(state: Weak<State>) {
     }
 }
 
-/// A catch-up source silent this long is dropped (and another tried):
-/// a frozen peer must not wedge the replica.
-pub const CATCH_UP_IDLE: Duration = Duration::from_secs(5);
-
 fn redialer(state: Weak<State>) {
     loop {
         let Some(s) = state.upgrade() else { return };
@@ -209,7 +200,7 @@ fn redialer(state: Weak<State>) {
         let stale = {
             let core = s.core.lock();
             match (core.1.follower, core.1.catch_up_seen) {
-                (Some(c), Some(seen)) if seen.elapsed() > CATCH_UP_IDLE => Some(c),
+                (Some(c), Some(seen)) if seen.elapsed() > super::CATCH_UP_IDLE => Some(c),
                 _ => None,
             }
         };
