@@ -42,6 +42,7 @@ pub mod epoch_file;
 pub mod follower;
 pub mod ids;
 pub mod leader;
+pub mod marker;
 pub mod net;
 pub mod node;
 pub mod quorum;

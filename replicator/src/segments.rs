@@ -563,8 +563,9 @@ impl SegmentLog {
     }
 }
 
-/// The poison marker, `<dir>/poisoned`: written when a sync fails, naming
-/// the last bookmark known durable; the next open cuts the log back to it.
+/// The poison marker, `<dir>/poisoned` (a [`crate::marker`]): written when
+/// a sync fails, naming the last bookmark known durable; the next open cuts
+/// the log back to it.
 ///
 /// ```text
 ///  0  magic     b"WRPOISON"                  8
@@ -574,55 +575,42 @@ impl SegmentLog {
 mod poison {
     use super::{SegmentError, io_at};
     use crate::bookmark::Bookmark;
-    use std::fs::File;
-    use std::io::Write;
+    use crate::marker::{self, MarkerError};
     use std::path::Path;
 
     const NAME: &str = "poisoned";
-    const MAGIC: [u8; 8] = *b"WRPOISON";
+    const MAGIC: &[u8] = b"WRPOISON";
 
-    pub(super) fn store(dir: &Path, good: Bookmark) -> Result<(), SegmentError> {
-        let path = dir.join(NAME);
-        let mut bytes = MAGIC.to_vec();
-        bytes.extend_from_slice(&good.to_bytes());
-        bytes.extend_from_slice(&crc32fast::hash(&bytes).to_be_bytes());
-        let mut f = File::create(&path).map_err(io_at(&path))?;
-        f.write_all(&bytes).map_err(io_at(&path))?;
-        f.sync_all().map_err(io_at(&path))?;
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_at(dir))
+    fn err(dir: &Path, e: MarkerError) -> SegmentError {
+        match e {
+            MarkerError::Io { source, .. } => io_at(dir)(source),
+            MarkerError::Corrupt { why, .. } => {
+                io_at(dir)(std::io::Error::new(std::io::ErrorKind::InvalidData, why))
+            }
+        }
     }
 
-    /// The marker's bookmark; a damaged marker cuts everything (the safe
-    /// reading: nothing past the base is trusted).
+    pub(super) fn store(dir: &Path, good: Bookmark) -> Result<(), SegmentError> {
+        marker::store(&dir.join(NAME), MAGIC, &good.to_bytes()).map_err(|e| err(dir, e))
+    }
+
+    /// The marker's bookmark; a damaged marker (which the atomic write
+    /// makes unlikely) trusts nothing past the base.
     pub(super) fn load(dir: &Path) -> Result<Option<Bookmark>, SegmentError> {
-        let path = dir.join(NAME);
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io_at(&path)(e)),
-        };
-        let valid = bytes.len() == 24
-            && bytes[..8] == MAGIC
-            && crc32fast::hash(&bytes[..20]).to_be_bytes()[..] == bytes[20..24];
-        if !valid {
-            return Ok(Some(Bookmark::ZERO));
+        match marker::load(&dir.join(NAME), MAGIC, Bookmark::BYTE_LEN) {
+            Ok(None) => Ok(None),
+            Ok(Some(p)) => {
+                let mut raw = [0u8; Bookmark::BYTE_LEN];
+                raw.copy_from_slice(&p);
+                Ok(Some(Bookmark::from_bytes(raw)))
+            }
+            Err(MarkerError::Corrupt { .. }) => Ok(Some(Bookmark::ZERO)),
+            Err(e) => Err(err(dir, e)),
         }
-        let mut raw = [0u8; 12];
-        raw.copy_from_slice(&bytes[8..20]);
-        Ok(Some(Bookmark::from_bytes(raw)))
     }
 
     pub(super) fn clear(dir: &Path) -> Result<(), SegmentError> {
-        let path = dir.join(NAME);
-        match std::fs::remove_file(&path) {
-            Ok(()) => File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(io_at(dir)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io_at(&path)(e)),
-        }
+        marker::remove(&dir.join(NAME)).map_err(|e| err(dir, e))
     }
 }
 
