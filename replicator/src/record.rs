@@ -208,6 +208,14 @@ impl Record {
     /// Decodes the record at the start of `buf`; returns it and the bytes
     /// it used. Page images are slices of `buf`.
     pub fn decode(buf: &Bytes) -> Result<(Record, usize), RecordError> {
+        let total = Record::check(buf)?;
+        Ok((Record::parse_checked(buf, total)?, total))
+    }
+
+    /// Checks the record at the start of `buf` without building it: every
+    /// bound, the CRC, and the header and page-number invariants
+    /// `validate` enforces. Returns its length.
+    fn check(buf: &[u8]) -> Result<usize, RecordError> {
         let total = Record::peek_len(buf)?;
         if (buf.len() as u64) < total {
             return Err(RecordError::Truncated {
@@ -222,6 +230,31 @@ impl Record {
         if stored != computed {
             return Err(RecordError::Crc { stored, computed });
         }
+        // peek_len bounded the page size and count against the length.
+        let (bookmark, previous) = (bookmark_at(buf, 12), bookmark_at(buf, 24));
+        if bookmark <= previous {
+            return Err(RecordError::BookmarkOrder { bookmark, previous });
+        }
+        let page_size = be32(buf, 36) as usize;
+        let db_pages = be32(buf, 40);
+        let mut last = 0;
+        let mut at = HEADER_BYTES;
+        for _ in 0..be32(buf, 44) {
+            let no = be32(buf, at);
+            if no <= last {
+                return Err(RecordError::PageOrder(no));
+            }
+            if no > db_pages {
+                return Err(RecordError::PageBeyondEnd { page: no, db_pages });
+            }
+            last = no;
+            at += 4 + page_size;
+        }
+        Ok(total)
+    }
+
+    /// Builds a record already `check`ed (no second CRC pass).
+    fn parse_checked(buf: &Bytes, total: usize) -> Result<Record, RecordError> {
         let page_size = be32(buf, 36);
         let count = be32(buf, 44) as usize;
         let mut pages = Vec::with_capacity(count);
@@ -231,6 +264,7 @@ impl Record {
             pages.push((no, buf.slice(at + 4..at + 4 + page_size as usize)));
             at += 4 + page_size as usize;
         }
+        debug_assert_eq!(at + CRC_BYTES, total);
         let record = Record {
             bookmark: bookmark_at(buf, 12),
             previous: bookmark_at(buf, 24),
@@ -238,8 +272,9 @@ impl Record {
             db_pages: be32(buf, 40),
             pages,
         };
+        // Cheap (no CRC); keeps the one definition of a valid record.
         record.validate()?;
-        Ok((record, total))
+        Ok(record)
     }
 }
 
@@ -259,20 +294,23 @@ impl Encoded {
     /// Validates the record at the start of `buf` (every bound and the CRC)
     /// and keeps a slice of it; returns the bytes it used.
     pub fn decode(buf: &Bytes) -> Result<(Encoded, usize), RecordError> {
-        let (record, used) = Record::decode(buf)?;
+        // Checked in place: no page list is built for a record that is only
+        // stored and forwarded.
+        let used = Record::check(buf)?;
         Ok((
             Encoded {
-                bookmark: record.bookmark,
-                previous: record.previous,
+                bookmark: bookmark_at(buf, 12),
+                previous: bookmark_at(buf, 24),
                 bytes: buf.slice(..used),
             },
             used,
         ))
     }
 
-    /// The record's pages (slices of `bytes`, no copy).
+    /// The record's pages (slices of `bytes`, no copy; the CRC was checked
+    /// when this was decoded or encoded).
     pub fn record(&self) -> Result<Record, RecordError> {
-        Record::decode(&self.bytes).map(|(r, _)| r)
+        Record::parse_checked(&self.bytes, self.bytes.len())
     }
 }
 
