@@ -22,7 +22,8 @@ pub mod std_net;
 #[cfg(target_os = "linux")]
 pub mod uring_net;
 
-use crate::wire::Message;
+use crate::wire::{FRAME_HEADER_BYTES, MAX_FRAME_BYTES, Message};
+use bytes::{Bytes, BytesMut};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -64,6 +65,53 @@ pub trait Transport: Send + Sync {
     fn close(&self, conn: ConnId);
     /// "std" or "io_uring".
     fn backend(&self) -> &'static str;
+}
+
+/// A write that makes no progress this long closes its connection.
+pub const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+/// Bytes queued for one peer past which it is closed as not keeping up.
+pub const MAX_QUEUED_BYTES: u64 = 256 << 20;
+const READ_CHUNK: usize = 256 * 1024;
+
+/// Hands every complete frame at the front of `buf` to `deliver` (both
+/// transports' readers); returns whether any was handed over and whether
+/// the stream is still sound. A frame's length is checked against
+/// [`MAX_FRAME_BYTES`] first, and the buffer grows only as bytes arrive.
+pub(crate) fn split_frames(
+    buf: &mut BytesMut,
+    mut deliver: impl FnMut(Message),
+) -> (bool, io::Result<()>) {
+    let mut handed = false;
+    loop {
+        if buf.len() < FRAME_HEADER_BYTES {
+            return (handed, Ok(()));
+        }
+        let len = u64::from(u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]])) + 4;
+        if len > MAX_FRAME_BYTES {
+            let e = io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("frame of {len} bytes exceeds the limit"),
+            );
+            return (handed, Err(e));
+        }
+        if (buf.len() as u64) < len {
+            // Grow only as bytes arrive: a header alone must not make
+            // this side allocate the size it claims.
+            return (handed, Ok(()));
+        }
+        let frame: Bytes = buf.split_to(len as usize).freeze();
+        match Message::decode(&frame) {
+            Ok((message, _)) => {
+                deliver(message);
+                handed = true;
+            }
+            Err(e) => {
+                let e = io::Error::new(io::ErrorKind::InvalidData, e.to_string());
+                return (handed, Err(e));
+            }
+        }
+    }
 }
 
 /// Dials `addr` on a short-lived thread, so a slow connect never stalls

@@ -5,8 +5,10 @@
 //! vectored writes. A queue over [`MAX_QUEUED_BYTES`] or a write stuck for
 //! [`WRITE_TIMEOUT`] closes the connection.
 
-use super::{ConnId, NetHandler, Transport};
-use crate::wire::{FRAME_HEADER_BYTES, MAX_FRAME_BYTES, Message, encode_append};
+use super::{
+    CONNECT_TIMEOUT, ConnId, MAX_QUEUED_BYTES, NetHandler, READ_CHUNK, Transport, WRITE_TIMEOUT,
+};
+use crate::wire::{Message, encode_append};
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -14,13 +16,6 @@ use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
-
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
-/// Bytes queued for one peer past which it is closed as not keeping up.
-pub const MAX_QUEUED_BYTES: u64 = 256 << 20;
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-const READ_CHUNK: usize = 256 * 1024;
 
 /// What waits to be written to one peer.
 #[derive(Default)]
@@ -131,33 +126,11 @@ impl Shared {
         let mut buf = BytesMut::with_capacity(READ_CHUNK);
         let mut scratch = vec![0u8; READ_CHUNK];
         loop {
-            // Hand over every complete frame already buffered.
-            let mut handed = false;
-            loop {
-                if buf.len() < FRAME_HEADER_BYTES {
-                    break;
-                }
-                let len = u64::from(u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]])) + 4;
-                if len > MAX_FRAME_BYTES {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("frame of {len} bytes exceeds the limit"),
-                    ));
-                }
-                if (buf.len() as u64) < len {
-                    // Grow only as bytes arrive: a header alone must not make
-                    // this side allocate the size it claims.
-                    break;
-                }
-                let frame: Bytes = buf.split_to(len as usize).freeze();
-                let (message, _) = Message::decode(&frame)
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-                self.handler.message(conn, message);
-                handed = true;
-            }
+            let (handed, sound) = super::split_frames(&mut buf, |m| self.handler.message(conn, m));
             if handed {
                 self.handler.drained(conn);
             }
+            sound?;
             // One small copy per read keeps this free of unsafe; page
             // images are sliced out of `buf` without further copies.
             let n = match stream.read(&mut scratch) {
@@ -368,7 +341,7 @@ mod tests {
         }
         // The writer is stuck; the write timeout closes the connection.
         let (closed, what) = rx
-            .recv_timeout(Duration::from_secs(30))
+            .recv_timeout(std::time::Duration::from_secs(30))
             .expect("closed reported");
         assert_eq!((closed, what), (conn, None));
     }

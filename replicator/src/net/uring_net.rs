@@ -27,9 +27,9 @@
 //! once every request has completed, and leaked otherwise (a fatal ring
 //! error, a panicking handler).
 
-use super::std_net::{CONNECT_TIMEOUT, WRITE_TIMEOUT};
+use super::{CONNECT_TIMEOUT, MAX_QUEUED_BYTES, READ_CHUNK, WRITE_TIMEOUT};
 use super::{ConnId, NetHandler, Transport};
-use crate::wire::{FRAME_HEADER_BYTES, MAX_FRAME_BYTES, Message, encode_append};
+use crate::wire::{Message, encode_append};
 use bytes::{Buf, Bytes, BytesMut};
 use io_uring::{IoUring, Probe, opcode, squeue, types};
 use parking_lot::Mutex;
@@ -45,8 +45,6 @@ use std::time::{Duration, Instant};
 
 /// Queued (unsent) bytes past which a connection is closed; a single
 /// message of any size is always accepted onto an empty queue.
-pub const MAX_QUEUED_BYTES: u64 = 256 << 20;
-const READ_CHUNK: usize = 256 * 1024;
 /// Below this much free room a receive buffer grows before the next recv.
 const MIN_RECV: usize = 16 * 1024;
 /// The kernel caps one recv near 2 GiB; the result must fit an i32.
@@ -395,42 +393,6 @@ fn retryable(e: &io::Error) -> bool {
     )
 }
 
-/// Hands over every complete frame at the front of `buf`, exactly as the
-/// std transport's reader does; returns whether any was handed over and
-/// whether the stream is still sound.
-fn split_frames(buf: &mut BytesMut, mut deliver: impl FnMut(Message)) -> (bool, io::Result<()>) {
-    let mut handed = false;
-    loop {
-        if buf.len() < FRAME_HEADER_BYTES {
-            return (handed, Ok(()));
-        }
-        let len = u64::from(u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]])) + 4;
-        if len > MAX_FRAME_BYTES {
-            let e = io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("frame of {len} bytes exceeds the limit"),
-            );
-            return (handed, Err(e));
-        }
-        if (buf.len() as u64) < len {
-            // Grow only as bytes arrive: a header alone must not make
-            // this side allocate the size it claims.
-            return (handed, Ok(()));
-        }
-        let frame: Bytes = buf.split_to(len as usize).freeze();
-        match Message::decode(&frame) {
-            Ok((message, _)) => {
-                deliver(message);
-                handed = true;
-            }
-            Err(e) => {
-                let e = io::Error::new(io::ErrorKind::InvalidData, e.to_string());
-                return (handed, Err(e));
-            }
-        }
-    }
-}
-
 impl Ring {
     fn new(ring: IoUring, shared: Arc<Shared>, wake_rx: UnixStream) -> Ring {
         Ring {
@@ -701,7 +663,7 @@ impl Ring {
             conn.rbuf.clear(); // closed by us: nothing more is delivered
             return self.arm_recv(id);
         }
-        let (handed, sound) = split_frames(&mut conn.rbuf, |m| handler.message(id, m));
+        let (handed, sound) = super::split_frames(&mut conn.rbuf, |m| handler.message(id, m));
         if handed {
             // Even before a bad frame: what was handed over gets its sync.
             handler.drained(id);
@@ -922,6 +884,7 @@ mod tests {
     use super::*;
     use crate::bookmark::{Bookmark, Epoch, Sequence};
     use crate::record::Record;
+    use crate::wire::MAX_FRAME_BYTES;
     use std::alloc::{GlobalAlloc, Layout, System};
     use std::io::Read;
     use std::sync::atomic::AtomicUsize;
