@@ -28,6 +28,9 @@ const DB: DatabaseId = DatabaseId(42);
 const N: usize = 5;
 const W: usize = 3;
 const REPLICA_PEER: PeerId = PeerId(100);
+/// How a follower core names the connection it catches up on (never one
+/// of its leader connection generations).
+const CATCH_UP_PEER: PeerId = PeerId(u64::MAX);
 
 fn b(s: u64) -> Bookmark {
     Bookmark::new(Epoch(1), Sequence(s))
@@ -205,8 +208,8 @@ impl Sim {
     }
 
     fn follower_actions(&mut self, i: usize, actions: Vec<FollowerAction>) {
-        let f = &mut self.followers[i];
         for a in actions {
+            let f = &mut self.followers[i];
             match a {
                 FollowerAction::PersistEpoch(_) => {}
                 FollowerAction::Append(r) => {
@@ -218,13 +221,21 @@ impl Sim {
                     f.log.push(r);
                 }
                 FollowerAction::Sync { upto } => f.pending_syncs.push_back(upto),
-                FollowerAction::Send(m) => {
-                    let peer = Self::peer(i, f.conn);
-                    self.queues[N + i].push_back(Wire::Leader(peer, f.conn, m));
+                // To the leader, on the current connection; catch-up peers
+                // are served synchronously (`reconnect_pending`).
+                FollowerAction::Send { peer, message } if peer == PeerId(f.conn) => {
+                    let leader_peer = Self::peer(i, f.conn);
+                    self.queues[N + i].push_back(Wire::Leader(leader_peer, f.conn, message));
                 }
-                FollowerAction::CatchUpFromPeer { .. } => f.behind = true,
-                // Served synchronously by `serve_catch_up`.
-                FollowerAction::ServeCatchUp { .. } | FollowerAction::AbandonCatchUp => {}
+                FollowerAction::Send { .. } | FollowerAction::ServeCatchUp { .. } => {}
+                FollowerAction::Close { peer } if peer == PeerId(f.conn) => {
+                    let old = Self::peer(i, f.conn);
+                    f.conn += 1;
+                    let a = self.leader.handle(LeaderEvent::Disconnected { peer: old });
+                    self.leader_actions(a);
+                }
+                FollowerAction::Close { .. } => {}
+                FollowerAction::DialCatchUp => f.behind = true,
             }
         }
     }
@@ -288,12 +299,13 @@ impl Sim {
         if !self.followers[j].up {
             return None;
         }
-        let actions = self.followers[j]
-            .core
-            .handle(FollowerEvent::Received(Message::CatchUp { from }));
+        let actions = self.followers[j].core.handle(FollowerEvent::Received {
+            peer: CATCH_UP_PEER,
+            message: Message::CatchUp { from },
+        });
         for a in actions {
             match a {
-                FollowerAction::ServeCatchUp { after, upto } => {
+                FollowerAction::ServeCatchUp { after, upto, .. } => {
                     let f = &self.followers[j];
                     let records = f.log[..f.durable_len]
                         .iter()
@@ -302,13 +314,60 @@ impl Sim {
                         .collect();
                     return Some((records, upto));
                 }
-                FollowerAction::Send(Message::CatchUpDone { upto }) => {
+                FollowerAction::Send {
+                    message: Message::CatchUpDone { upto },
+                    ..
+                } => {
                     return Some((Vec::new(), upto));
                 }
                 _ => {}
             }
         }
         None
+    }
+
+    /// Follower `i` catches up from follower `j`, request by request, as
+    /// its core asks; false if `j` could not serve.
+    fn follower_catch_up(&mut self, i: usize, j: usize) -> bool {
+        let mut actions = self.followers[i]
+            .core
+            .handle(FollowerEvent::CatchUpConnected {
+                peer: CATCH_UP_PEER,
+            });
+        loop {
+            let mut next = None;
+            let mut rest = Vec::new();
+            for a in actions {
+                match a {
+                    FollowerAction::Send {
+                        peer: CATCH_UP_PEER,
+                        message: Message::CatchUp { from },
+                    } => next = Some(from),
+                    other => rest.push(other),
+                }
+            }
+            self.follower_actions(i, rest);
+            let Some(from) = next else { return true };
+            let Some((records, upto)) = self.serve_catch_up(j, from) else {
+                let a = self.followers[i].core.handle(FollowerEvent::Disconnected {
+                    peer: CATCH_UP_PEER,
+                });
+                self.follower_actions(i, a);
+                return false;
+            };
+            let mut out = Vec::new();
+            for r in records {
+                out.extend(self.followers[i].core.handle(FollowerEvent::Received {
+                    peer: CATCH_UP_PEER,
+                    message: Message::Append(r),
+                }));
+            }
+            out.extend(self.followers[i].core.handle(FollowerEvent::Received {
+                peer: CATCH_UP_PEER,
+                message: Message::CatchUpDone { upto },
+            }));
+            actions = out;
+        }
     }
 
     fn drop_replica_connection(&mut self) {
@@ -335,20 +394,9 @@ impl Sim {
             if j == i {
                 continue;
             }
-            let from = self.followers[i].core.last_appended();
-            let Some((records, upto)) = self.serve_catch_up(j, from) else {
+            if !self.follower_catch_up(i, j) {
                 continue;
-            };
-            for r in records {
-                let a = self.followers[i]
-                    .core
-                    .handle(FollowerEvent::CatchUpRecord(r));
-                self.follower_actions(i, a);
             }
-            let a = self.followers[i]
-                .core
-                .handle(FollowerEvent::CatchUpDone { upto });
-            self.follower_actions(i, a);
             self.followers[i].behind = false;
             self.connect_follower(i);
         }
@@ -414,7 +462,10 @@ impl Sim {
                 match self.queues[q].pop_front().expect("non-empty") {
                     Wire::Follower(i, conn, m) => {
                         if self.followers[i].up && self.followers[i].conn == conn {
-                            let a = self.followers[i].core.handle(FollowerEvent::Received(m));
+                            let a = self.followers[i].core.handle(FollowerEvent::Received {
+                                peer: PeerId(conn),
+                                message: m,
+                            });
                             self.follower_actions(i, a);
                         }
                     }

@@ -11,11 +11,11 @@ use crate::bookmark::Bookmark;
 use crate::epoch_file;
 use crate::follower::{Follower, FollowerAction, FollowerEvent};
 use crate::ids::DatabaseId;
+use crate::leader::PeerId;
 use crate::net::{Backend, ConnId, NetHandler, Transport};
 use crate::segments::{Recovery, SegmentLog};
-use crate::wire::{Message, Role};
+use crate::wire::Message;
 use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -39,19 +39,9 @@ pub struct FollowerNodeConfig {
 /// Bytes of records served per catch-up request, by default.
 pub const CATCH_UP_BATCH_BYTES: usize = 4 << 20;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Conn {
-    /// Accepted: a leader, or a peer/replica asking for catch-up.
-    Inbound,
-    /// Dialed by us to catch up; the position last asked from.
-    CatchUpSource { from: Bookmark },
-}
-
 struct Core {
     follower: Follower,
     log: SegmentLog,
-    conns: HashMap<ConnId, Conn>,
-    leader: Option<ConnId>,
     sync_requested: bool,
     next_peer: usize,
     /// A storage failure stops the follower taking records: acking after
@@ -59,8 +49,9 @@ struct Core {
     broken: Option<String>,
     /// A catch-up source to dial after the lock is released.
     dial: Option<SocketAddr>,
-    /// Catching up from a peer: when it started or its source last spoke.
-    catch_up: Option<std::time::Instant>,
+    /// When the catch-up source last spoke (or was dialed): a silent one is
+    /// dropped by the watchdog.
+    catch_up_seen: Option<std::time::Instant>,
 }
 
 struct State {
@@ -101,13 +92,11 @@ impl FollowerNode {
             core: Mutex::new(Core {
                 follower: Follower::new(config.database, epoch, last),
                 log,
-                conns: HashMap::new(),
-                leader: None,
                 sync_requested: false,
                 next_peer: 0,
                 broken: None,
                 dial: None,
-                catch_up: None,
+                catch_up_seen: None,
             }),
             transport: OnceLock::new(),
             config,
@@ -162,23 +151,22 @@ fn watch_catch_up(state: std::sync::Weak<State>) {
     loop {
         std::thread::sleep(std::time::Duration::from_millis(500));
         let Some(s) = state.upgrade() else { return };
-        let stale: Vec<ConnId> = {
+        let stale = {
             let mut core = s.core.lock();
-            if core
-                .catch_up
-                .is_none_or(|t| t.elapsed() <= super::CATCH_UP_IDLE)
-            {
-                continue;
+            let idle = core
+                .catch_up_seen
+                .is_some_and(|t| t.elapsed() > super::CATCH_UP_IDLE);
+            match core.follower.catch_up_source() {
+                Some(peer) if idle => {
+                    core.catch_up_seen = None;
+                    Some(peer)
+                }
+                _ => None,
             }
-            core.catch_up = None;
-            core.conns
-                .iter()
-                .filter(|(_, k)| matches!(k, Conn::CatchUpSource { .. }))
-                .map(|(c, _)| *c)
-                .collect()
         };
-        for c in stale {
-            s.transport().close(c);
+        // Closing reports `closed`, which tells the core.
+        if let Some(peer) = stale {
+            s.transport().close(peer.0);
         }
     }
 }
@@ -190,8 +178,8 @@ impl State {
             .expect("transport set before any connection")
     }
 
-    /// Carries out actions; `reply` is where a `Send` goes.
-    fn run(&self, core: &mut Core, reply: Option<ConnId>, actions: Vec<FollowerAction>) {
+    /// Carries out the core's actions.
+    fn run(&self, core: &mut Core, actions: Vec<FollowerAction>) {
         for action in actions {
             match action {
                 FollowerAction::PersistEpoch(e) => {
@@ -207,11 +195,10 @@ impl State {
                     }
                 }
                 FollowerAction::Sync { .. } => core.sync_requested = true,
-                FollowerAction::ServeCatchUp { after, upto } => {
+                FollowerAction::ServeCatchUp { peer, after, upto } => {
                     // One bounded batch per request: the peer asks again
-                    // from where the batch ended (pull-based, so a long
-                    // catch-up never queues more than a batch).
-                    let Some(to) = reply else { continue };
+                    // from where it ended, so a long catch-up never queues
+                    // more than a batch.
                     match core
                         .log
                         .read_batch(after, upto, self.config.catch_up_batch_bytes)
@@ -222,44 +209,46 @@ impl State {
                                 match crate::record::Encoded::decode(&bytes) {
                                     Ok((e, _)) => {
                                         last = e.bookmark;
-                                        self.transport().send(to, &Message::Append(e));
+                                        self.transport().send(peer.0, &Message::Append(e));
                                     }
                                     Err(_) => break,
                                 }
                             }
                             self.transport()
-                                .send(to, &Message::CatchUpDone { upto: last });
+                                .send(peer.0, &Message::CatchUpDone { upto: last });
                         }
-                        Err(_) => self.transport().close(to),
+                        Err(_) => self.transport().close(peer.0),
                     }
                 }
-                FollowerAction::Send(m) => {
-                    if let Some(to) = reply.or(core.leader) {
-                        self.transport().send(to, &m);
-                    }
-                }
-                FollowerAction::CatchUpFromPeer { .. } => {
-                    if core.catch_up.is_none() && !self.config.peers.is_empty() {
-                        core.catch_up = Some(std::time::Instant::now());
+                FollowerAction::Send { peer, message } => self.transport().send(peer.0, &message),
+                FollowerAction::Close { peer } => self.transport().close(peer.0),
+                FollowerAction::DialCatchUp => {
+                    if self.config.peers.is_empty() {
+                        let more = core.follower.handle(FollowerEvent::CatchUpFailed);
+                        self.run(core, more);
+                    } else {
                         let peer = self.config.peers[core.next_peer % self.config.peers.len()];
                         core.next_peer += 1;
+                        core.catch_up_seen = Some(std::time::Instant::now());
                         // Dialed once the lock is released: a failed dial
                         // may be reported on this thread.
                         core.dial = Some(peer);
                     }
                 }
-                FollowerAction::AbandonCatchUp => {
-                    let sources: Vec<ConnId> = core
-                        .conns
-                        .iter()
-                        .filter(|(_, k)| matches!(k, Conn::CatchUpSource { .. }))
-                        .map(|(c, _)| *c)
-                        .collect();
-                    for c in sources {
-                        self.transport().close(c);
-                    }
-                }
             }
+        }
+    }
+
+    /// Feeds one event to the core and carries out what follows, dialing
+    /// (if asked) only after the lock is released.
+    fn event(&self, event: FollowerEvent) {
+        let mut core = self.core.lock();
+        let actions = core.follower.handle(event);
+        self.run(&mut core, actions);
+        let dial = core.dial.take();
+        drop(core);
+        if let Some(peer) = dial {
+            self.transport().connect(peer, 0);
         }
     }
 
@@ -269,7 +258,7 @@ impl State {
             match core.log.sync() {
                 Ok(upto) => {
                     let actions = core.follower.handle(FollowerEvent::Synced { upto });
-                    self.run(core, None, actions);
+                    self.run(core, actions);
                 }
                 Err(e) => core.broken = Some(e.to_string()),
             }
@@ -278,83 +267,33 @@ impl State {
 }
 
 impl NetHandler for State {
-    fn accepted(&self, conn: ConnId, _from: SocketAddr) {
-        self.core.lock().conns.insert(conn, Conn::Inbound);
-    }
+    fn accepted(&self, _conn: ConnId, _from: SocketAddr) {}
 
     fn connected(&self, conn: ConnId, _tag: u64) {
-        let mut core = self.core.lock();
-        let from = core.follower.last_appended();
-        core.conns.insert(conn, Conn::CatchUpSource { from });
-        self.transport().send(conn, &Message::CatchUp { from });
+        self.core.lock().catch_up_seen = Some(std::time::Instant::now());
+        self.event(FollowerEvent::CatchUpConnected { peer: PeerId(conn) });
     }
 
     fn connect_failed(&self, _tag: u64, _error: io::Error) {
-        // Try another peer the next time the leader sends us away.
-        self.core.lock().catch_up = None;
+        // Another peer is tried the next time the leader sends us away.
+        self.event(FollowerEvent::CatchUpFailed);
     }
 
     fn message(&self, conn: ConnId, message: Message) {
-        let mut core = self.core.lock();
-        if core.broken.is_some() {
-            self.transport().close(conn);
-            return;
-        }
-        let kind = core.conns.get(&conn).copied();
-        if matches!(kind, Some(Conn::CatchUpSource { .. })) {
-            core.catch_up = Some(std::time::Instant::now());
-        }
-        let event = match (kind, message) {
-            (Some(Conn::CatchUpSource { .. }), Message::Append(record)) => {
-                FollowerEvent::CatchUpRecord(record)
-            }
-            (Some(Conn::CatchUpSource { from }), Message::CatchUpDone { upto }) => {
-                if upto > from {
-                    // A batch ended: ask for the next one.
-                    let next = core.follower.last_appended().max(upto);
-                    core.conns.insert(conn, Conn::CatchUpSource { from: next });
-                    self.transport()
-                        .send(conn, &Message::CatchUp { from: next });
-                } else {
-                    self.transport().close(conn);
-                }
-                FollowerEvent::CatchUpDone { upto }
-            }
-            (Some(Conn::CatchUpSource { .. }), _) => {
+        {
+            let mut core = self.core.lock();
+            if core.broken.is_some() {
                 self.transport().close(conn);
                 return;
             }
-            (_, Message::Append(_) | Message::Confirm { .. } | Message::Heartbeat { .. })
-                if core.leader != Some(conn) =>
-            {
-                // Log traffic is taken only from the connection whose
-                // leader handshake was accepted.
-                self.transport().close(conn);
-                return;
+            if core.follower.catch_up_source() == Some(PeerId(conn)) {
+                core.catch_up_seen = Some(std::time::Instant::now());
             }
-            (_, m) => FollowerEvent::Received(m),
-        };
-        let actions = core.follower.handle(event);
-        // The follower answers a leader handshake it accepts with its own:
-        // from then on that connection is the leader's.
-        if actions.iter().any(|a| {
-            matches!(
-                a,
-                FollowerAction::Send(Message::Handshake {
-                    role: Role::Follower,
-                    ..
-                })
-            )
-        }) {
-            core.leader = Some(conn);
         }
-        let reply = (!matches!(kind, Some(Conn::CatchUpSource { .. }))).then_some(conn);
-        self.run(&mut core, reply, actions);
-        let dial = core.dial.take();
-        drop(core);
-        if let Some(peer) = dial {
-            self.transport().connect(peer, 0);
-        }
+        self.event(FollowerEvent::Received {
+            peer: PeerId(conn),
+            message,
+        });
     }
 
     fn drained(&self, _conn: ConnId) {
@@ -363,14 +302,10 @@ impl NetHandler for State {
     }
 
     fn closed(&self, conn: ConnId, _error: Option<String>) {
+        self.event(FollowerEvent::Disconnected { peer: PeerId(conn) });
+        // Make whatever a catch-up fetched durable before anyone relies on
+        // it.
         let mut core = self.core.lock();
-        if matches!(core.conns.remove(&conn), Some(Conn::CatchUpSource { .. })) {
-            core.catch_up = None;
-            // Make what was fetched durable before anyone relies on it.
-            self.sync(&mut core);
-        }
-        if core.leader == Some(conn) {
-            core.leader = None;
-        }
+        self.sync(&mut core);
     }
 }
