@@ -154,6 +154,9 @@ pub struct Leader {
     clock_us: u64,
     /// The watermark last reported as `Confirmed`.
     reported_confirmed: Bookmark,
+    /// Bytes of the tail's records past the watermark (kept as it moves:
+    /// the engine asks before every write).
+    unconfirmed_bytes: usize,
 }
 
 impl Leader {
@@ -163,6 +166,7 @@ impl Leader {
             last: config.start,
             tail_start: config.start,
             reported_confirmed: config.start,
+            unconfirmed_bytes: 0,
             quorum,
             config,
             tail: VecDeque::new(),
@@ -188,13 +192,7 @@ impl Leader {
     }
     /// Bytes of records committed but not yet confirmed (backpressure).
     pub fn unconfirmed_bytes(&self) -> usize {
-        let confirmed = self.confirmed();
-        self.tail
-            .iter()
-            .rev()
-            .take_while(|r| r.bookmark > confirmed)
-            .map(|r| r.bytes.len())
-            .sum()
+        self.unconfirmed_bytes
     }
     /// The durable position each follower last reported (None: never).
     pub fn follower_durable(&self, index: usize) -> Option<Bookmark> {
@@ -236,6 +234,7 @@ impl Leader {
         }
         self.last = record.bookmark;
         self.tail_bytes += record.bytes.len();
+        self.unconfirmed_bytes += record.bytes.len();
         self.tail.push_back(record);
         Ok(out)
     }
@@ -469,6 +468,12 @@ impl Leader {
         let after = self.confirmed();
         self.reported_confirmed = after;
         if after > before {
+            // Records in (before, after] left the unconfirmed count; the
+            // tail still holds them (trimming only follows this).
+            let from = self.tail.partition_point(|r| r.bookmark <= before);
+            let to = self.tail.partition_point(|r| r.bookmark <= after);
+            let freed: usize = self.tail.range(from..to).map(|r| r.bytes.len()).sum();
+            self.unconfirmed_bytes = self.unconfirmed_bytes.saturating_sub(freed);
             // The invariant the output gate rests on: never confirm what
             // this leader has not issued.
             assert!(

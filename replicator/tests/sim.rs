@@ -188,6 +188,14 @@ impl Sim {
                     // Every confirmed record is durable on W followers.
                     let holders = self.followers.iter().filter(|f| f.durable() >= c).count();
                     assert!(holders >= W, "{c} confirmed but durable on {holders}");
+                    // The leader's running count of unconfirmed bytes.
+                    let pending: usize = self
+                        .issued
+                        .iter()
+                        .filter(|r| r.bookmark > c)
+                        .map(|r| r.bytes.len())
+                        .sum();
+                    assert_eq!(self.leader.unconfirmed_bytes(), pending);
                 }
                 LeaderAction::Close { peer, .. } if peer == REPLICA_PEER => {
                     self.queues[2 * N].push_back(Wire::CloseReplica);
