@@ -5,12 +5,14 @@
 //! is the first query of a `first-primary` session, which goes to the
 //! primary. Replicas forward writes, and reads they cannot serve in time,
 //! to the primary. The session's bookmark travels in `x-d1-bookmark` and
-//! only grows: bookmarks are fixed-width and sort as strings.
+//! only grows.
 
 use super::api::{self, BOOKMARK_HEADER, Body, Response, Statement};
+use crate::session::Constraint;
 use crate::value::Value;
 use parking_lot::Mutex;
 use std::time::Duration;
+use walrelay_replicator::Bookmark;
 
 /// An HTTP agent for query traffic. Timeouts are per phase, not global:
 /// a global deadline makes ureq resolve every address (even a literal IP)
@@ -131,7 +133,9 @@ impl Client {
         ClientSession {
             client: self,
             state: Mutex::new(State {
-                header: constraint.to_string(),
+                header: constraint
+                    .parse::<Constraint>()
+                    .map_err(|_| constraint.to_string()),
                 started: false,
             }),
         }
@@ -188,9 +192,21 @@ impl Client {
 
 #[derive(Debug)]
 struct State {
-    /// What the next request sends in `x-d1-bookmark`.
-    header: String,
+    /// What the next request sends in `x-d1-bookmark`: a constraint, or
+    /// text that is not one (sent as it is, for the node to refuse).
+    header: Result<Constraint, String>,
     started: bool,
+}
+
+impl State {
+    fn header_text(&self) -> String {
+        match &self.header {
+            Ok(Constraint::FirstPrimary) => "first-primary".into(),
+            Ok(Constraint::FirstUnconstrained) => "first-unconstrained".into(),
+            Ok(Constraint::Bookmark(b)) => b.to_string(),
+            Err(raw) => raw.clone(),
+        }
+    }
 }
 
 /// One session: sequentially consistent across every node it touches.
@@ -226,14 +242,22 @@ impl ClientSession<'_> {
     /// Sends through a chosen node (tests, or a caller with its own
     /// routing); the session's bookmark is carried all the same.
     pub fn query_via(&self, url: &str, body: &Body) -> Result<Reply, ClientError> {
-        let header = self.state.lock().header.clone();
+        let header = self.state.lock().header_text();
         let reply = self.client.send(url, Some(&header), body)?;
         let mut st = self.state.lock();
         st.started = true;
-        if let Some(b) = &reply.bookmark {
-            let is_bookmark = !st.header.starts_with("first-");
-            if !is_bookmark || b.as_str() > st.header.as_str() {
-                st.header = b.clone();
+        if let Some(b) = reply
+            .bookmark
+            .as_deref()
+            .and_then(|b| b.parse::<Bookmark>().ok())
+        {
+            // A session's bookmark only grows.
+            let newer = match st.header {
+                Ok(Constraint::Bookmark(cur)) => b > cur,
+                _ => true,
+            };
+            if newer {
+                st.header = Ok(Constraint::Bookmark(b));
             }
         }
         Ok(reply)
@@ -241,7 +265,7 @@ impl ClientSession<'_> {
 
     fn route(&self) -> Result<String, ClientError> {
         let st = self.state.lock();
-        let node = if !st.started && st.header == "first-primary" {
+        let node = if !st.started && st.header == Ok(Constraint::FirstPrimary) {
             self.client.primary()
         } else {
             self.client.nearest()
@@ -251,7 +275,9 @@ impl ClientSession<'_> {
 
     /// The session's bookmark (None before its first answer).
     pub fn bookmark(&self) -> Option<String> {
-        let st = self.state.lock();
-        (!st.header.starts_with("first-")).then(|| st.header.clone())
+        match self.state.lock().header {
+            Ok(Constraint::Bookmark(b)) => Some(b.to_string()),
+            _ => None,
+        }
     }
 }
