@@ -45,22 +45,53 @@ pub fn stopping() -> bool {
     STOP.load(Ordering::SeqCst)
 }
 
-pub fn backend(name: &str) -> Result<Backend> {
+/// Parses `--net` (a clap value parser).
+pub fn backend(name: &str) -> Result<Backend, String> {
     Ok(match name {
         "auto" => Backend::Auto,
         "std" => Backend::Std,
         "io_uring" => Backend::IoUring,
-        other => bail!("unknown transport {other:?} (auto, std, io_uring)"),
+        other => return Err(format!("unknown transport {other:?} (auto, std, io_uring)")),
     })
 }
 
-pub fn follower(
-    listen: SocketAddr,
-    dir: PathBuf,
-    peers: Vec<SocketAddr>,
-    database: u64,
-    net: Backend,
-) -> Result<()> {
+fn backend_name(b: Backend) -> &'static str {
+    match b {
+        Backend::Auto => "auto",
+        Backend::Std => "std",
+        Backend::IoUring => "io_uring",
+    }
+}
+
+/// A parsed address list (an alias, so clap does not treat `Vec` as
+/// "repeat the flag" and takes the whole comma-separated list at once).
+pub type Addrs = Vec<SocketAddr>;
+
+/// Options of `walrelay follower`.
+#[derive(clap::Args)]
+pub struct FollowerArgs {
+    #[arg(long)]
+    pub listen: SocketAddr,
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// The other followers (catch-up sources), comma-separated.
+    #[arg(long, default_value = "", value_parser = parse_addrs)]
+    pub peers: Addrs,
+    #[arg(long, default_value_t = 1)]
+    pub database: u64,
+    /// Transport: auto, std or io_uring.
+    #[arg(long, default_value = "auto", value_parser = backend)]
+    pub net: Backend,
+}
+
+pub fn follower(a: FollowerArgs) -> Result<()> {
+    let FollowerArgs {
+        listen,
+        dir,
+        peers,
+        database,
+        net,
+    } = a;
     install_stop_handler();
     let node = FollowerNode::start(FollowerNodeConfig {
         database: DatabaseId(database),
@@ -95,21 +126,40 @@ pub fn follower(
 }
 
 /// Options of `walrelay primary`.
+#[derive(clap::Args)]
 pub struct PrimaryArgs {
+    #[arg(long)]
     pub dir: PathBuf,
-    pub followers: Vec<SocketAddr>,
+    /// The N followers, comma-separated, in a fixed order.
+    #[arg(long, value_parser = parse_addrs)]
+    pub followers: Addrs,
+    /// W (default: a majority of N).
+    #[arg(long)]
     pub write_quorum: Option<usize>,
+    /// Where replicas connect.
+    #[arg(long, default_value = "127.0.0.1:7100")]
     pub listen: SocketAddr,
+    #[arg(long, default_value_t = 5_000)]
     pub confirm_timeout_ms: u64,
+    #[arg(long, default_value_t = 1)]
     pub database: u64,
+    /// Transport: auto, std or io_uring.
+    #[arg(long, default_value = "auto", value_parser = backend)]
     pub net: Backend,
-    /// Run the demo workload: this many writers.
+    /// Concurrent demo writers (0: none).
+    #[arg(long, default_value_t = 0)]
     pub demo_writers: usize,
-    /// Stop after this long (0: until a signal).
+    /// Stop after this many seconds (0: run until a signal).
+    #[arg(long, default_value_t = 0)]
     pub seconds: u64,
-    /// Serve the HTTP API here.
+    /// Serve the HTTP API on this address.
+    #[arg(long)]
     pub http: Option<SocketAddr>,
+    /// This node's region label (meta.served_by_region).
+    #[arg(long, default_value = "primary-region")]
     pub region: String,
+    /// The database's name in the HTTP API's paths.
+    #[arg(long, default_value = "main")]
     pub database_name: String,
 }
 
@@ -125,6 +175,7 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
     config.confirm_timeout_ms = a.confirm_timeout_ms;
     config.backend = a.net;
     config.options.region = a.region.clone();
+    let write_quorum = config.write_quorum;
     let primary = Arc::new(ReplicatedPrimary::start(config).context("starting the primary")?);
     let http = match a.http {
         Some(addr) => {
@@ -153,7 +204,7 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
         primary.database().epoch().0,
         primary.replica_addr().map_or("-".into(), |a| a.to_string()),
         a.followers,
-        a.write_quorum.unwrap_or(a.followers.len() / 2 + 1),
+        write_quorum,
         primary.leader().backend()
     );
     let deadline = (a.seconds > 0).then(|| Instant::now() + Duration::from_secs(a.seconds));
@@ -243,17 +294,38 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
 }
 
 /// Options of `walrelay replica`.
+#[derive(clap::Args)]
 pub struct ReplicaArgs {
+    #[arg(long)]
     pub dir: PathBuf,
+    /// The primary's replica address.
+    #[arg(long)]
     pub leader: SocketAddr,
-    pub followers: Vec<SocketAddr>,
+    /// Followers to catch up from, comma-separated.
+    #[arg(long, default_value = "", value_parser = parse_addrs)]
+    pub followers: Addrs,
+    #[arg(long, default_value_t = 1)]
     pub database: u64,
+    /// Transport: auto, std or io_uring.
+    #[arg(long, default_value = "auto", value_parser = backend)]
     pub net: Backend,
+    /// Serve the HTTP API on this address (needs --primary-http).
+    #[arg(long)]
     pub http: Option<SocketAddr>,
+    /// This node's region label.
+    #[arg(long, default_value = "replica-region")]
     pub region: String,
+    /// The primary's HTTP base URL, where writes are forwarded.
+    #[arg(long)]
     pub primary_http: Option<String>,
+    #[arg(long, default_value = "main")]
     pub database_name: String,
+    /// How long a read waits for the session's bookmark before the
+    /// primary serves it.
+    #[arg(long, default_value_t = 1_000)]
     pub max_wait_ms: u64,
+    /// Injected replication delay (testing).
+    #[arg(long, default_value_t = 0)]
     pub delay_ms: u64,
 }
 
@@ -345,14 +417,27 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
 }
 
 /// Options of `walrelay up`.
+#[derive(clap::Args)]
 pub struct UpArgs {
+    /// Data directory (a fresh temporary one if omitted).
+    #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// The primary listens here; followers on the next ports.
+    #[arg(long, default_value_t = 7100)]
     pub base_port: u16,
+    #[arg(long, default_value_t = 5)]
     pub followers: usize,
+    #[arg(long, default_value_t = 2)]
     pub replicas: usize,
+    /// Concurrent demo writers on the primary.
+    #[arg(long, default_value_t = 4)]
     pub writers: usize,
+    /// Stop after this many seconds (0: run until Ctrl-C).
+    #[arg(long, default_value_t = 0)]
     pub seconds: u64,
-    pub net: String,
+    /// Transport: auto, std or io_uring.
+    #[arg(long, default_value = "auto", value_parser = backend)]
+    pub net: Backend,
 }
 
 fn addrs(base: u16, n: usize) -> Vec<SocketAddr> {
@@ -448,7 +533,7 @@ pub fn up(a: UpArgs) -> Result<()> {
             "--peers".into(),
             join(&peers),
             "--net".into(),
-            a.net.clone(),
+            backend_name(a.net).into(),
         ])?);
     }
     // HTTP: the primary on base+10, replicas on base+11...
@@ -467,7 +552,7 @@ pub fn up(a: UpArgs) -> Result<()> {
         "--demo-writers".into(),
         a.writers.to_string(),
         "--net".into(),
-        a.net.clone(),
+        backend_name(a.net).into(),
     ];
     if a.seconds > 0 {
         primary_args.extend(["--seconds".into(), a.seconds.to_string()]);
@@ -489,7 +574,7 @@ pub fn up(a: UpArgs) -> Result<()> {
             "--followers".into(),
             join(&follower_addrs),
             "--net".into(),
-            a.net.clone(),
+            backend_name(a.net).into(),
         ])?);
     }
     // The primary ends the run (its --seconds, or a signal); the rest

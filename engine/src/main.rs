@@ -4,7 +4,6 @@ mod cmd;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Instant;
 use walrelay_engine::{
@@ -39,114 +38,14 @@ enum Command {
     /// primary running a demo workload, durability followers and read
     /// replicas. Prints commit latency and confirm lag as it runs; Ctrl-C
     /// stops it cleanly.
-    Up {
-        /// Data directory (a fresh temporary one if omitted).
-        #[arg(long)]
-        dir: Option<PathBuf>,
-        /// The primary listens here; followers on the next ports.
-        #[arg(long, default_value_t = 7100)]
-        base_port: u16,
-        #[arg(long, default_value_t = 5)]
-        followers: usize,
-        #[arg(long, default_value_t = 2)]
-        replicas: usize,
-        /// Concurrent demo writers on the primary.
-        #[arg(long, default_value_t = 4)]
-        writers: usize,
-        /// Stop after this many seconds (0: run until Ctrl-C).
-        #[arg(long, default_value_t = 0)]
-        seconds: u64,
-        /// Transport: auto, std or io_uring.
-        #[arg(long, default_value = "auto")]
-        net: String,
-    },
+    Up(cmd::UpArgs),
     /// Run a durability follower.
-    Follower {
-        #[arg(long)]
-        listen: SocketAddr,
-        #[arg(long)]
-        dir: PathBuf,
-        /// The other followers (catch-up sources), comma-separated.
-        #[arg(long, default_value = "", value_parser = cmd::parse_addrs)]
-        peers: Addrs,
-        #[arg(long, default_value_t = 1)]
-        database: u64,
-        #[arg(long, default_value = "auto")]
-        net: String,
-    },
+    Follower(cmd::FollowerArgs),
     /// Run a primary replicating to W of N followers.
-    Primary {
-        #[arg(long)]
-        dir: PathBuf,
-        /// The N followers, comma-separated, in a fixed order.
-        #[arg(long, value_parser = cmd::parse_addrs)]
-        followers: Addrs,
-        /// W (default: a majority of N).
-        #[arg(long)]
-        write_quorum: Option<usize>,
-        /// Where replicas connect.
-        #[arg(long, default_value = "127.0.0.1:7100")]
-        listen: SocketAddr,
-        #[arg(long, default_value_t = 5_000)]
-        confirm_timeout_ms: u64,
-        #[arg(long, default_value_t = 1)]
-        database: u64,
-        /// Concurrent demo writers (0: none).
-        #[arg(long, default_value_t = 0)]
-        demo_writers: usize,
-        /// Stop after this many seconds (0: run until a signal).
-        #[arg(long, default_value_t = 0)]
-        seconds: u64,
-        #[arg(long, default_value = "auto")]
-        net: String,
-        /// Serve the HTTP API on this address.
-        #[arg(long)]
-        http: Option<SocketAddr>,
-        /// This node's region label (meta.served_by_region).
-        #[arg(long, default_value = "primary-region")]
-        region: String,
-        /// The database's name in the HTTP API's paths.
-        #[arg(long, default_value = "main")]
-        database_name: String,
-    },
+    Primary(cmd::PrimaryArgs),
     /// Run a read replica streaming from a primary.
-    Replica {
-        #[arg(long)]
-        dir: PathBuf,
-        /// The primary's replica address.
-        #[arg(long)]
-        leader: SocketAddr,
-        /// Followers to catch up from, comma-separated.
-        #[arg(long, default_value = "", value_parser = cmd::parse_addrs)]
-        followers: Addrs,
-        #[arg(long, default_value_t = 1)]
-        database: u64,
-        #[arg(long, default_value = "auto")]
-        net: String,
-        /// Serve the HTTP API on this address (needs --primary-http).
-        #[arg(long)]
-        http: Option<SocketAddr>,
-        /// The primary's HTTP base URL, where writes are forwarded.
-        #[arg(long)]
-        primary_http: Option<String>,
-        /// This node's region label.
-        #[arg(long, default_value = "replica-region")]
-        region: String,
-        #[arg(long, default_value = "main")]
-        database_name: String,
-        /// How long a read waits for the session's bookmark before the
-        /// primary serves it.
-        #[arg(long, default_value_t = 1_000)]
-        max_wait_ms: u64,
-        /// Injected replication delay (testing).
-        #[arg(long, default_value_t = 0)]
-        delay_ms: u64,
-    },
+    Replica(cmd::ReplicaArgs),
 }
-
-/// A parsed address list (an alias, so clap does not treat `Vec` as
-/// "repeat the flag" and takes the whole comma-separated list at once).
-type Addrs = Vec<SocketAddr>;
 
 fn show(what: &str, m: &Meta) {
     println!(
@@ -292,84 +191,9 @@ fn tempfile_dir() -> Result<PathBuf> {
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Demo { db, orders } => demo(db, orders),
-        Command::Up {
-            dir,
-            base_port,
-            followers,
-            replicas,
-            writers,
-            seconds,
-            net,
-        } => {
-            cmd::backend(&net)?;
-            cmd::up(cmd::UpArgs {
-                dir,
-                base_port,
-                followers,
-                replicas,
-                writers,
-                seconds,
-                net,
-            })
-        }
-        Command::Follower {
-            listen,
-            dir,
-            peers,
-            database,
-            net,
-        } => cmd::follower(listen, dir, peers, database, cmd::backend(&net)?),
-        Command::Primary {
-            dir,
-            followers,
-            write_quorum,
-            listen,
-            confirm_timeout_ms,
-            database,
-            demo_writers,
-            seconds,
-            net,
-            http,
-            region,
-            database_name,
-        } => cmd::primary(cmd::PrimaryArgs {
-            dir,
-            followers,
-            write_quorum,
-            listen,
-            confirm_timeout_ms,
-            database,
-            net: cmd::backend(&net)?,
-            demo_writers,
-            seconds,
-            http,
-            region,
-            database_name,
-        }),
-        Command::Replica {
-            dir,
-            leader,
-            followers,
-            database,
-            net,
-            http,
-            primary_http,
-            region,
-            database_name,
-            max_wait_ms,
-            delay_ms,
-        } => cmd::replica(cmd::ReplicaArgs {
-            dir,
-            leader,
-            followers,
-            database,
-            net: cmd::backend(&net)?,
-            http,
-            region,
-            primary_http,
-            database_name,
-            max_wait_ms,
-            delay_ms,
-        }),
+        Command::Up(a) => cmd::up(a),
+        Command::Follower(a) => cmd::follower(a),
+        Command::Primary(a) => cmd::primary(a),
+        Command::Replica(a) => cmd::replica(a),
     }
 }
