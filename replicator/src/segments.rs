@@ -545,19 +545,31 @@ impl SegmentLog {
         let end = self
             .entries
             .partition_point(|e| e.bookmark <= self.durable.min(upto));
-        let mut out = Vec::new();
+        // Choose the batch first (at least one record), then read each
+        // segment's share with one read and slice the records out of it.
+        let mut chosen = 0usize;
         let mut bytes = 0usize;
         for e in self.entries.get(start..end).unwrap_or_default() {
-            if !out.is_empty() && bytes.saturating_add(e.len as usize) > max_bytes {
+            if chosen > 0 && bytes.saturating_add(e.len as usize) > max_bytes {
                 break;
             }
-            let path = Self::segment_path(&self.dir, e.segment);
+            bytes += e.len as usize;
+            chosen += 1;
+        }
+        let batch = &self.entries[start..start + chosen];
+        let mut out = Vec::with_capacity(chosen);
+        for run in batch.chunk_by(|a, b| a.segment == b.segment) {
+            let (first, last) = (run[0], run[run.len() - 1]);
+            let path = Self::segment_path(&self.dir, first.segment);
             let file = File::open(&path).map_err(io_at(&path))?;
-            let mut buf = vec![0u8; e.len as usize];
-            file.read_exact_at(&mut buf, e.offset)
+            let mut buf = vec![0u8; (last.offset + last.len - first.offset) as usize];
+            file.read_exact_at(&mut buf, first.offset)
                 .map_err(io_at(&path))?;
-            bytes += buf.len();
-            out.push(Bytes::from(buf));
+            let buf = Bytes::from(buf);
+            for e in run {
+                let at = (e.offset - first.offset) as usize;
+                out.push(buf.slice(at..at + e.len as usize));
+            }
         }
         Ok(out)
     }
