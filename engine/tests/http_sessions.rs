@@ -175,3 +175,51 @@ fn a_write_through_a_lagging_replica_is_forwarded_at_once_without_waiting_for_th
     assert!(metrics.contains("reason=\"write\"} 3"), "{metrics}");
     assert!(!metrics.contains("reason=\"behind\""), "{metrics}");
 }
+
+#[test]
+fn replica_metrics_report_lag_in_bookmarks_and_microseconds_and_a_confirm_lag_histogram() {
+    let (_dir, c) = cluster(LocalClusterConfig::default());
+    let client = c.client("region-a");
+    let s = client.session("first-primary");
+    s.query("CREATE TABLE t(x)", vec![]).expect("create");
+    for i in 0..20 {
+        s.query("INSERT INTO t VALUES (?1)", vec![Value::Integer(i)])
+            .expect("insert");
+    }
+    let last = s.bookmark().expect("bookmark").parse().expect("bookmark");
+    assert!(
+        c.replicas[0]
+            .node()
+            .wait_confirmed(last, std::time::Duration::from_secs(10))
+    );
+    let url = c.replica_http[0].url();
+    let text = ureq::get(format!("{url}/metrics"))
+        .call()
+        .expect("metrics")
+        .body_mut()
+        .read_to_string()
+        .expect("text");
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    };
+    // Caught up: nothing confirmed is missing here.
+    assert_eq!(value("walrelay_replica_lag_bookmarks{"), 0.0);
+    assert!(
+        value("walrelay_replica_lag_us{") > 0.0,
+        "a confirm was timed"
+    );
+    assert!(value("walrelay_confirm_lag_us_count{") >= 1.0);
+    assert!(text.contains("# TYPE walrelay_confirm_lag_us histogram"));
+    // The primary's exposition has no replica lag.
+    let primary = ureq::get(format!("{}/metrics", c.primary_http.url()))
+        .call()
+        .expect("metrics")
+        .body_mut()
+        .read_to_string()
+        .expect("text");
+    assert!(!primary.contains("walrelay_replica_lag"));
+}
