@@ -71,8 +71,6 @@ struct Positions {
     visible: Bookmark,
     reported: Bookmark,
     confirms_since_persist: u32,
-    /// A publish reached `persist_every_confirms`: housekeeping persists.
-    persist_due: bool,
 }
 
 pub(crate) struct ReplicaRole {
@@ -176,7 +174,6 @@ impl Replica {
                 visible: confirmed,
                 reported: confirmed,
                 confirms_since_persist: 0,
-                persist_due: false,
             }),
             advanced: Condvar::new(),
             max_wait: Duration::from_millis(options.max_wait_ms),
@@ -263,14 +260,10 @@ impl Replica {
         }
         applier.confirm(bookmark)?;
         let visible = applier.confirmed();
-        let persist = {
+        {
             let mut p = role.positions.lock();
             p.visible = visible;
             p.confirms_since_persist += 1;
-            p.confirms_since_persist >= role.persist_every_confirms
-        };
-        if persist {
-            role.positions.lock().persist_due = true;
         }
         role.advanced.notify_all();
         Ok(())
@@ -285,7 +278,7 @@ impl Replica {
         if applier.wal_frames() >= role.checkpoint_threshold_frames / 2 {
             applier.checkpoint()?;
         }
-        let due = std::mem::take(&mut role.positions.lock().persist_due);
+        let due = role.positions.lock().confirms_since_persist >= role.persist_every_confirms;
         if due {
             applier.persist()?;
             role.positions.lock().confirms_since_persist = 0;

@@ -62,12 +62,14 @@ impl QuorumTracker {
         f: FollowerId,
         durable: Bookmark,
     ) -> Result<Option<Bookmark>, QuorumError> {
-        let slot = self
-            .durable
-            .get_mut(f.0)
-            .ok_or(QuorumError::UnknownFollower(f.0))?;
-        *slot = durable;
+        *self.slot(f)? = durable;
         Ok(self.recompute())
+    }
+
+    fn slot(&mut self, f: FollowerId) -> Result<&mut Bookmark, QuorumError> {
+        self.durable
+            .get_mut(f.0)
+            .ok_or(QuorumError::UnknownFollower(f.0))
     }
 
     /// Raises the watermark to the W-th highest durable bookmark (held by
@@ -91,10 +93,7 @@ impl QuorumTracker {
         f: FollowerId,
         durable: Bookmark,
     ) -> Result<Option<Bookmark>, QuorumError> {
-        let slot = self
-            .durable
-            .get_mut(f.0)
-            .ok_or(QuorumError::UnknownFollower(f.0))?;
+        let slot = self.slot(f)?;
         if durable <= *slot {
             return Ok(None);
         }
