@@ -95,6 +95,9 @@ pub struct Options {
     /// Holds results until their bookmark is confirmed (replicated
     /// primaries). None: a result is released at local commit.
     pub gate: Option<Arc<dyn CommitGate>>,
+    /// What one query, connection wait, transaction or the database may
+    /// cost (D1's published limits by default).
+    pub limits: crate::limits::Limits,
 }
 
 impl Default for Options {
@@ -108,6 +111,7 @@ impl Default for Options {
             region: "local".to_string(),
             sink: None,
             gate: None,
+            limits: crate::limits::Limits::default(),
         }
     }
 }
@@ -126,6 +130,7 @@ impl std::fmt::Debug for Options {
             .field("region", &self.region)
             .field("sink", &self.sink.is_some())
             .field("gate", &self.gate.is_some())
+            .field("limits", &self.limits)
             .finish()
     }
 }

@@ -58,6 +58,7 @@
 mod database;
 mod error;
 pub mod http;
+pub mod limits;
 pub mod local_cluster;
 mod meta;
 mod replica;
@@ -71,6 +72,7 @@ pub use database::{
     TransactionSink,
 };
 pub use error::{CheckpointError, OpenError, QueryError, SessionError};
+pub use limits::Limits;
 pub use replica::{Replica, ReplicaFeed, ReplicaOptions, pair};
 pub use session::{Constraint, Meta, QueryResult, RawResult, Session, Statement};
 pub use value::{Row, Value};
