@@ -19,6 +19,12 @@ use walrelay_vfs::{Attachment, CaptureSink, CapturedTransaction, SinkError};
 /// replicator plugs into. Called in commit order while SQLite still holds
 /// the WAL write lock; an error stops the database from taking writes.
 pub trait TransactionSink: Send + Sync {
+    /// How many consecutive log positions `txn` takes (a sink that ships a
+    /// large transaction as several chunks takes one per chunk). The
+    /// transaction's bookmark is the last of them.
+    fn positions(&self, _txn: &CapturedTransaction) -> u64 {
+        1
+    }
     fn committed(&self, bookmark: Bookmark, txn: &CapturedTransaction) -> Result<(), String>;
 }
 
@@ -147,8 +153,13 @@ struct Issuer {
 impl CaptureSink for Issuer {
     fn committed(&self, txn: CapturedTransaction) -> Result<(), SinkError> {
         let prev = self.latest.load(Ordering::Acquire);
-        let seq = Sequence(prev)
-            .next()
+        let positions = self
+            .downstream
+            .as_ref()
+            .map_or(1, |d| d.positions(&txn).max(1));
+        let seq = prev
+            .checked_add(positions)
+            .map(Sequence)
             .ok_or_else(|| SinkError("sequence exhausted".into()))?;
         let bookmark = Bookmark::new(self.epoch, seq);
         if let Some(d) = &self.downstream {
@@ -231,6 +242,7 @@ pub(crate) struct PrimaryRole {
     attachment: Attachment,
     checkpoint_threshold_frames: u32,
     gate: Option<Arc<dyn CommitGate>>,
+    max_transaction_bytes: u64,
 }
 
 /// A database: a primary ([`Database::open`]) or the read side of a
@@ -429,6 +441,7 @@ impl Database {
         // Attach first: a second open of the same database in this process
         // fails here, before the epoch on disk moves or the file is touched.
         let attachment = walrelay_vfs::attach(path, Arc::clone(&issuer) as Arc<dyn CaptureSink>)?;
+        attachment.set_max_transaction_bytes(Some(options.limits.max_transaction_bytes));
         // Only now touch the file: closing any descriptor of a database drops
         // every POSIX lock this process holds on it, so the header check and
         // the bootstrap must not run while another connection of this
@@ -483,6 +496,7 @@ impl Database {
                     attachment,
                     checkpoint_threshold_frames: options.checkpoint_threshold_frames,
                     gate: options.gate.clone(),
+                    max_transaction_bytes: options.limits.max_transaction_bytes,
                 }),
                 path: path.to_path_buf(),
                 region: options.region.clone(),
@@ -590,12 +604,21 @@ impl Database {
         }
     }
 
-    /// After a write failed: if capture failed, say so instead.
+    /// After a write failed: if capture failed, or refused the transaction
+    /// for its size, say so instead.
     fn explain(&self, e: QueryError) -> QueryError {
-        match self.primary().and_then(|p| p.attachment.poisoned()) {
-            Some(p) => QueryError::CaptureFailed(p),
-            None => e,
+        let Some(p) = self.primary() else {
+            return e;
+        };
+        if let Some(poisoned) = p.attachment.poisoned() {
+            return QueryError::CaptureFailed(poisoned);
         }
+        if p.attachment.take_refused_too_large() {
+            return QueryError::TransactionTooLarge {
+                limit_bytes: p.max_transaction_bytes,
+            };
+        }
+        e
     }
 
     /// Runs one statement: on a reader if SQLite says it is read-only,

@@ -57,6 +57,10 @@ pub enum QueryError {
     },
     #[error("the database stopped taking writes because capture failed: {0}")]
     CaptureFailed(#[from] walrelay_vfs::CaptureError),
+    #[error(
+        "the transaction changes more than {limit_bytes} bytes of pages; it was refused before it committed and changed nothing"
+    )]
+    TransactionTooLarge { limit_bytes: u64 },
     #[error("bookmark sequence exhausted for this epoch")]
     SequenceExhausted,
     #[error(

@@ -229,6 +229,21 @@ impl Replica {
         self.role().applier.lock().append(bookmark, pages)
     }
 
+    /// Writes one chunk of a transaction that travels as several records;
+    /// `commits` marks its last chunk. Chunks become visible together, when
+    /// a confirm covers the last one.
+    pub fn append_chunk(
+        &self,
+        bookmark: Bookmark,
+        pages: &PageSet,
+        commits: bool,
+    ) -> Result<Appended, ApplyError> {
+        self.role()
+            .applier
+            .lock()
+            .append_chunk(bookmark, pages, commits)
+    }
+
     /// Makes every appended transaction up to `bookmark` visible to reads
     /// that start from now on.
     pub fn confirm(&self, bookmark: Bookmark) -> Result<(), ApplyError> {
@@ -254,11 +269,17 @@ impl Replica {
                 last_appended: last,
             });
         }
+        // A bookmark inside a chunked transaction reveals only the whole
+        // transactions before it.
+        let revealed = applier.revealed_by(bookmark);
+        if revealed <= applier.confirmed() {
+            return Ok(());
+        }
         {
             let mut p = role.positions.lock();
-            p.reported = p.reported.max(bookmark);
+            p.reported = p.reported.max(revealed);
         }
-        applier.confirm(bookmark)?;
+        applier.confirm(revealed)?;
         let visible = applier.confirmed();
         {
             let mut p = role.positions.lock();

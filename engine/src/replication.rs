@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use walrelay_replicator::net::Backend;
 use walrelay_replicator::node::leader::{ConfirmError, LeaderNode, LeaderNodeConfig, LeaderStatus};
 use walrelay_replicator::node::replica::{Applier, ReplicaNode, ReplicaNodeConfig};
-use walrelay_replicator::{Bookmark, DatabaseId, Encoded, Record};
+use walrelay_replicator::{Bookmark, DatabaseId, Encoded, Record, Sequence, record};
 use walrelay_vfs::{CapturedTransaction, PageNo, PageSet};
 
 /// How to run a replicated primary.
@@ -77,30 +77,75 @@ struct Link {
 }
 
 impl TransactionSink for Link {
+    fn positions(&self, txn: &CapturedTransaction) -> u64 {
+        record::chunk_count(txn.pages.page_size(), txn.pages.len()) as u64
+    }
+
+    /// Ships the transaction as its chunks, `bookmark` being the last one's
+    /// (the issuer reserved one position per chunk). A transaction larger
+    /// than the unconfirmed-bytes window waits, chunk by chunk, for earlier
+    /// chunks to be confirmed, so no queue holds more than the window.
     fn committed(&self, bookmark: Bookmark, txn: &CapturedTransaction) -> Result<(), String> {
         let leader = self.leader.get().ok_or("replication is not started")?;
         let mut previous = self.previous.lock();
-        let record = encode(bookmark, *previous, &txn.pages)?;
-        leader.commit(record).map_err(|e| e.to_string())?;
-        *previous = bookmark;
+        let pages = txn.pages.pages();
+        let per_chunk = record::pages_per_chunk(txn.pages.page_size());
+        let chunks = pages.len().div_ceil(per_chunk).max(1);
+        let first_seq = bookmark
+            .sequence
+            .0
+            .checked_sub(chunks as u64 - 1)
+            .filter(|s| *s > 0)
+            .ok_or("the issuer reserved fewer positions than chunks")?;
+        let window = (self.max_unconfirmed_bytes as u64 / record::CHUNK_PAGE_BYTES).max(2) as usize;
+        let mut in_flight = std::collections::VecDeque::new();
+        for (i, part) in pages.chunks(per_chunk.max(1)).enumerate() {
+            let at = Bookmark::new(bookmark.epoch, Sequence(first_seq + i as u64));
+            if in_flight.len() >= window {
+                let oldest = in_flight.pop_front().expect("window is at least 2");
+                leader
+                    .wait_confirmed(oldest, self.confirm_timeout)
+                    .map_err(|e| format!("a chunk of a large transaction: {e}"))?;
+            }
+            let continued = i + 1 < chunks;
+            let record = encode_chunk(at, *previous, &txn.pages, part, continued)?;
+            leader.commit(record).map_err(|e| e.to_string())?;
+            *previous = at;
+            in_flight.push_back(at);
+        }
+        assert_eq!(
+            *previous, bookmark,
+            "a transaction's last chunk carries its bookmark"
+        );
         Ok(())
     }
 }
 
-/// A captured page set as a log record (the pages' bytes are shared).
+/// A captured page set as one log record (the pages' bytes are shared).
 pub fn encode(bookmark: Bookmark, previous: Bookmark, pages: &PageSet) -> Result<Encoded, String> {
+    encode_chunk(bookmark, previous, pages, pages.pages(), false)
+}
+
+/// `part` of a captured page set as one record; `continued` when a later
+/// chunk of the same transaction follows.
+fn encode_chunk(
+    bookmark: Bookmark,
+    previous: Bookmark,
+    pages: &PageSet,
+    part: &[(PageNo, bytes::Bytes)],
+    continued: bool,
+) -> Result<Encoded, String> {
     Record {
         bookmark,
         previous,
         page_size: pages.page_size(),
         db_pages: pages.db_size_pages(),
-        pages: pages
-            .pages()
+        pages: part
             .iter()
             .map(|(no, image)| (no.get(), image.clone()))
             .collect(),
     }
-    .to_encoded()
+    .to_encoded_chunk(continued)
     .map_err(|e| e.to_string())
 }
 
@@ -300,7 +345,7 @@ impl ReplicatedPrimary {
 impl Applier for Replica {
     fn apply(&self, record: &Encoded) -> Result<(), String> {
         let pages = decode(record)?;
-        self.append(record.bookmark, &pages)
+        self.append_chunk(record.bookmark, &pages, !record.continued())
             .map(|_| ())
             .map_err(|e| e.to_string())
     }

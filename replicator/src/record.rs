@@ -5,7 +5,9 @@
 //! record (big-endian)
 //!  0  magic        b"WRRC"                          4
 //!  4  version      u16 (1)                          2
-//!  6  flags        u16 (0; nonzero is refused)      2
+//!  6  flags        u16: bit 0 CONTINUED, others 0     2
+//!                  (CONTINUED: a chunk of a transaction whose
+//!                  last chunk follows; it commits nothing)
 //!  8  total_len    u32: bytes of the whole record   4   (header + pages + crc)
 //! 12  bookmark     epoch u32, sequence u64         12
 //! 24  previous     epoch u32, sequence u64         12   (the record before it)
@@ -15,6 +17,14 @@
 //! 48  pages        page_count x (page_no u32, image[page_size])
 //!  .. crc32        u32 over bytes 0 .. total_len-4  4
 //! ```
+//!
+//! A transaction larger than [`CHUNK_PAGE_BYTES`] of page images travels as
+//! several records with consecutive bookmarks: every chunk but the last has
+//! the CONTINUED flag, all carry the transaction's final `db_pages`, and
+//! their page sets are disjoint and in page order. The transaction's
+//! bookmark is its last chunk's; a reader of the log reveals a transaction
+//! only at a record without the flag. So no record, whatever the
+//! transaction, exceeds [`MAX_RECORD_BYTES`].
 //!
 //! Every length is checked against hard bounds before anything is
 //! allocated, and `total_len` must equal what the header implies, so a
@@ -28,11 +38,26 @@ pub const MAGIC: [u8; 4] = *b"WRRC";
 pub const VERSION: u16 = 1;
 pub const HEADER_BYTES: usize = 48;
 pub const CRC_BYTES: usize = 4;
-/// The largest page count one record may carry (a 4 KiB-page transaction
-/// of 1 GiB); larger transactions are refused, not truncated.
-pub const MAX_PAGES: u32 = 262_144;
-/// The largest record, whatever its page size.
-pub const MAX_RECORD_BYTES: u64 = 1 << 30;
+/// The largest page count one record may carry (512-byte pages filling
+/// [`MAX_RECORD_BYTES`]).
+pub const MAX_PAGES: u32 = 32_768;
+/// The largest record, whatever its page size: twice a chunk, so a chunk
+/// of 64 KiB pages with its page numbers always fits.
+pub const MAX_RECORD_BYTES: u64 = 16 << 20;
+/// Page-image bytes per chunk of a transaction (see the module docs).
+pub const CHUNK_PAGE_BYTES: u64 = 8 << 20;
+/// The flag of a chunk that a later chunk of the same transaction follows.
+pub const FLAG_CONTINUED: u16 = 0x0001;
+
+/// Pages per chunk of a transaction with pages of `page_size` bytes.
+pub fn pages_per_chunk(page_size: u32) -> usize {
+    (CHUNK_PAGE_BYTES / u64::from(page_size.max(1))).max(1) as usize
+}
+
+/// How many records a transaction of `page_count` pages travels as.
+pub fn chunk_count(page_size: u32, page_count: usize) -> usize {
+    page_count.div_ceil(pages_per_chunk(page_size)).max(1)
+}
 
 /// One transaction's pages.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,8 +162,14 @@ impl Record {
         Ok(())
     }
 
-    /// Encodes the record (validating it first).
+    /// Encodes the record (validating it first) as a whole transaction.
     pub fn encode(&self) -> Result<Bytes, RecordError> {
+        self.encode_flagged(false)
+    }
+
+    /// Encodes the record; `continued` marks a chunk that a later chunk of
+    /// the same transaction follows.
+    pub fn encode_flagged(&self, continued: bool) -> Result<Bytes, RecordError> {
         self.validate()?;
         let total = encoded_len(self.page_size, self.pages.len() as u32);
         if total > MAX_RECORD_BYTES {
@@ -147,7 +178,7 @@ impl Record {
         let mut b = BytesMut::with_capacity(total as usize);
         b.put_slice(&MAGIC);
         b.put_u16(VERSION);
-        b.put_u16(0);
+        b.put_u16(if continued { FLAG_CONTINUED } else { 0 });
         b.put_u32(total as u32);
         b.put_slice(&self.bookmark.to_bytes());
         b.put_slice(&self.previous.to_bytes());
@@ -183,7 +214,7 @@ impl Record {
             return Err(RecordError::UnsupportedVersion(version));
         }
         let flags = u16::from_be_bytes([buf[6], buf[7]]);
-        if flags != 0 {
+        if flags & !FLAG_CONTINUED != 0 {
             return Err(RecordError::UnknownFlags(flags));
         }
         let stated = u64::from(be32(buf, 8));
@@ -312,15 +343,28 @@ impl Encoded {
     pub fn record(&self) -> Result<Record, RecordError> {
         Record::parse_checked(&self.bytes, self.bytes.len())
     }
+
+    /// Whether a later chunk of the same transaction follows this record
+    /// (it commits nothing by itself).
+    pub fn continued(&self) -> bool {
+        self.bytes.len() >= HEADER_BYTES
+            && u16::from_be_bytes([self.bytes[6], self.bytes[7]]) & FLAG_CONTINUED != 0
+    }
 }
 
 impl Record {
     /// Encodes the record once, for storing and sending.
     pub fn to_encoded(&self) -> Result<Encoded, RecordError> {
+        self.to_encoded_chunk(false)
+    }
+
+    /// Encodes one chunk of a transaction; `continued` as in
+    /// [`Record::encode_flagged`].
+    pub fn to_encoded_chunk(&self, continued: bool) -> Result<Encoded, RecordError> {
         Ok(Encoded {
             bookmark: self.bookmark,
             previous: self.previous,
-            bytes: self.encode()?,
+            bytes: self.encode_flagged(continued)?,
         })
     }
 }
@@ -400,6 +444,31 @@ mod tests {
             Record::peek_len(&b),
             Err(RecordError::LengthMismatch { .. })
         ));
+    }
+
+    #[test]
+    fn a_continued_chunk_keeps_its_flag_and_unknown_flags_are_refused() {
+        let r = record(&[1, 2]);
+        let chunk = r.to_encoded_chunk(true).expect("encode");
+        assert!(chunk.continued());
+        let (back, _) = Encoded::decode(&chunk.bytes).expect("decode");
+        assert!(back.continued());
+        assert_eq!(back.record().expect("pages"), r);
+        assert!(!r.to_encoded().expect("encode").continued());
+        let mut b = chunk.bytes.to_vec();
+        b[6..8].copy_from_slice(&0x0002u16.to_be_bytes());
+        assert_eq!(Record::peek_len(&b), Err(RecordError::UnknownFlags(2)));
+    }
+
+    #[test]
+    fn every_chunk_of_the_largest_page_size_fits_a_record() {
+        let pages = pages_per_chunk(65_536) as u32;
+        assert!(encoded_len(65_536, pages) <= MAX_RECORD_BYTES);
+        assert!(encoded_len(512, pages_per_chunk(512) as u32) <= MAX_RECORD_BYTES);
+        assert!(pages_per_chunk(512) as u32 <= MAX_PAGES);
+        assert_eq!(chunk_count(4096, 0), 1);
+        assert_eq!(chunk_count(4096, 2048), 1);
+        assert_eq!(chunk_count(4096, 2049), 2);
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //!
 //! ```text
 //! <dir>/<index:016x>.seg   index = 0, 1, 2, ...; each segment is set to
-//!                           `segment_bytes` at creation and holds records
+//!                           `segment_bytes` at creation (or to the size of
+//!                           a larger record, which then has a segment of
+//!                           its own) and holds records
 //!                           (see `record`) back to back from offset 0;
 //!                           the rest is zero (a zero magic ends the scan)
 //! ```
@@ -54,8 +56,6 @@ pub enum SegmentError {
     },
     #[error("record does not follow the log: previous {previous}, log ends at {last}")]
     Discontinuous { previous: Bookmark, last: Bookmark },
-    #[error("record of {len} bytes cannot fit a segment of {segment_bytes} bytes")]
-    RecordTooLarge { len: u64, segment_bytes: u64 },
     #[error(transparent)]
     Record(#[from] RecordError),
     /// After a failed sync what reached the disk is unknown, and a retried
@@ -151,6 +151,9 @@ pub struct SegmentLog {
     entries: Vec<Entry>,
     current: Option<(u64, File)>,
     write_offset: u64,
+    /// The current segment's size (`segment_bytes`, or more for one that
+    /// holds an oversized record).
+    current_bytes: u64,
     /// Records appended since the last sync, in order.
     pending: Vec<Pending>,
     /// Segments rolled away from that still have pending records.
@@ -206,6 +209,7 @@ impl SegmentLog {
             entries: Vec::new(),
             current: None,
             write_offset: 0,
+            current_bytes: 0,
             pending: Vec::new(),
             rolled: Vec::new(),
             durable: base,
@@ -261,6 +265,7 @@ impl SegmentLog {
             }
             log.current = Some((index, file));
             log.write_offset = at as u64;
+            log.current_bytes = data.len() as u64;
         }
         if let Some(good) = poison::load(dir)? {
             rec.cut_bytes += log.cut_after(good)?;
@@ -324,6 +329,7 @@ impl SegmentLog {
             .write(true)
             .open(Self::segment_path(&self.dir, from.segment))
             .map_err(io_at(&self.dir))?;
+        self.current_bytes = file.metadata().map_err(io_at(&self.dir))?.len();
         self.current = Some((from.segment, file));
         self.write_offset = from.offset;
         Ok(cut)
@@ -352,7 +358,8 @@ impl SegmentLog {
         self.io.name()
     }
 
-    fn roll(&mut self) -> Result<(), SegmentError> {
+    fn roll(&mut self, at_least: u64) -> Result<(), SegmentError> {
+        let size = self.segment_bytes.max(at_least);
         let index = self.current.as_ref().map_or(0, |(i, _)| i + 1);
         let path = Self::segment_path(&self.dir, index);
         // Really preallocated: zeros written and synced once, so every later
@@ -370,8 +377,8 @@ impl SegmentLog {
             .map_err(io_at(&tmp))?;
         let zeros = vec![0u8; 1 << 20];
         let mut at = 0u64;
-        while at < self.segment_bytes {
-            let n = (self.segment_bytes - at).min(zeros.len() as u64) as usize;
+        while at < size {
+            let n = (size - at).min(zeros.len() as u64) as usize;
             file.write_all_at(&zeros[..n], at).map_err(io_at(&tmp))?;
             at += n as u64;
         }
@@ -387,6 +394,7 @@ impl SegmentLog {
             }
         }
         self.write_offset = 0;
+        self.current_bytes = size;
         Ok(())
     }
 
@@ -413,14 +421,10 @@ impl SegmentLog {
                 last: self.last(),
             });
         }
-        if len > self.segment_bytes {
-            return Err(SegmentError::RecordTooLarge {
-                len,
-                segment_bytes: self.segment_bytes,
-            });
-        }
-        if self.current.is_none() || self.write_offset + len > self.segment_bytes {
-            self.roll()?;
+        // A record larger than a segment gets a segment of its own: every
+        // valid record fits somewhere (bounded by MAX_RECORD_BYTES).
+        if self.current.is_none() || self.write_offset + len > self.current_bytes {
+            self.roll(len)?;
         }
         let index = self
             .current
@@ -675,6 +679,34 @@ mod tests {
         #[cfg(not(target_os = "linux"))]
         {
             false
+        }
+    }
+
+    #[test]
+    fn a_record_larger_than_a_segment_gets_a_segment_of_its_own_and_survives_reopen() {
+        for backend in BACKENDS {
+            let dir = tempfile::tempdir().expect("tmp");
+            let (mut log, _) = open(dir.path(), backend);
+            log.append(&rec(1)).expect("append");
+            let big = Record {
+                bookmark: b(2),
+                previous: b(1),
+                page_size: 4096,
+                db_pages: 4,
+                pages: (1..=4)
+                    .map(|n| (n, Bytes::from(vec![n as u8; 4096])))
+                    .collect(),
+            }
+            .encode()
+            .expect("encode");
+            assert!(big.len() as u64 > SEG);
+            log.append(&big).expect("an oversized record is stored");
+            log.append(&rec(3)).expect("and the log goes on");
+            assert_eq!(log.sync().expect("sync"), b(3));
+            drop(log);
+            let (log, r) = open(dir.path(), backend);
+            assert_eq!((r.records, r.cut_bytes), (3, 0));
+            assert_eq!(log.read_after(b(1)).expect("read"), vec![big, rec(3)]);
         }
     }
 

@@ -210,6 +210,20 @@ impl Attachment {
         self.shared.capture.lock().stats()
     }
 
+    /// Refuses, before it commits, any write transaction whose page images
+    /// exceed `limit` bytes (None: no limit). The refused write fails with
+    /// SQLITE_FULL and SQLite rolls it back; see
+    /// [`Attachment::take_refused_too_large`].
+    pub fn set_max_transaction_bytes(&self, limit: Option<u64>) {
+        self.shared.capture.lock().set_max_transaction_bytes(limit);
+    }
+
+    /// Whether the latest refused transaction was refused for its size
+    /// (and clears that): tells a size refusal from a full disk.
+    pub fn take_refused_too_large(&self) -> bool {
+        self.shared.capture.lock().take_refused_too_large()
+    }
+
     /// The error that stopped capture, if any. A poisoned database refuses
     /// every further WAL write.
     pub fn poisoned(&self) -> Option<CaptureError> {

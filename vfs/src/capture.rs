@@ -176,6 +176,9 @@ struct Hold {
     /// A WAL header written during this hold (a WAL restart or first write).
     new_header: Option<WalHeader>,
     shadow: Shadow,
+    /// A write of this hold went past the transaction size limit: every
+    /// later write of the hold is refused too, so it cannot commit.
+    too_large: bool,
 }
 
 /// The capture state of one database.
@@ -195,6 +198,11 @@ pub(crate) struct Capture {
     spare_frames: Vec<(u32, usize)>,
     /// Shadow buffers come from, and return to, here.
     buffers: Arc<BufferPool>,
+    /// The largest transaction, in page-image bytes (None: no limit).
+    max_transaction_bytes: Option<u64>,
+    /// Set when a hold is refused for its size; taken by the engine to
+    /// explain the write's failure.
+    refused_too_large: bool,
 }
 
 /// Counters of what capture has seen, for tests and operators.
@@ -210,6 +218,8 @@ pub struct CaptureStats {
     pub overwrites: u64,
     /// New WAL headers (first write or restart with new salts).
     pub wal_restarts: u64,
+    /// Transactions refused before commit for exceeding the size limit.
+    pub too_large_refusals: u64,
 }
 
 /// What a WAL write told the capture.
@@ -246,6 +256,59 @@ impl Capture {
         hold.shadow.covered = std::mem::take(&mut self.spare_covered);
         hold.shadow.covered.clear();
         self.hold = Some(hold);
+    }
+
+    /// Sets the largest transaction, in page-image bytes.
+    pub fn set_max_transaction_bytes(&mut self, limit: Option<u64>) {
+        self.max_transaction_bytes = limit;
+    }
+
+    /// Whether the last refused hold was refused for its size; clears it.
+    pub fn take_refused_too_large(&mut self) -> bool {
+        std::mem::take(&mut self.refused_too_large)
+    }
+
+    /// Whether a WAL write of `len` bytes at `offset` would take this hold's
+    /// transaction past the size limit. Checked before the write reaches
+    /// the file; once true it stays true for the hold, so SQLite cannot
+    /// commit it and rolls it back (the write fails with SQLITE_FULL, which
+    /// is not a capture failure: nothing is poisoned).
+    pub fn exceeds_limit(&mut self, offset: u64, len: usize) -> bool {
+        let Some(limit) = self.max_transaction_bytes else {
+            return false;
+        };
+        let header = self
+            .hold
+            .as_ref()
+            .and_then(|h| h.new_header)
+            .or(self.header);
+        let Some(hold) = self.hold.as_mut() else {
+            return false;
+        };
+        if hold.too_large {
+            return true;
+        }
+        let Some(header) = header else {
+            return false; // the first write of a WAL: its header comes first
+        };
+        if offset < WAL_HEADER_BYTES as u64 {
+            return false;
+        }
+        let fb = header.frame_bytes();
+        let frames_allowed = limit.div_ceil(u64::from(header.page_size));
+        let base = if hold.shadow.is_empty() {
+            offset - (offset - WAL_HEADER_BYTES as u64) % fb
+        } else {
+            hold.shadow.base
+        };
+        let end = offset + len as u64;
+        if end.saturating_sub(base) > frames_allowed.saturating_mul(fb) {
+            hold.too_large = true;
+            self.refused_too_large = true;
+            self.stats.too_large_refusals += 1;
+            return true;
+        }
+        false
     }
 
     /// Whether a WAL write may proceed; checked before the write reaches the

@@ -108,6 +108,9 @@ pub enum Appended {
 #[derive(Debug, Clone, Copy)]
 struct Pending {
     bookmark: Bookmark,
+    /// False for a chunk that a later chunk of its transaction follows:
+    /// it holds no commit frame and can never be revealed by itself.
+    commits: bool,
     last_frame: u32,
     checksum: Checksum,
     db_pages: u32,
@@ -324,6 +327,16 @@ impl ReplicaWal {
     pub fn last_appended(&self) -> Bookmark {
         self.pending
             .back()
+            .map_or(self.confirmed.bookmark, |p| p.bookmark)
+    }
+
+    /// What confirming `bookmark` would reveal: the newest whole appended
+    /// transaction at or before it (or the confirmed one).
+    pub fn revealed_by(&self, bookmark: Bookmark) -> Bookmark {
+        self.pending
+            .iter()
+            .rev()
+            .find(|p| p.commits && p.bookmark <= bookmark)
             .map_or(self.confirmed.bookmark, |p| p.bookmark)
     }
 
@@ -565,6 +578,20 @@ impl ReplicaWal {
     /// duplicate and is ignored; one that skips ahead is a `Gap` naming the
     /// transaction to send next.
     pub fn append(&mut self, bookmark: Bookmark, pages: &PageSet) -> Result<Appended, ApplyError> {
+        self.append_chunk(bookmark, pages, true)
+    }
+
+    /// As [`ReplicaWal::append`], for one chunk of a transaction that
+    /// travels as several: `commits` is true only for its last chunk, whose
+    /// last frame carries the commit. Chunks before it are written without
+    /// a commit frame and a confirm never reveals them by themselves (it
+    /// stops at the newest whole transaction it covers).
+    pub fn append_chunk(
+        &mut self,
+        bookmark: Bookmark,
+        pages: &PageSet,
+        commits: bool,
+    ) -> Result<Appended, ApplyError> {
         let last = self.last_appended();
         if bookmark <= last {
             return Ok(Appended::Duplicate);
@@ -592,7 +619,7 @@ impl ReplicaWal {
             return Err(ApplyError::EmptyPageSet);
         }
         self.lock_writer()?;
-        let result = self.write_frames(bookmark, pages);
+        let result = self.write_frames(bookmark, pages, commits);
         if result.is_err() && self.pending.is_empty() {
             self.unlock_writer();
         }
@@ -603,6 +630,7 @@ impl ReplicaWal {
         &mut self,
         bookmark: Bookmark,
         pages: &PageSet,
+        commits: bool,
     ) -> Result<Appended, ApplyError> {
         self.maybe_restart()?;
         if !self.generation_started {
@@ -615,7 +643,11 @@ impl ReplicaWal {
         let mut buf = Vec::with_capacity(n * fb);
         let mut ck = self.running;
         for (i, (no, image)) in pages.pages().iter().enumerate() {
-            let commit = if i + 1 == n { pages.db_size_pages() } else { 0 };
+            let commit = if commits && i + 1 == n {
+                pages.db_size_pages()
+            } else {
+                0
+            };
             let (h, next) = FrameHeader::encode(&wal, *no, commit, ck, image);
             buf.extend_from_slice(&h);
             buf.extend_from_slice(image);
@@ -633,6 +665,7 @@ impl ReplicaWal {
         self.running = ck;
         self.pending.push_back(Pending {
             bookmark,
+            commits,
             last_frame: last,
             checksum: ck,
             db_pages: pages.db_size_pages(),
@@ -646,22 +679,25 @@ impl ReplicaWal {
     /// Makes every appended transaction up to `bookmark` visible at once to
     /// read transactions that start from now on. Confirming what is already
     /// confirmed is a no-op; confirming what was never appended is an error.
+    /// A bookmark inside a chunked transaction reveals only the whole
+    /// transactions before it.
     pub fn confirm(&mut self, bookmark: Bookmark) -> Result<(), ApplyError> {
         if bookmark <= self.confirmed.bookmark {
             return Ok(());
         }
-        let Some(idx) = self.pending.iter().rposition(|p| p.bookmark <= bookmark) else {
-            return Err(ApplyError::NotAppended {
-                requested: bookmark,
-                last_appended: self.last_appended(),
-            });
-        };
         if bookmark > self.last_appended() {
             return Err(ApplyError::NotAppended {
                 requested: bookmark,
                 last_appended: self.last_appended(),
             });
         }
+        let Some(idx) = self
+            .pending
+            .iter()
+            .rposition(|p| p.commits && p.bookmark <= bookmark)
+        else {
+            return Ok(()); // only chunks of an unfinished transaction
+        };
         let p = self.pending[idx];
         let region0 = self.region(0)?;
         self.change = self.change.wrapping_add(1);

@@ -400,6 +400,11 @@ unsafe extern "C" fn x_write(
                     if cap.check_write().is_err() {
                         return ffi::SQLITE_IOERR_WRITE;
                     }
+                    if cap.exceeds_limit(off as u64, data.len()) {
+                        // SQLite rolls the transaction back; nothing was
+                        // written and capture is not poisoned.
+                        return ffi::SQLITE_FULL;
+                    }
                     let rc = write(real, buf, n, off);
                     if rc != ffi::SQLITE_OK {
                         return rc;

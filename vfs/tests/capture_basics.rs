@@ -254,3 +254,106 @@ fn transactions_from_several_connections_are_captured_in_commit_order() {
         }
     }
 }
+
+fn too_large_fixture(
+    cache_pages: i64,
+) -> (
+    tempfile::TempDir,
+    Connection,
+    Arc<Recorder>,
+    walrelay_vfs::Attachment,
+) {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = dir.path().join("db");
+    bootstrap(&p);
+    let rec = Arc::new(Recorder::default());
+    let att = attach(&p, rec.clone()).expect("attach");
+    att.set_max_transaction_bytes(Some(256 * 1024));
+    let c = open(&p);
+    c.execute_batch(&format!(
+        "PRAGMA cache_size={cache_pages}; CREATE TABLE t(x INTEGER PRIMARY KEY, v BLOB);"
+    ))
+    .expect("create");
+    (dir, c, rec, att)
+}
+
+fn assert_refused_as_full(r: rusqlite::Result<impl std::fmt::Debug>) {
+    match r {
+        Err(e) => assert_eq!(
+            e.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::DiskFull),
+            "refused with SQLITE_FULL: {e}"
+        ),
+        Ok(v) => panic!("an oversized transaction committed: {v:?}"),
+    }
+}
+
+#[test]
+fn a_transaction_over_the_size_limit_is_refused_before_commit_and_changes_nothing() {
+    for cache_pages in [2000, 4] {
+        // 4 pages of cache: the transaction spills frames to the WAL before
+        // its commit, and the refusal lands mid-statement.
+        let (_dir, c, rec, att) = too_large_fixture(cache_pages);
+        let before = logical_pages(&c);
+        let captured = rec.0.lock().expect("lock").len();
+        assert_refused_as_full(c.execute(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < 100) \
+             INSERT INTO t(v) SELECT randomblob(4000) FROM n",
+            [],
+        ));
+        assert!(
+            att.take_refused_too_large(),
+            "the refusal is the size limit"
+        );
+        assert!(!att.take_refused_too_large(), "taken once");
+        assert!(
+            att.poisoned().is_none(),
+            "a size refusal is not a capture failure"
+        );
+        assert_eq!(att.stats().too_large_refusals, 1);
+        assert_eq!(
+            rec.0.lock().expect("lock").len(),
+            captured,
+            "nothing captured"
+        );
+        assert!(c.is_autocommit(), "rolled back");
+        assert!(
+            logical_pages(&c) == before,
+            "nothing changed ({cache_pages} pages of cache)"
+        );
+        // The connection goes on: a small write commits and is captured.
+        c.execute("INSERT INTO t(v) VALUES (randomblob(100))", [])
+            .expect("a small write after the refusal");
+        assert_eq!(rec.0.lock().expect("lock").len(), captured + 1);
+        let n: i64 = c
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .expect("count");
+        assert_eq!(n, 1);
+    }
+}
+
+#[test]
+fn an_explicit_transaction_over_the_size_limit_fails_its_statement_and_rolls_back() {
+    let (_dir, c, rec, att) = too_large_fixture(2000);
+    let before = logical_pages(&c);
+    c.execute_batch("BEGIN IMMEDIATE").expect("begin");
+    c.execute("INSERT INTO t(v) VALUES (randomblob(100))", [])
+        .expect("small insert");
+    let big = c.execute(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < 100) \
+         INSERT INTO t(v) SELECT randomblob(4000) FROM n",
+        [],
+    );
+    // With a large cache the pages reach the WAL only at COMMIT.
+    let commit = big.and_then(|_| c.execute_batch("COMMIT"));
+    assert_refused_as_full(commit);
+    if !c.is_autocommit() {
+        c.execute_batch("ROLLBACK").expect("rollback");
+    }
+    assert!(att.take_refused_too_large());
+    assert!(att.poisoned().is_none());
+    assert!(logical_pages(&c) == before, "nothing changed");
+    assert_eq!(rec.0.lock().expect("lock").len(), 1, "only the CREATE");
+    c.execute("INSERT INTO t(v) VALUES (1)", [])
+        .expect("write after");
+}

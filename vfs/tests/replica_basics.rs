@@ -232,3 +232,93 @@ fn checkpoints_and_restarts_keep_the_replica_wal_bounded_while_readers_read() {
     );
     assert!(pages(&reader) == pages(&p.primary));
 }
+
+/// Splits a captured page set into `parts` disjoint page sets that keep
+/// the transaction's final database size, as the replicator's chunks do.
+fn split(ps: &walrelay_vfs::PageSet, parts: usize) -> Vec<walrelay_vfs::PageSet> {
+    let per = ps.len().div_ceil(parts);
+    ps.pages()
+        .chunks(per)
+        .map(|c| {
+            walrelay_vfs::PageSet::new(ps.page_size(), ps.db_size_pages(), c.to_vec())
+                .expect("chunk")
+        })
+        .collect()
+}
+
+#[test]
+fn a_chunked_transaction_stays_invisible_until_a_confirm_covers_its_last_chunk() {
+    let p = pair();
+    let mut r = open_replica(&p.replica_path).expect("open replica");
+    let reader = open_vfs(&p.replica_path, OpenFlags::SQLITE_OPEN_READ_ONLY);
+    p.primary
+        .execute_batch("CREATE TABLE t(x INTEGER PRIMARY KEY, v BLOB)")
+        .expect("create");
+    p.primary
+        .execute(
+            "WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM c WHERE i < 40) \
+             INSERT INTO t(v) SELECT randomblob(3000) FROM c",
+            [],
+        )
+        .expect("insert");
+    let txns = p.rec.0.lock().expect("lock").clone();
+    r.append(b(1), &txns[0].pages).expect("append schema");
+    r.confirm(b(1)).expect("confirm schema");
+    let chunks = split(&txns[1].pages, 3);
+    assert_eq!(chunks.len(), 3);
+    // Positions 2, 3, 4: the transaction's bookmark is its last chunk's.
+    r.append_chunk(b(2), &chunks[0], false).expect("chunk 1");
+    r.append_chunk(b(3), &chunks[1], false).expect("chunk 2");
+    assert_eq!(r.last_appended(), b(3));
+    r.confirm(b(3)).expect("a confirm inside the transaction");
+    assert_eq!(r.confirmed(), b(1), "nothing of an unfinished transaction");
+    assert_eq!(count(&reader), 0);
+    assert_eq!(r.revealed_by(b(3)), b(1));
+    r.append_chunk(b(4), &chunks[2], true).expect("last chunk");
+    assert_eq!(r.revealed_by(b(4)), b(4));
+    r.confirm(b(4)).expect("confirm the last chunk");
+    assert_eq!(r.confirmed(), b(4));
+    assert_eq!(count(&reader), 40, "the whole transaction at once");
+    assert!(
+        pages(&reader) == pages(&p.primary),
+        "replica equals primary"
+    );
+}
+
+#[test]
+fn discarding_an_unfinished_chunked_transaction_leaves_the_confirmed_state() {
+    let p = pair();
+    let mut r = open_replica(&p.replica_path).expect("open replica");
+    let reader = open_vfs(&p.replica_path, OpenFlags::SQLITE_OPEN_READ_ONLY);
+    p.primary
+        .execute_batch("CREATE TABLE t(x INTEGER PRIMARY KEY, v BLOB)")
+        .expect("create");
+    p.primary
+        .execute(
+            "WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM c WHERE i < 20) \
+             INSERT INTO t(v) SELECT randomblob(3000) FROM c",
+            [],
+        )
+        .expect("insert");
+    p.primary
+        .execute("INSERT INTO t(v) VALUES (1)", [])
+        .expect("insert one");
+    let txns = p.rec.0.lock().expect("lock").clone();
+    r.append(b(1), &txns[0].pages).expect("append schema");
+    r.confirm(b(1)).expect("confirm schema");
+    let chunks = split(&txns[1].pages, 2);
+    r.append_chunk(b(2), &chunks[0], false).expect("chunk 1");
+    r.discard_unconfirmed().expect("discard");
+    assert_eq!(r.last_appended(), b(1));
+    // The same transaction again, whole this time, then the next one.
+    r.append_chunk(b(2), &chunks[0], false)
+        .expect("chunk 1 again");
+    r.append_chunk(b(3), &chunks[1], true).expect("chunk 2");
+    r.append(b(4), &txns[2].pages).expect("next transaction");
+    r.confirm(b(4)).expect("confirm");
+    assert_eq!(count(&reader), 21);
+    assert!(
+        pages(&reader) == pages(&p.primary),
+        "replica equals primary"
+    );
+}

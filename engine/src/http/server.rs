@@ -135,6 +135,7 @@ fn query_error(e: &QueryError) -> (u16, u32) {
         QueryError::NotConfirmed { .. }
         | QueryError::WriteNotAdmitted { .. }
         | QueryError::ReplicaBehind { .. } => (503, codes::UNAVAILABLE),
+        QueryError::TransactionTooLarge { .. } => (413, codes::TOO_LARGE),
         QueryError::CaptureFailed(_) | QueryError::SequenceExhausted => (500, codes::INTERNAL),
     }
 }
