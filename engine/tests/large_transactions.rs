@@ -1,0 +1,223 @@
+//! Transactions of any size up to the configured cap: a transaction larger
+//! than a log record travels as chunks and appears on replicas whole, at
+//! once; one over the cap is refused before it commits and changes nothing
+//! anywhere.
+
+mod common;
+
+use std::time::Duration;
+use walrelay_engine::local_cluster::{LocalCluster, LocalClusterConfig};
+use walrelay_engine::{Bookmark, Constraint, Limits, QueryError, Session, Value};
+
+/// `n` rows of `blob_bytes` random bytes each, in one statement (so one
+/// transaction): the statement from the issue that stopped every follower.
+fn big_insert(n: u32, blob_bytes: u32) -> String {
+    format!(
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x < {n}) \
+         INSERT INTO big SELECT randomblob({blob_bytes}) FROM c"
+    )
+}
+
+/// A fingerprint of table `big` that covers every row: its size and a
+/// sample of bytes from a different place in each blob.
+fn fingerprint(s: &Session) -> Vec<Vec<Value>> {
+    s.prepare(
+        "SELECT rowid, length(v), hex(substr(v, 1 + (rowid * 7919) % (length(v) - 32), 32)) \
+         FROM big ORDER BY rowid",
+    )
+    .raw()
+    .expect("fingerprint")
+    .rows
+}
+
+fn integrity_ok(s: &Session) {
+    let r = s
+        .prepare("PRAGMA quick_check")
+        .raw()
+        .expect("quick_check");
+    assert_eq!(r.rows, vec![vec![Value::Text("ok".into())]]);
+}
+
+fn wait_replicas(c: &LocalCluster, b: Bookmark) {
+    for (i, r) in c.replicas.iter().enumerate() {
+        assert!(
+            r.node().wait_confirmed(b, Duration::from_secs(120)),
+            "replica {i} never reached {b}"
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while r.replica().confirmed() < b {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "replica {i} never revealed {b}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+#[test]
+fn an_80_mb_transaction_commits_replicates_in_chunks_and_appears_whole_on_every_replica() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let c = LocalCluster::start(dir.path(), LocalClusterConfig::default()).expect("cluster");
+    let s = c
+        .primary
+        .database()
+        .session(Constraint::FirstPrimary)
+        .expect("session");
+    s.prepare("CREATE TABLE big(v BLOB)").run().expect("create");
+    let before = s.bookmark().expect("bookmark");
+    let r = s.prepare(big_insert(80, 1_000_000)).run().expect("80 MB commit");
+    let b = r.meta.bookmark;
+    assert_eq!(r.meta.changes, 80);
+    assert_eq!(b.epoch, before.epoch);
+    assert!(
+        b.sequence.0 - before.sequence.0 >= 10,
+        "80 MB travels as at least ten 8 MiB chunks ({before} -> {b})"
+    );
+    wait_replicas(&c, b);
+    let want = fingerprint(&s);
+    assert_eq!(want.len(), 80);
+    for r in &c.replicas {
+        let rs = r
+            .replica()
+            .session(Constraint::Bookmark(b))
+            .expect("replica session");
+        assert_eq!(fingerprint(&rs), want, "the replica holds the transaction");
+        integrity_ok(&rs);
+    }
+    for f in &c.followers {
+        assert!(f.durable() >= b, "every follower holds every chunk");
+    }
+    // The cluster goes on taking ordinary writes.
+    let after = s
+        .prepare("INSERT INTO big VALUES (randomblob(100))")
+        .run()
+        .expect("a small write after");
+    wait_replicas(&c, after.meta.bookmark);
+    integrity_ok(&s);
+}
+
+#[test]
+fn a_replica_never_shows_part_of_a_chunked_transaction() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let c = LocalCluster::start(dir.path(), LocalClusterConfig::default()).expect("cluster");
+    let s = c
+        .primary
+        .database()
+        .session(Constraint::FirstPrimary)
+        .expect("session");
+    s.prepare("CREATE TABLE big(v BLOB)").run().expect("create");
+    let created = s.bookmark().expect("bookmark");
+    wait_replicas(&c, created);
+    let replica = c.replicas[0].replica().clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut seen = std::collections::BTreeSet::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let rs = replica
+                    .session(Constraint::FirstUnconstrained)
+                    .expect("session");
+                let n = rs
+                    .prepare("SELECT count(*) FROM big")
+                    .raw()
+                    .expect("count")
+                    .rows[0][0]
+                    .as_i64()
+                    .expect("integer");
+                seen.insert(n);
+            }
+            seen
+        })
+    };
+    let mut total = 0;
+    for _ in 0..3 {
+        let r = s.prepare(big_insert(30, 1_000_000)).run().expect("30 MB commit");
+        total += 30;
+        wait_replicas(&c, r.meta.bookmark);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen = watcher.join().expect("watcher");
+    assert!(
+        seen.iter().all(|n| n % 30 == 0 && *n <= total),
+        "a reader saw only whole transactions: {seen:?}"
+    );
+}
+
+#[test]
+fn a_transaction_over_the_cap_is_refused_before_it_commits_and_changes_nothing_anywhere() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let c = LocalCluster::start(
+        dir.path(),
+        LocalClusterConfig {
+            limits: Limits {
+                max_transaction_bytes: 4 << 20,
+                ..Limits::default()
+            },
+            ..LocalClusterConfig::default()
+        },
+    )
+    .expect("cluster");
+    let s = c
+        .primary
+        .database()
+        .session(Constraint::FirstPrimary)
+        .expect("session");
+    s.prepare("CREATE TABLE big(v BLOB)").run().expect("create");
+    s.prepare(big_insert(3, 1_000_000))
+        .run()
+        .expect("3 MB is under the cap");
+    let latest = c.primary.database().latest_bookmark();
+    wait_replicas(&c, latest);
+    let want = fingerprint(&s);
+    match s.prepare(big_insert(8, 1_000_000)).run() {
+        Err(QueryError::TransactionTooLarge { limit_bytes }) => {
+            assert_eq!(limit_bytes, 4 << 20)
+        }
+        other => panic!("an 8 MB transaction under a 4 MiB cap: {other:?}"),
+    }
+    // Over HTTP: a 413 in D1's error shape, from the primary and (forwarded)
+    // from a replica.
+    let agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .new_agent();
+    for url in [c.primary_http.url(), c.replica_http[0].url()] {
+        let mut resp = agent
+            .post(format!("{url}/v1/databases/main/query"))
+            .header("x-d1-bookmark", "first-primary")
+            .send_json(serde_json::json!({ "sql": big_insert(8, 1_000_000) }))
+            .expect("request");
+        assert_eq!(resp.status().as_u16(), 413, "{url}");
+        let body: serde_json::Value = resp.body_mut().read_json().expect("json");
+        assert_eq!(body["success"], false);
+        assert_eq!(body["errors"][0]["code"], 7413);
+        assert!(
+            body["errors"][0]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("refused before it committed")),
+            "{body}"
+        );
+    }
+    assert_eq!(
+        c.primary.database().latest_bookmark(),
+        latest,
+        "no bookmark was issued"
+    );
+    assert_eq!(fingerprint(&s), want, "the primary is unchanged");
+    for r in &c.replicas {
+        assert_eq!(r.replica().confirmed(), latest);
+        let rs = r
+            .replica()
+            .session(Constraint::Bookmark(latest))
+            .expect("session");
+        assert_eq!(fingerprint(&rs), want, "the replica is unchanged");
+    }
+    assert!(c.primary.database().capture_stats().is_some());
+    let after = s
+        .prepare("INSERT INTO big VALUES (randomblob(100))")
+        .run()
+        .expect("writes go on after a refusal");
+    wait_replicas(&c, after.meta.bookmark);
+}
