@@ -2,6 +2,8 @@
 //! oracle and the randomized workload generator.
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod up;
+
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::os::unix::fs::FileExt;

@@ -1,0 +1,180 @@
+//! `walrelay up` as a test fixture: the README's main command run as a
+//! real process tree, with its HTTP ports, its printed lines, a Ctrl-C
+//! stop and restarts from the same directory.
+
+use serde_json::Value as Json;
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// A base port with every port `up` derives from it free (probed, then
+/// released; best effort).
+pub fn free_base() -> u16 {
+    for attempt in 0..200u32 {
+        let salt = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos())
+            .wrapping_add(attempt.wrapping_mul(7919));
+        let base = 20_000 + (std::process::id() % 20_000) as u16 + (salt >> 8) as u16 % 5_000;
+        // The primary and followers use base..=base+5, HTTP base+10..=base+12.
+        if (0..13).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+            return base;
+        }
+    }
+    panic!("no free port range");
+}
+
+/// One HTTP answer.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub bookmark: Option<String>,
+    pub json: Json,
+}
+
+/// A running `walrelay up`.
+pub struct Up {
+    child: Option<Child>,
+    pub dir: PathBuf,
+    pub base: u16,
+    lines: mpsc::Receiver<String>,
+    pub seen: Vec<String>,
+    agent: ureq::Agent,
+}
+
+impl Up {
+    /// Starts `walrelay up --dir dir --base-port base` plus `extra` args.
+    pub fn start(dir: &Path, base: u16, extra: &[&str]) -> Up {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_walrelay"))
+            .args(["up", "--dir", &dir.display().to_string()])
+            .args(["--base-port", &base.to_string()])
+            .args(extra)
+            .env("RUST_BACKTRACE", "0")
+            .stdout(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .expect("spawn walrelay up");
+        let out = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Up {
+            child: Some(child),
+            dir: dir.to_path_buf(),
+            base,
+            lines: rx,
+            seen: Vec::new(),
+            agent: ureq::Agent::config_builder()
+                .timeout_global(Some(Duration::from_secs(300)))
+                .http_status_as_error(false)
+                .build()
+                .new_agent(),
+        }
+    }
+
+    /// The HTTP base URL of node `i`: 0 the primary, 1.. the replicas.
+    pub fn http(&self, i: u16) -> String {
+        format!("http://127.0.0.1:{}", self.base + 10 + i)
+    }
+
+    /// The admin token `up` wrote, when it runs with authentication.
+    pub fn token(&self) -> Option<String> {
+        std::fs::read_to_string(self.dir.join("token"))
+            .ok()
+            .map(|t| t.trim().to_string())
+    }
+
+    /// Waits for a printed line matching `pred`.
+    pub fn wait_line(&mut self, what: &str, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if pred(&line) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!("up never printed {what}: {:#?}", self.seen),
+            }
+        }
+    }
+
+    /// POSTs a D1 query body to node `i`.
+    pub fn query(&self, i: u16, bookmark: &str, body: &Json) -> Reply {
+        let mut req = self
+            .agent
+            .post(format!("{}/v1/databases/main/query", self.http(i)))
+            .header("x-d1-bookmark", bookmark);
+        if let Some(t) = self.token() {
+            req = req.header("authorization", &format!("Bearer {t}"));
+        }
+        match req.send_json(body) {
+            Ok(mut resp) => Reply {
+                status: resp.status().as_u16(),
+                bookmark: resp
+                    .headers()
+                    .get("x-d1-bookmark")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string),
+                json: resp.body_mut().read_json().unwrap_or(Json::Null),
+            },
+            Err(e) => Reply {
+                status: 0,
+                bookmark: None,
+                json: Json::String(e.to_string()),
+            },
+        }
+    }
+
+    /// Waits until every node answers a query (`replicas` replicas).
+    pub fn wait_serving(&mut self, replicas: u16, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let body = serde_json::json!({ "sql": "SELECT 1" });
+        for i in 0..=replicas {
+            while self.query(i, "first-unconstrained", &body).status != 200 {
+                self.seen.extend(self.lines.try_iter());
+                assert!(
+                    Instant::now() < deadline,
+                    "node {i} never served: {:#?}",
+                    self.seen
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+
+    /// What a terminal's Ctrl-C does: SIGINT to `up`'s process group. Returns
+    /// the exit status and every line printed.
+    pub fn interrupt(mut self) -> (ExitStatus, Vec<String>) {
+        let mut child = self.child.take().expect("running");
+        // SAFETY: kill(2) with SIGINT on the process group our child leads.
+        unsafe {
+            libc::kill(-(child.id() as libc::pid_t), libc::SIGINT);
+        }
+        let status = child.wait().expect("wait");
+        std::thread::sleep(Duration::from_millis(100));
+        self.seen.extend(self.lines.try_iter());
+        (status, std::mem::take(&mut self.seen))
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: SIGKILL to the process group our child leads.
+            unsafe {
+                libc::kill(-(c.id() as libc::pid_t), libc::SIGKILL);
+            }
+            let _ = c.wait();
+        }
+    }
+}
