@@ -161,6 +161,10 @@ pub struct PrimaryArgs {
     /// The database's name in the HTTP API's paths.
     #[arg(long, default_value = "main")]
     pub database_name: String,
+    /// The largest write transaction (bytes of pages it changes); a larger
+    /// one is refused before it commits.
+    #[arg(long, default_value_t = walrelay_engine::Limits::default().max_transaction_bytes)]
+    pub max_transaction_bytes: u64,
 }
 
 pub fn primary(a: PrimaryArgs) -> Result<()> {
@@ -175,6 +179,7 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
     config.confirm_timeout_ms = a.confirm_timeout_ms;
     config.backend = a.net;
     config.options.region = a.region.clone();
+    config.options.limits.max_transaction_bytes = a.max_transaction_bytes;
     let write_quorum = config.write_quorum;
     let primary = Arc::new(ReplicatedPrimary::start(config).context("starting the primary")?);
     let http = match a.http {
@@ -438,6 +443,10 @@ pub struct UpArgs {
     /// Transport: auto, std or io_uring.
     #[arg(long, default_value = "auto", value_parser = backend)]
     pub net: Backend,
+    /// The largest write transaction, in bytes of pages (the primary's
+    /// `--max-transaction-bytes`).
+    #[arg(long, default_value_t = walrelay_engine::Limits::default().max_transaction_bytes)]
+    pub max_transaction_bytes: u64,
 }
 
 fn addrs(base: u16, n: usize) -> Vec<SocketAddr> {
@@ -551,6 +560,8 @@ pub fn up(a: UpArgs) -> Result<()> {
         primary_addr.to_string(),
         "--demo-writers".into(),
         a.writers.to_string(),
+        "--max-transaction-bytes".into(),
+        a.max_transaction_bytes.to_string(),
         "--net".into(),
         backend_name(a.net).into(),
     ];

@@ -31,10 +31,7 @@ fn fingerprint(s: &Session) -> Vec<Vec<Value>> {
 }
 
 fn integrity_ok(s: &Session) {
-    let r = s
-        .prepare("PRAGMA quick_check")
-        .raw()
-        .expect("quick_check");
+    let r = s.prepare("PRAGMA quick_check").raw().expect("quick_check");
     assert_eq!(r.rows, vec![vec![Value::Text("ok".into())]]);
 }
 
@@ -66,7 +63,10 @@ fn an_80_mb_transaction_commits_replicates_in_chunks_and_appears_whole_on_every_
         .expect("session");
     s.prepare("CREATE TABLE big(v BLOB)").run().expect("create");
     let before = s.bookmark().expect("bookmark");
-    let r = s.prepare(big_insert(80, 1_000_000)).run().expect("80 MB commit");
+    let r = s
+        .prepare(big_insert(80, 1_000_000))
+        .run()
+        .expect("80 MB commit");
     let b = r.meta.bookmark;
     assert_eq!(r.meta.changes, 80);
     assert_eq!(b.epoch, before.epoch);
@@ -133,7 +133,10 @@ fn a_replica_never_shows_part_of_a_chunked_transaction() {
     };
     let mut total = 0;
     for _ in 0..3 {
-        let r = s.prepare(big_insert(30, 1_000_000)).run().expect("30 MB commit");
+        let r = s
+            .prepare(big_insert(30, 1_000_000))
+            .run()
+            .expect("30 MB commit");
         total += 30;
         wait_replicas(&c, r.meta.bookmark);
     }
@@ -249,7 +252,7 @@ fn count_on(up: &common::up::Up, i: u16, bookmark: &str) -> (i64, bool) {
 /// replica rebuilt from nothing gets them through catch-up from followers.
 #[test]
 fn eighty_and_six_hundred_mb_transactions_replicate_catch_up_and_survive_restarts_in_real_processes()
-{
+ {
     let dir = tempfile::tempdir().expect("tmp");
     let base = common::up::free_base();
     let mut up = common::up::Up::start(dir.path(), base, &["--writers", "0"]);
@@ -296,6 +299,54 @@ fn eighty_and_six_hundred_mb_transactions_replicate_catch_up_and_survive_restart
         &serde_json::json!({ "sql": "INSERT INTO big VALUES (randomblob(10))" }),
     );
     assert_eq!(more.status, 200, "a forwarded write after: {:?}", more.json);
+    let bookmark = more.bookmark.expect("bookmark");
+    rows += 1;
+    let (status, lines) = up.interrupt();
+    assert!(status.success(), "{lines:#?}");
+
+    // Under a 4 MB cap an 8 MB transaction is a 413 from the primary and
+    // through a replica, and no node changes.
+    let mut up = common::up::Up::start(
+        dir.path(),
+        base,
+        &["--writers", "0", "--max-transaction-bytes", "4000000"],
+    );
+    up.wait_serving(2, Duration::from_secs(60));
+    let fingerprint_sql = serde_json::json!({
+        "sql": "SELECT count(*) AS n, sum(length(v)) AS bytes, \
+                sum(unicode(substr(v, 1 + rowid % 5, 1))) AS sample FROM big"
+    });
+    let before: Vec<_> = (0..=2)
+        .map(|i| up.query(i, &bookmark, &fingerprint_sql).json["result"][0]["results"].clone())
+        .collect();
+    assert_eq!(before[0][0]["n"], rows);
+    for node in [0, 1] {
+        let r = up.query(
+            node,
+            "first-primary",
+            &serde_json::json!({ "sql": big_insert(8, 1_000_000) }),
+        );
+        assert_eq!(r.status, 413, "node {node}: {:?}", r.json);
+        assert_eq!(r.json["errors"][0]["code"], 7413);
+        assert!(r.bookmark.is_none(), "a refusal issues no bookmark");
+    }
+    let latest = up.query(
+        0,
+        "first-primary",
+        &serde_json::json!({ "sql": "SELECT 1" }),
+    );
+    let after: Vec<_> = (0..=2)
+        .map(|i| {
+            up.query(
+                i,
+                latest.bookmark.as_deref().expect("bookmark"),
+                &fingerprint_sql,
+            )
+            .json["result"][0]["results"]
+                .clone()
+        })
+        .collect();
+    assert_eq!(after, before, "no node changed");
     let (status, lines) = up.interrupt();
     assert!(status.success(), "{lines:#?}");
 }
