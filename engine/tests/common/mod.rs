@@ -61,27 +61,10 @@ pub fn apply(file: &Path, ps: &PageSet) {
         .expect("truncate copy");
 }
 
-/// The primary's pages as SQLite itself sees them in a new read transaction.
+/// The database's pages as SQLite itself sees them in a new read
+/// transaction (`sqlite_dbpage`, which clients' SQL cannot reach).
 pub fn logical_pages(s: &Session) -> Vec<Vec<u8>> {
-    let r = s
-        .prepare("SELECT pgno, data FROM sqlite_dbpage ORDER BY pgno")
-        .raw()
-        .expect("dbpage");
-    r.rows
-        .into_iter()
-        .enumerate()
-        .map(|(i, row)| {
-            assert_eq!(
-                row[0],
-                Value::Integer(i as i64 + 1),
-                "dbpage rows are dense"
-            );
-            match &row[1] {
-                Value::Blob(b) => b.clone(),
-                other => panic!("page data is {other:?}"),
-            }
-        })
-        .collect()
+    s.page_images().expect("page images")
 }
 
 /// Asserts that `copy` equals the primary page for page; returns the count.
