@@ -29,6 +29,8 @@ pub struct LocalClusterConfig {
     /// primary serves it.
     pub replica_max_wait_ms: u64,
     pub http: HttpConfig,
+    /// What one query may cost, on the primary and every replica.
+    pub limits: crate::limits::Limits,
 }
 
 impl Default for LocalClusterConfig {
@@ -40,6 +42,7 @@ impl Default for LocalClusterConfig {
             replica_delay_ms: 0,
             replica_max_wait_ms: 1_000,
             http: HttpConfig::default(),
+            limits: crate::limits::Limits::default(),
         }
     }
 }
@@ -97,6 +100,7 @@ impl LocalCluster {
         let mut pc = PrimaryConfig::new(dir.join("primary.db"), addrs.clone());
         pc.listen = Some(any_port());
         pc.options.region = config.primary_region.clone();
+        pc.options.limits = config.limits;
         let primary = Arc::new(ReplicatedPrimary::start(pc)?);
         let primary_http = serve(
             Arc::new(Node::new(
@@ -124,6 +128,7 @@ impl LocalCluster {
                     region: region.clone(),
                     max_wait_ms: config.replica_max_wait_ms,
                     durable: false,
+                    limits: config.limits,
                     ..ReplicaOptions::default()
                 },
                 delay_ms: config.replica_delay_ms,

@@ -201,6 +201,27 @@ fn authorize(flags: &AtomicU8, db: Handle, ctx: &AuthContext<'_>) -> Authorizati
         | AuthAction::CreateTempIndex { .. }
         | AuthAction::CreateTempTrigger { .. }
         | AuthAction::CreateTempView { .. } => refuse(Refusal::TemporaryObject),
+        // Every temporary object is a row in the temp schema table
+        // (`CREATE TRIGGER temp.x ON main_table` is reported as a main
+        // trigger and caught only here).
+        AuthAction::Insert { table_name }
+            if is_one_of(table_name, &["sqlite_temp_master", "sqlite_temp_schema"]) =>
+        {
+            refuse(Refusal::TemporaryObject)
+        }
+        // `CREATE TABLE temp.x` and the like arrive as the main-schema
+        // actions naming the temp schema.
+        AuthAction::CreateTable { .. }
+        | AuthAction::CreateIndex { .. }
+        | AuthAction::CreateTrigger { .. }
+        | AuthAction::CreateView { .. }
+        | AuthAction::CreateVtable { .. }
+            if ctx
+                .database_name
+                .is_some_and(|d| d.eq_ignore_ascii_case("temp")) =>
+        {
+            refuse(Refusal::TemporaryObject)
+        }
         // Inside a batch, BEGIN/COMMIT/ROLLBACK would end the batch's
         // transaction early. Outside one they are allowed at prepare time
         // (VACUUM begins a transaction internally) and a statement that
