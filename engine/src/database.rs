@@ -608,8 +608,7 @@ impl Database {
             QueryError::Sql {
                 code: Some(code), ..
             } if code & 0xff == ffi::SQLITE_FULL
-                && p
-                    .size_limit
+                && p.size_limit
                     .explains_full(p.issuer.db_pages.load(Ordering::Relaxed)) =>
             {
                 QueryError::DatabaseFull {

@@ -226,9 +226,7 @@ fn authorize(flags: &AtomicU8, db: Handle, ctx: &AuthContext<'_>) -> Authorizati
         // transaction early. Outside one they are allowed at prepare time
         // (VACUUM begins a transaction internally) and a statement that
         // leaves a transaction open is rolled back and refused.
-        AuthAction::Transaction { .. } if f & IN_BATCH != 0 => {
-            refuse(Refusal::TransactionControl)
-        }
+        AuthAction::Transaction { .. } if f & IN_BATCH != 0 => refuse(Refusal::TransactionControl),
         // An action rusqlite could not decode (for one, an ATTACH whose
         // filename is not a literal arrives without one): refused, so a
         // new or malformed action is never allowed by default.
@@ -317,7 +315,11 @@ fn disable_extension_loading(conn: &Connection) -> Result<(), rusqlite::Error> {
     };
     if rc != ffi::SQLITE_OK || now != 0 {
         return Err(rusqlite::Error::SqliteFailure(
-            ffi::Error::new(if rc == ffi::SQLITE_OK { ffi::SQLITE_ERROR } else { rc }),
+            ffi::Error::new(if rc == ffi::SQLITE_OK {
+                ffi::SQLITE_ERROR
+            } else {
+                rc
+            }),
             Some("could not disable extension loading".into()),
         ));
     }
@@ -402,12 +404,16 @@ impl SizeLimit {
 
 /// The page size of an open database, read by the engine.
 pub(crate) fn page_size(c: &Conn) -> Result<u32, rusqlite::Error> {
-    as_engine(c, |conn| conn.query_row("PRAGMA page_size", [], |r| r.get(0)))
+    as_engine(c, |conn| {
+        conn.query_row("PRAGMA page_size", [], |r| r.get(0))
+    })
 }
 
 /// The page count of an open database, read by the engine.
 pub(crate) fn page_count(c: &Conn) -> Result<u32, rusqlite::Error> {
-    as_engine(c, |conn| conn.query_row("PRAGMA page_count", [], |r| r.get(0)))
+    as_engine(c, |conn| {
+        conn.query_row("PRAGMA page_count", [], |r| r.get(0))
+    })
 }
 
 impl Database {
@@ -433,7 +439,10 @@ mod tests {
     #[test]
     fn only_documented_pragmas_pass_and_a_setter_marks_the_connection() {
         let flags = AtomicU8::new(0);
-        assert_eq!(pragma(&flags, "table_info", Some("t")), Authorization::Allow);
+        assert_eq!(
+            pragma(&flags, "table_info", Some("t")),
+            Authorization::Allow
+        );
         assert_eq!(pragma(&flags, "foreign_keys", None), Authorization::Allow);
         assert_eq!(flags.load(Ordering::SeqCst) & DIRTY, 0);
         assert_eq!(

@@ -24,6 +24,10 @@ const SETUP: &[&str] = &[
     "INSERT INTO parent(id, name) VALUES (1, 'p')",
     "INSERT INTO child(parent) VALUES (1)",
     "INSERT INTO t(v) VALUES ('a'), ('B'), ('c')",
+    "CREATE VIEW pages_view AS SELECT pgno, data FROM sqlite_dbpage",
+    "CREATE TABLE trap(a)",
+    "CREATE TRIGGER trap_ai AFTER INSERT ON trap \
+     BEGIN UPDATE sqlite_dbpage SET data = zeroblob(4096) WHERE pgno = 2; END",
 ];
 
 fn cluster(config: LocalClusterConfig) -> HttpCluster {
@@ -84,7 +88,8 @@ fn hostile(secret: &str, out: &str) -> Vec<(String, Json, &'static str)> {
             .into_case("VACUUM INTO a URI", ATTACH),
         // Raw pages.
         one("SELECT * FROM sqlite_dbpage").into_case("read sqlite_dbpage", "raw page access"),
-        one("SELECT count(*) FROM sqlite_dbpage").into_case("count sqlite_dbpage", "raw page access"),
+        one("SELECT count(*) FROM sqlite_dbpage")
+            .into_case("count sqlite_dbpage", "raw page access"),
         one("SELECT data FROM sqlite_dbpage('main') WHERE pgno = 1")
             .into_case("sqlite_dbpage as a function", "raw page access"),
         one("INSERT INTO sqlite_dbpage(pgno, data) VALUES (1, zeroblob(4096))")
@@ -94,6 +99,12 @@ fn hostile(secret: &str, out: &str) -> Vec<(String, Json, &'static str)> {
         one("SELECT * FROM dbstat").into_case("read dbstat", "raw page access"),
         one("CREATE VIRTUAL TABLE pages USING dbstat")
             .into_case("a dbstat table", "raw page access"),
+        // A schema may name sqlite_dbpage (SETUP's view and trigger); using
+        // it is refused.
+        one("SELECT * FROM pages_view").into_case("a view over sqlite_dbpage", "sqlite_dbpage"),
+        one("INSERT INTO trap(a) VALUES (1)")
+            .into_case("a trigger writing sqlite_dbpage", "sqlite_dbpage"),
+        one("PRAGMA no_such_pragma=1").into_case("an unknown pragma", "not authorized: PRAGMA"),
         // Code from outside.
         one("SELECT load_extension('/tmp/evil.so')").into_case("load_extension", "load_extension"),
         with("SELECT load_extension(?1, 'init')", json!(["/tmp/evil.so"]))
@@ -110,8 +121,10 @@ fn hostile(secret: &str, out: &str) -> Vec<(String, Json, &'static str)> {
         one("CREATE TRIGGER temp.tt AFTER INSERT ON t BEGIN DELETE FROM t; END")
             .into_case("a trigger in temp", "temporary"),
         one("CREATE VIEW temp.tv AS SELECT 1").into_case("a view in temp", "temporary"),
-        one("CREATE TABLE temp.tmp AS SELECT * FROM t").into_case("a temp table from a query", "temporary"),
-        one("CREATE VIRTUAL TABLE temp.ft USING fts5(a)").into_case("a temp virtual table", "temporary"),
+        one("CREATE TABLE temp.tmp AS SELECT * FROM t")
+            .into_case("a temp table from a query", "temporary"),
+        one("CREATE VIRTUAL TABLE temp.ft USING fts5(a)")
+            .into_case("a temp virtual table", "temporary"),
         // writable_schema games.
         one("PRAGMA writable_schema=ON").into_case("writable_schema on", "PRAGMA writable_schema"),
         one("PRAGMA writable_schema=RESET")
@@ -257,10 +270,29 @@ fn d1s_introspection_pragmas_and_per_request_settings_work_over_http() {
             };
             assert!(text.contains(&needle), "{sql} on the {node}: {text}");
         }
-        let r = h.post(&url, br#"{"sql": "PRAGMA foreign_key_check"}"#);
-        assert_eq!(r.status, 200, "{node}: {}", r.json);
-        assert_eq!(r.json["result"][0]["results"], json!([]), "{node}");
+        for sql in [
+            "PRAGMA foreign_key_check",
+            "PRAGMA foreign_key_check(child)",
+            "PRAGMA case_sensitive_like=ON",
+        ] {
+            let r = h.post(&url, &serde_json::to_vec(&one(sql)).expect("json"));
+            assert_eq!(r.status, 200, "{sql} on the {node}: {}", r.json);
+            assert_eq!(
+                r.json["result"][0]["results"],
+                json!([]),
+                "{sql} on the {node}"
+            );
+        }
     }
+    // PRAGMA optimize may write (ANALYZE); SQLite calls it read-only, so as
+    // a single statement it runs on a reader. In a batch it runs on the
+    // writer.
+    let r = h.post(
+        &h.c.primary_http.url(),
+        br#"[{"sql": "PRAGMA optimize"}, {"sql": "PRAGMA optimize(0x10002)"}]"#,
+    );
+    assert_eq!(r.status, 200, "PRAGMA optimize in a batch: {}", r.json);
+    h.wait_replicas();
     // A batch may defer foreign keys within itself: a child before its
     // parent commits.
     let before = h.state();
@@ -362,7 +394,11 @@ fn a_setting_a_client_changes_does_not_reach_the_next_client_on_the_same_connect
         .first()
         .expect("like")
         .expect("row");
-    assert_eq!(r.get("n"), Some(&Value::Integer(1)), "LIKE is case-blind again");
+    assert_eq!(
+        r.get("n"),
+        Some(&Value::Integer(1)),
+        "LIKE is case-blind again"
+    );
 }
 
 #[test]
@@ -376,7 +412,10 @@ fn plain_vacuum_still_works_and_vacuum_into_is_refused_in_the_library_api() {
         .bind([out.display().to_string()])
         .run()
         .expect_err("VACUUM INTO");
-    assert!(matches!(e, QueryError::NotAuthorized(Refusal::Attach)), "{e:?}");
+    assert!(
+        matches!(e, QueryError::NotAuthorized(Refusal::Attach)),
+        "{e:?}"
+    );
     assert!(!out.exists());
     // ATTACH with a bound filename: refused, and nothing stays attached.
     let e = s
@@ -384,7 +423,10 @@ fn plain_vacuum_still_works_and_vacuum_into_is_refused_in_the_library_api() {
         .bind([dir.path().join("db.sqlite").display().to_string()])
         .run()
         .expect_err("ATTACH");
-    assert!(matches!(e, QueryError::NotAuthorized(Refusal::Attach)), "{e:?}");
+    assert!(
+        matches!(e, QueryError::NotAuthorized(Refusal::Attach)),
+        "{e:?}"
+    );
     let e = s
         .prepare("SELECT name FROM pragma_database_list")
         .all()
@@ -412,10 +454,7 @@ fn each_sqlite_limit_is_a_clear_400_that_changes_nothing() {
     let h = limited_cluster();
     let limits = Limits::default();
     // SQL over 100 KB: a statement padded with a comment.
-    let long = format!(
-        "SELECT 1 /*{}*/",
-        "x".repeat(limits.max_sql_bytes as usize)
-    );
+    let long = format!("SELECT 1 /*{}*/", "x".repeat(limits.max_sql_bytes as usize));
     h.refuse(
         "SQL over the length limit",
         &serde_json::to_vec(&one(&long)).expect("json"),
@@ -482,8 +521,8 @@ fn each_sqlite_limit_is_a_clear_400_that_changes_nothing() {
     // The database size limit: grow until a write would pass it.
     let primary = h.c.primary_http.url();
     // Each row is stored twice (the table and the index on v).
-    let grow = serde_json::to_vec(&one("INSERT INTO t(v) VALUES (randomblob(20000))"))
-        .expect("json");
+    let grow =
+        serde_json::to_vec(&one("INSERT INTO t(v) VALUES (randomblob(20000))")).expect("json");
     let mut grown = 0;
     loop {
         let before = h.state();

@@ -587,7 +587,12 @@ pub fn assert_d1_error(r: &Reply, status: u16, code: u32, message_has: &str, wha
         "{what}: content type"
     );
     assert_eq!(r.json["success"], false, "{what}: {}", r.json);
-    assert_eq!(r.json["result"], serde_json::json!([]), "{what}: {}", r.json);
+    assert_eq!(
+        r.json["result"],
+        serde_json::json!([]),
+        "{what}: {}",
+        r.json
+    );
     assert!(r.json["messages"].is_array(), "{what}: {}", r.json);
     let errors = r.json["errors"]
         .as_array()
