@@ -536,6 +536,17 @@ impl HttpCluster {
         }
     }
 
+    /// A node's `/metrics` text.
+    pub fn metrics(&self, base: &str) -> String {
+        let mut resp = self
+            .agent
+            .get(format!("{base}/metrics"))
+            .call()
+            .expect("metrics");
+        assert_eq!(resp.status().as_u16(), 200);
+        resp.body_mut().read_to_string().expect("metrics text")
+    }
+
     pub fn state(&self) -> ClusterState {
         let db = self.c.primary.database();
         ClusterState {
