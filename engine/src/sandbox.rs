@@ -6,7 +6,8 @@
 //!
 //! - [`install`] prepares every connection (writer, readers, replica
 //!   readers): SQLite's defensive mode, no extension loading, untrusted
-//!   schemas, no ATTACH-created or ATTACH-written files, the limits from
+//!   schemas, no ATTACH-created or ATTACH-written files and no attached
+//!   database at all on a reader (one, VACUUM's, on the writer), the limits from
 //!   [`Limits`] (`sqlite3_limit`, and `max_page_count` on the writer), the
 //!   engine's defaults for every setting a client may change, and the
 //!   authorizer below.
@@ -282,6 +283,9 @@ pub(crate) fn install(
     )?;
     conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, clamp(limits.max_value_bytes))?;
     conn.set_limit(Limit::SQLITE_LIMIT_COLUMN, clamp(limits.max_columns))?;
+    // A second wall behind the authorizer: readers never attach anything;
+    // the writer only VACUUM's one temporary database.
+    conn.set_limit(Limit::SQLITE_LIMIT_ATTACHED, i32::from(writer))?;
     conn.execute_batch(&defaults_sql())?;
     if writer {
         let pages = max_pages(conn, limits)?;
@@ -467,6 +471,48 @@ mod tests {
                 })
             );
         }
+    }
+
+    #[test]
+    fn install_sets_the_walls_behind_the_authorizer() {
+        let mut c = Connection::open_in_memory().expect("open");
+        let limits = Limits::default();
+        install(&mut c, &limits, false).expect("install");
+        assert!(
+            c.db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE)
+                .expect("get")
+        );
+        assert!(
+            !c.db_config(DbConfig::SQLITE_DBCONFIG_TRUSTED_SCHEMA)
+                .expect("get")
+        );
+        assert!(
+            !c.db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_ATTACH_CREATE)
+                .expect("get")
+        );
+        assert_eq!(
+            c.limit(Limit::SQLITE_LIMIT_SQL_LENGTH).expect("get"),
+            limits.max_sql_bytes as i32
+        );
+        assert_eq!(
+            c.limit(Limit::SQLITE_LIMIT_VARIABLE_NUMBER).expect("get"),
+            limits.max_params as i32
+        );
+        assert_eq!(
+            c.limit(Limit::SQLITE_LIMIT_LENGTH).expect("get"),
+            limits.max_value_bytes as i32
+        );
+        assert_eq!(
+            c.limit(Limit::SQLITE_LIMIT_COLUMN).expect("get"),
+            limits.max_columns as i32
+        );
+        // Even without the authorizer a reader attaches nothing.
+        c.authorizer(None::<fn(AuthContext<'_>) -> Authorization>)
+            .expect("remove authorizer");
+        let e = c
+            .execute_batch("ATTACH ':memory:' AS x")
+            .expect_err("no attach on a reader");
+        assert!(e.to_string().contains("too many attached databases"), "{e}");
     }
 
     #[test]
