@@ -6,7 +6,6 @@ use crate::meta;
 use crate::session::{Constraint, Meta, Session};
 use crate::value::{Row, Value};
 use parking_lot::{Condvar, Mutex};
-use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
 use rusqlite::{Connection, OpenFlags, StatementStatus, config::DbConfig, ffi};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -147,6 +146,8 @@ struct Issuer {
     epoch: Epoch,
     latest: AtomicU64,
     last_commit_frame: AtomicU32,
+    /// The database's size after the last commit, in pages.
+    db_pages: AtomicU32,
     downstream: Option<Arc<dyn TransactionSink>>,
 }
 
@@ -167,19 +168,22 @@ impl CaptureSink for Issuer {
         }
         self.last_commit_frame
             .store(txn.wal.commit_frame.get(), Ordering::Relaxed);
+        self.db_pages
+            .store(txn.pages.db_size_pages(), Ordering::Relaxed);
         self.latest.store(seq.0, Ordering::Release);
         Ok(())
     }
 }
 
-const ALLOW_TX: u8 = 1;
-const IN_BATCH: u8 = 2;
+// The authorizer's switches (see crate::sandbox).
+const ALLOW_TX: u8 = crate::sandbox::ENGINE;
+const IN_BATCH: u8 = crate::sandbox::IN_BATCH;
 
 /// A connection plus the authorizer switches the engine flips around its own
 /// BEGIN/COMMIT.
 pub(crate) struct Conn {
     pub(crate) conn: Connection,
-    auth: Arc<AtomicU8>,
+    pub(crate) auth: Arc<AtomicU8>,
 }
 
 impl Conn {
@@ -204,7 +208,7 @@ impl ReaderPool {
         }
     }
 
-    fn take(&self) -> Conn {
+    pub(crate) fn take(&self) -> Conn {
         let mut idle = self.idle.lock();
         loop {
             if let Some(c) = idle.pop() {
@@ -213,7 +217,9 @@ impl ReaderPool {
             self.available.wait(&mut idle);
         }
     }
-    fn give(&self, c: Conn) {
+    pub(crate) fn give(&self, c: Conn) {
+        // The sandbox: settings a client changed end with its request.
+        let _ = crate::sandbox::reset_if_dirty(&c);
         self.idle.lock().push(c);
         self.available.notify_one();
     }
@@ -243,6 +249,7 @@ pub(crate) struct PrimaryRole {
     checkpoint_threshold_frames: u32,
     gate: Option<Arc<dyn CommitGate>>,
     max_transaction_bytes: u64,
+    size_limit: crate::sandbox::SizeLimit,
 }
 
 /// A database: a primary ([`Database::open`]) or the read side of a
@@ -396,26 +403,9 @@ pub(crate) fn configure(
         }
     }
     conn.set_prepared_statement_cache_capacity(128);
-    let auth = Arc::new(AtomicU8::new(0));
-    let flags = Arc::clone(&auth);
     let mut conn = conn;
-    conn.authorizer(Some(move |ctx: AuthContext<'_>| {
-        let f = flags.load(Ordering::SeqCst);
-        match ctx.action {
-            // VACUUM attaches a nameless temporary database; any other
-            // ATTACH (including VACUUM INTO a file) would reach files
-            // outside walrelay's control.
-            AuthAction::Attach { filename } if !filename.is_empty() => Authorization::Deny,
-            // Inside a batch, BEGIN/COMMIT/ROLLBACK would end the batch's
-            // transaction early. Outside one they are allowed at prepare
-            // time (VACUUM begins a transaction internally) and a statement
-            // that leaves a transaction open is rolled back and refused.
-            AuthAction::Transaction { .. } if f & IN_BATCH != 0 && f & ALLOW_TX == 0 => {
-                Authorization::Deny
-            }
-            _ => Authorization::Allow,
-        }
-    }))?;
+    // Last: from here on clients' SQL passes the sandbox's authorizer.
+    let auth = crate::sandbox::install(&mut conn, &opts.limits, writer)?;
     Ok(Conn { conn, auth })
 }
 
@@ -436,6 +426,7 @@ impl Database {
             epoch: Epoch(epoch),
             latest: AtomicU64::new(0),
             last_commit_frame: AtomicU32::new(0),
+            db_pages: AtomicU32::new(0),
             downstream: options.sink.clone(),
         });
         // Attach first: a second open of the same database in this process
@@ -471,10 +462,13 @@ impl Database {
         };
         let rw = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let writer = configure(open(rw)?, &options, true).map_err(|e| map_open_error(path, e))?;
-        let mode: String = writer
-            .conn
-            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
-            .map_err(|e| map_open_error(path, e))?;
+        let mode: String = crate::sandbox::as_engine(&writer, |c| {
+            c.query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        })
+        .map_err(|e| map_open_error(path, e))?;
+        let page_size = crate::sandbox::page_size(&writer).map_err(|e| map_open_error(path, e))?;
+        let db_pages = crate::sandbox::page_count(&writer).map_err(|e| map_open_error(path, e))?;
+        issuer.db_pages.store(db_pages, Ordering::Relaxed);
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(OpenError::CantOpen {
                 path: path_string(path),
@@ -497,6 +491,7 @@ impl Database {
                     checkpoint_threshold_frames: options.checkpoint_threshold_frames,
                     gate: options.gate.clone(),
                     max_transaction_bytes: options.limits.max_transaction_bytes,
+                    size_limit: crate::sandbox::SizeLimit::new(&options.limits, page_size),
                 }),
                 path: path.to_path_buf(),
                 region: options.region.clone(),
@@ -604,8 +599,8 @@ impl Database {
         }
     }
 
-    /// After a write failed: if capture failed, or refused the transaction
-    /// for its size, say so instead.
+    /// After a write failed: if capture failed, refused the transaction
+    /// for its size, or the database reached its size limit, say so.
     fn explain(&self, e: QueryError) -> QueryError {
         let Some(p) = self.primary() else {
             return e;
@@ -618,7 +613,32 @@ impl Database {
                 limit_bytes: p.max_transaction_bytes,
             };
         }
-        e
+        self.explain_full(e)
+    }
+
+    /// SQLITE_FULL from a write on a database within one transaction of its
+    /// size limit is the size limit (`max_page_count`).
+    fn explain_full(&self, e: QueryError) -> QueryError {
+        let Some(p) = self.primary() else {
+            return e;
+        };
+        match e {
+            QueryError::Batch { index, source } => QueryError::Batch {
+                index,
+                source: Box::new(self.explain_full(*source)),
+            },
+            QueryError::Sql {
+                code: Some(code), ..
+            } if code & 0xff == ffi::SQLITE_FULL
+                && p.size_limit
+                    .explains_full(p.issuer.db_pages.load(Ordering::Relaxed)) =>
+            {
+                QueryError::DatabaseFull {
+                    max_bytes: p.size_limit.max_bytes,
+                }
+            }
+            e => e,
+        }
     }
 
     /// Runs one statement: on a reader if SQLite says it is read-only,
@@ -702,6 +722,8 @@ impl Database {
         };
         p.gate_admit()?;
         let w = p.writer.lock();
+        // The sandbox: settings an earlier request changed end with it.
+        crate::sandbox::reset_if_dirty(&w).map_err(QueryError::sql)?;
         let r = run_statement(&w.conn, sql, params, Prepare::Cached);
         if !w.conn.is_autocommit() {
             let _ = w.engine_exec("ROLLBACK");
@@ -739,6 +761,8 @@ impl Database {
         };
         p.gate_admit()?;
         let w = p.writer.lock();
+        // The sandbox: settings an earlier request changed end with it.
+        crate::sandbox::reset_if_dirty(&w).map_err(QueryError::sql)?;
         w.engine_exec("BEGIN IMMEDIATE")
             .map_err(|e| self.explain(QueryError::sql(e)))?;
         w.auth.fetch_or(IN_BATCH, Ordering::SeqCst);

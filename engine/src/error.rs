@@ -69,6 +69,20 @@ pub enum QueryError {
     NotConfirmed { bookmark: Bookmark, reason: String },
     #[error("write not started: {reason}")]
     WriteNotAdmitted { reason: String },
+    #[error("not authorized: {0}")]
+    NotAuthorized(crate::sandbox::Refusal),
+    #[error("the SQL statement is longer than the limit (max_sql_bytes): {message}")]
+    SqlTooLong { message: String },
+    #[error("too many bound parameters (the limit is max_params): {message}")]
+    TooManyParameters { message: String },
+    #[error("a string, blob or row is larger than the limit (max_value_bytes): {message}")]
+    ValueTooLarge { message: String },
+    #[error("too many columns (the limit is max_columns): {message}")]
+    TooManyColumns { message: String },
+    #[error(
+        "the database size limit was reached: the database may not grow past {max_bytes} bytes"
+    )]
+    DatabaseFull { max_bytes: u64 },
     #[error("this is a read replica: it runs only read-only statements")]
     ReadOnlyReplica,
     #[error(
@@ -86,19 +100,36 @@ pub(crate) const REFUSED_STATEMENT: &str = "transaction control (BEGIN, COMMIT, 
     multi-statement work";
 
 impl QueryError {
-    /// Classifies a SQLite error; the authorizer's refusals (at prepare or,
-    /// for ATTACH, at run time) become `NotSupported`.
+    /// Classifies a SQLite error: the sandbox's refusals (at prepare or, for
+    /// VACUUM INTO, at run time) become `NotAuthorized` (transaction control
+    /// stays `NotSupported`), and the limits SQLite enforces their own
+    /// variants.
     pub(crate) fn sql(e: rusqlite::Error) -> QueryError {
         if e.sqlite_error_code() == Some(rusqlite::ErrorCode::AuthorizationForStatementDenied) {
-            return QueryError::NotSupported(REFUSED_STATEMENT.into());
+            return match crate::sandbox::take_refusal() {
+                None | Some(crate::sandbox::Refusal::TransactionControl) => {
+                    QueryError::NotSupported(REFUSED_STATEMENT.into())
+                }
+                Some(r) => QueryError::NotAuthorized(r),
+            };
         }
         let code = match &e {
             rusqlite::Error::SqliteFailure(f, _) => Some(f.extended_code),
             _ => None,
         };
-        QueryError::Sql {
-            message: e.to_string(),
-            code,
+        let message = e.to_string();
+        match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::TooBig) if message.contains("statement too long") => {
+                QueryError::SqlTooLong { message }
+            }
+            Some(rusqlite::ErrorCode::TooBig) => QueryError::ValueTooLarge { message },
+            _ if message.contains("too many SQL variables")
+                || message.contains("variable number must be between") =>
+            {
+                QueryError::TooManyParameters { message }
+            }
+            _ if message.contains("too many columns") => QueryError::TooManyColumns { message },
+            _ => QueryError::Sql { message, code },
         }
     }
 }

@@ -35,6 +35,10 @@
 //!   [`http`] is a node's D1-shaped HTTP face with replica write forwarding
 //!   and a session client; [`local_cluster`] runs a whole cluster in one
 //!   process.
+//! - Clients' SQL runs in a sandbox like D1's (refusals: [`Refusal`]):
+//!   no ATTACH, only D1's pragmas, no raw pages or extensions, settings
+//!   reset between requests, and SQLite enforcing [`Limits`]; a refusal or
+//!   a limit is a typed [`QueryError`] and changes nothing.
 //! - The engine runs checkpoints (PASSIVE past a threshold, or on request);
 //!   SQLite's automatic checkpoints are off.
 //!
@@ -63,6 +67,7 @@ pub mod local_cluster;
 mod meta;
 mod replica;
 pub mod replication;
+mod sandbox;
 mod session;
 pub mod stop_marker;
 mod value;
@@ -74,6 +79,7 @@ pub use database::{
 pub use error::{CheckpointError, OpenError, QueryError, SessionError};
 pub use limits::Limits;
 pub use replica::{Replica, ReplicaFeed, ReplicaOptions, pair};
+pub use sandbox::Refusal;
 pub use session::{Constraint, Meta, QueryResult, RawResult, Session, Statement};
 pub use value::{Row, Value};
 pub use walrelay_replicator::{Bookmark, BookmarkParseError, Epoch, Sequence};

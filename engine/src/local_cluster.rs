@@ -29,7 +29,7 @@ pub struct LocalClusterConfig {
     /// primary serves it.
     pub replica_max_wait_ms: u64,
     pub http: HttpConfig,
-    /// The primary's limits.
+    /// What one query may cost, on the primary and every replica.
     pub limits: crate::limits::Limits,
 }
 
@@ -128,6 +128,7 @@ impl LocalCluster {
                     region: region.clone(),
                     max_wait_ms: config.replica_max_wait_ms,
                     durable: false,
+                    limits: config.limits,
                     ..ReplicaOptions::default()
                 },
                 delay_ms: config.replica_delay_ms,

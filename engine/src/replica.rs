@@ -49,6 +49,9 @@ pub struct ReplicaOptions {
     /// bookmark its initial (empty) database stands for.
     pub page_size: u32,
     pub initial_bookmark: Bookmark,
+    /// What one query may cost on this replica's readers (the SQLite-enforced
+    /// limits of [`crate::Limits`]; the size limit is the primary's).
+    pub limits: crate::limits::Limits,
 }
 
 impl Default for ReplicaOptions {
@@ -63,6 +66,7 @@ impl Default for ReplicaOptions {
             durable: true,
             page_size: 4096,
             initial_bookmark: Bookmark::ZERO,
+            limits: crate::limits::Limits::default(),
         }
     }
 }
@@ -156,6 +160,7 @@ impl Replica {
         let conn_opts = Options {
             busy_timeout_ms: options.busy_timeout_ms,
             region: options.region.clone(),
+            limits: options.limits,
             ..Options::default()
         };
         let mut readers: Vec<Conn> = Vec::with_capacity(options.readers);

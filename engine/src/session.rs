@@ -93,6 +93,12 @@ impl Session {
         self.constraint
     }
 
+    /// Every page of the session's database, as
+    /// [`Database::page_images`] reads them.
+    pub fn page_images(&self) -> Result<Vec<Vec<u8>>, QueryError> {
+        self.db.page_images()
+    }
+
     /// A statement to run in this session. Nothing touches the database
     /// until it runs.
     pub fn prepare(&self, sql: impl Into<String>) -> Statement<'_> {

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use walrelay_engine::{
     Bookmark, BookmarkParseError, Constraint, Database, Epoch, OpenError, Options, QueryError,
-    Sequence, Session, SessionError, Value,
+    Refusal, Sequence, Session, SessionError, Value,
 };
 
 struct Fixture {
@@ -170,13 +170,19 @@ fn transaction_control_and_attach_are_refused() {
             .run()
             .expect_err("attach")
     });
-    assert!(matches!(e, QueryError::NotSupported(_)), "{e:?}");
+    assert!(
+        matches!(e, QueryError::NotAuthorized(Refusal::Attach)),
+        "{e:?}"
+    );
     let e = unchanged(&fx, |s| {
         s.prepare("VACUUM INTO '/tmp/walrelay-copy.db'")
             .run()
             .expect_err("into")
     });
-    assert!(matches!(e, QueryError::NotSupported(_)), "{e:?}");
+    assert!(
+        matches!(e, QueryError::NotAuthorized(Refusal::Attach)),
+        "{e:?}"
+    );
     // The connections are still usable afterwards.
     let s = fx.db.session(Constraint::FirstPrimary).expect("session");
     let r = s
@@ -193,26 +199,30 @@ fn pragmas_that_would_bypass_capture_are_refused_with_a_clear_error() {
     for (sql, needle) in [
         (
             "PRAGMA locking_mode=EXCLUSIVE",
-            "locking_mode=EXCLUSIVE is refused",
+            "PRAGMA locking_mode is not allowed to be set",
         ),
         (
             "PRAGMA journal_mode=DELETE",
-            "journal_mode=delete is refused",
+            "PRAGMA journal_mode is not allowed to be set",
         ),
         (
             "PRAGMA journal_mode=MEMORY",
-            "journal_mode=memory is refused",
+            "PRAGMA journal_mode is not allowed to be set",
         ),
         (
             "PRAGMA wal_autocheckpoint=100",
-            "wal_autocheckpoint is refused",
+            "PRAGMA wal_autocheckpoint is not allowed to be set",
         ),
         (
             "PRAGMA wal_checkpoint(TRUNCATE)",
-            "wal_checkpoint is refused",
+            "PRAGMA wal_checkpoint is not allowed to be set",
         ),
     ] {
         let e = unchanged(&fx, |s| s.prepare(sql).run().expect_err("refused"));
+        assert!(
+            matches!(e, QueryError::NotAuthorized(Refusal::Pragma { .. })),
+            "{sql}: {e:?}"
+        );
         assert!(e.to_string().contains(needle), "{sql}: {e}");
     }
 }

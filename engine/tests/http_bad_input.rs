@@ -1,7 +1,7 @@
 //! Bad input over HTTP, sent raw to both the primary and a replica of a
 //! local cluster: every bad request is a 4xx in D1's error shape
 //! (`success: false`, one error with a code and a clear message, no
-//! results), issues no bookmark, changes nothing on the primary, leaves the
+//! results), issues no bookmark, changes nothing on any node, leaves the
 //! node serving, and is counted in `/metrics` by status.
 //!
 //! Requests are built by hand (not with the crate's client or `api`
@@ -9,11 +9,11 @@
 
 mod common;
 
-use serde_json::{Value as Json, json};
+use common::{ClusterState, HttpCluster, assert_d1_error};
+use serde_json::json;
 use std::collections::BTreeMap;
-use std::time::Duration;
 use walrelay_engine::http::server::HttpConfig;
-use walrelay_engine::local_cluster::{LocalCluster, LocalClusterConfig};
+use walrelay_engine::local_cluster::LocalClusterConfig;
 use walrelay_engine::{Bookmark, Constraint, Epoch, Sequence};
 
 /// Small, so a 10 KB body is over it.
@@ -27,69 +27,40 @@ const UNKNOWN_DATABASE: u32 = 7404;
 const TOO_LARGE: u32 = 7413;
 const SQL: u32 = 7500;
 
+/// The shared HTTP cluster kit, plus this file's checksum of table t.
 struct Fixture {
-    // Field order is drop order: the cluster stops before its directory goes.
-    c: LocalCluster,
-    _dir: tempfile::TempDir,
-    agent: ureq::Agent,
+    h: HttpCluster,
+}
+
+impl std::ops::Deref for Fixture {
+    type Target = HttpCluster;
+    fn deref(&self) -> &HttpCluster {
+        &self.h
+    }
 }
 
 fn fixture() -> Fixture {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let c = LocalCluster::start(
-        dir.path(),
-        LocalClusterConfig {
-            // A replica waits this long for a bookmark it has not applied
-            // before the primary answers: short, because the future
-            // bookmarks sent here never arrive.
-            replica_max_wait_ms: 200,
-            http: HttpConfig {
-                max_body_bytes: MAX_BODY,
-                ..HttpConfig::default()
-            },
-            ..LocalClusterConfig::default()
-        },
-    )
-    .expect("cluster");
-    let s = c
-        .primary
-        .database()
-        .session(Constraint::FirstPrimary)
-        .expect("session");
-    s.prepare("CREATE TABLE t(id INTEGER PRIMARY KEY, name TEXT NOT NULL, n INTEGER) STRICT")
-        .run()
-        .expect("create");
-    s.prepare("INSERT INTO t(name, n) VALUES ('a', 1), ('b', 2), ('c', 3)")
-        .run()
-        .expect("insert");
-    // The replicas must know table t, or reads of it there would be
-    // refused for the wrong reason.
-    let latest = c.primary.database().latest_bookmark();
-    for r in &c.replicas {
-        assert!(
-            r.node().wait_confirmed(latest, Duration::from_secs(10)),
-            "a replica never caught up with the setup"
-        );
-    }
-    let agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs(30)))
-        .http_status_as_error(false)
-        .build()
-        .new_agent();
     Fixture {
-        c,
-        _dir: dir,
-        agent,
+        h: HttpCluster::start(
+            LocalClusterConfig {
+                // A replica waits this long for a bookmark it has not
+                // applied before the primary answers: short, because the
+                // future bookmarks sent here never arrive.
+                replica_max_wait_ms: 200,
+                http: HttpConfig {
+                    max_body_bytes: MAX_BODY,
+                    ..HttpConfig::default()
+                },
+                ..LocalClusterConfig::default()
+            },
+            // The replicas must know table t (the kit waits for them), or
+            // reads of it there would be refused for the wrong reason.
+            &[
+                "CREATE TABLE t(id INTEGER PRIMARY KEY, name TEXT NOT NULL, n INTEGER) STRICT",
+                "INSERT INTO t(name, n) VALUES ('a', 1), ('b', 2), ('c', 3)",
+            ],
+        ),
     }
-}
-
-/// What the test saw of one HTTP answer.
-#[derive(Debug)]
-struct Reply {
-    status: u16,
-    content_type: Option<String>,
-    bookmark: Option<String>,
-    json: Json,
 }
 
 impl Fixture {
@@ -101,53 +72,9 @@ impl Fixture {
         self.c.replica_http[0].url()
     }
 
-    /// Both nodes a client may send to: every case is tried on each.
-    fn nodes(&self) -> [(&'static str, String); 2] {
-        [("primary", self.primary()), ("replica", self.replica())]
-    }
-
-    /// POSTs `body` as it is, with `header` as `x-d1-bookmark` (raw bytes,
-    /// so that non-text values can be sent too).
-    fn post(&self, base: &str, database: &str, header: Option<&[u8]>, body: &[u8]) -> Reply {
-        let mut req = self
-            .agent
-            .post(format!("{base}/v1/databases/{database}/query"))
-            .header("content-type", "application/json");
-        if let Some(h) = header {
-            req = req.header("x-d1-bookmark", h);
-        }
-        let mut resp = req.send(body).expect("the node answers");
-        let header = |name: &str| {
-            resp.headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string)
-        };
-        let (content_type, bookmark) = (header("content-type"), header("x-d1-bookmark"));
-        let text = resp.body_mut().read_to_string().expect("a body");
-        let json = serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("the body is not JSON ({e}): {text:?}"));
-        Reply {
-            status: resp.status().as_u16(),
-            content_type,
-            bookmark,
-            json,
-        }
-    }
-
-    fn metrics(&self, base: &str) -> String {
-        let mut resp = self
-            .agent
-            .get(format!("{base}/metrics"))
-            .call()
-            .expect("metrics");
-        assert_eq!(resp.status().as_u16(), 200);
-        resp.body_mut().read_to_string().expect("metrics text")
-    }
-
-    /// Everything a bad request must leave as it was: the primary's
-    /// latest bookmark, its rows, every page of its file, and how far each
-    /// replica has got.
+    /// Everything a bad request must leave as it was: the kit's cluster
+    /// state (bookmark, every page of every node, replica positions) and
+    /// the rows of t.
     fn state(&self) -> State {
         let db = self.c.primary.database();
         let s = db.session(Constraint::FirstPrimary).expect("session");
@@ -159,20 +86,13 @@ impl Fixture {
             .expect("checksum query")
             .expect("a row");
         State {
-            bookmark: db.latest_bookmark(),
             rows: format!(
                 "count={:?} sum={:?} names={:?}",
                 row.get("n"),
                 row.get("sum"),
                 row.get("names")
             ),
-            pages: common::logical_pages(&s),
-            replicas: self
-                .c
-                .replicas
-                .iter()
-                .map(|r| r.replica().confirmed())
-                .collect(),
+            cluster: self.h.state(),
         }
     }
 
@@ -181,18 +101,20 @@ impl Fixture {
     fn refuse(&self, case: &Case) {
         for (node, url) in self.nodes() {
             let before = self.state();
-            let r = self.post(&url, case.database, case.header.as_deref(), &case.body);
+            let r = self.post_raw(&url, case.database, case.header.as_deref(), &case.body);
             let what = format!("{} (sent to the {node})", case.what);
             assert_d1_error(&r, case.status, case.code, case.message_has, &what);
             // A refused request gives the session no new position.
             if let Some(b) = &r.bookmark {
                 assert!(
-                    b.as_str() <= before.bookmark.to_string().as_str(),
+                    b.as_str() <= before.cluster.bookmark.to_string().as_str(),
                     "{what}: answered with bookmark {b}, beyond the latest {}",
-                    before.bookmark
+                    before.cluster.bookmark
                 );
             }
-            before.assert_same(&self.state(), &what);
+            let after = self.state();
+            assert_eq!(after.rows, before.rows, "{what}: the rows changed");
+            before.cluster.assert_same(&after.cluster, &what);
         }
     }
 
@@ -200,12 +122,7 @@ impl Fixture {
     /// serving, and the rows are the setup's.
     fn assert_still_serving(&self) {
         for (node, url) in self.nodes() {
-            let r = self.post(
-                &url,
-                "main",
-                Some(b"first-unconstrained"),
-                br#"{"sql": "SELECT count(*) AS n FROM t"}"#,
-            );
+            let r = self.post(&url, br#"{"sql": "SELECT count(*) AS n FROM t"}"#);
             assert_eq!(r.status, 200, "the {node} stopped serving: {:?}", r.json);
             assert_eq!(r.json["result"][0]["results"][0]["n"], 3, "{node}");
         }
@@ -213,51 +130,8 @@ impl Fixture {
 }
 
 struct State {
-    bookmark: Bookmark,
     rows: String,
-    pages: Vec<Vec<u8>>,
-    replicas: Vec<Bookmark>,
-}
-
-impl State {
-    fn assert_same(&self, after: &State, what: &str) {
-        assert_eq!(
-            after.bookmark, self.bookmark,
-            "{what}: the primary issued a bookmark"
-        );
-        assert_eq!(after.rows, self.rows, "{what}: the rows changed");
-        assert!(after.pages == self.pages, "{what}: a page changed");
-        assert_eq!(
-            after.replicas, self.replicas,
-            "{what}: a replica moved without a write"
-        );
-    }
-}
-
-/// D1's error shape: `{"result": [], "success": false,
-/// "errors": [{"code": n, "message": "..."}], "messages": []}`.
-fn assert_d1_error(r: &Reply, status: u16, code: u32, message_has: &str, what: &str) {
-    assert_eq!(r.status, status, "{what}: status; body {}", r.json);
-    assert_eq!(
-        r.content_type.as_deref(),
-        Some("application/json"),
-        "{what}: content type"
-    );
-    assert_eq!(r.json["success"], false, "{what}: {}", r.json);
-    assert_eq!(r.json["result"], json!([]), "{what}: {}", r.json);
-    assert!(r.json["messages"].is_array(), "{what}: {}", r.json);
-    let errors = r.json["errors"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{what}: errors is not an array: {}", r.json));
-    assert_eq!(errors.len(), 1, "{what}: one error: {}", r.json);
-    assert_eq!(errors[0]["code"], code, "{what}: code: {}", r.json);
-    let message = errors[0]["message"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{what}: message is not a string: {}", r.json));
-    assert!(
-        message.contains(message_has),
-        "{what}: the message {message:?} should say {message_has:?}"
-    );
+    cluster: ClusterState,
 }
 
 /// One bad request and how it must be refused.
@@ -432,7 +306,7 @@ fn a_body_over_the_configured_limit_is_413_and_changes_nothing() {
         "exceeds the limit",
     ));
     for (node, url) in fx.nodes() {
-        let r = fx.post(&url, "main", Some(b"first-unconstrained"), &at(MAX_BODY));
+        let r = fx.post(&url, &at(MAX_BODY));
         assert_eq!(r.status, 200, "a body at the limit ({node}): {}", r.json);
     }
     fx.assert_still_serving();
@@ -523,7 +397,7 @@ fn malformed_and_future_bookmarks_are_400_bookmark_errors_and_change_nothing() {
     }
     // The real bookmark is fine: the refusals were about the header only.
     for (node, url) in fx.nodes() {
-        let r = fx.post(
+        let r = fx.post_raw(
             &url,
             "main",
             Some(real.as_bytes()),

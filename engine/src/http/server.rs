@@ -131,6 +131,12 @@ fn query_error(e: &QueryError) -> (u16, u32) {
         | QueryError::ParameterCount { .. }
         | QueryError::NotSupported(_)
         | QueryError::Batch { .. }
+        | QueryError::NotAuthorized(_)
+        | QueryError::SqlTooLong { .. }
+        | QueryError::TooManyParameters { .. }
+        | QueryError::ValueTooLarge { .. }
+        | QueryError::TooManyColumns { .. }
+        | QueryError::DatabaseFull { .. }
         | QueryError::ReadOnlyReplica => (400, codes::SQL),
         QueryError::NotConfirmed { .. }
         | QueryError::WriteNotAdmitted { .. }

@@ -63,27 +63,10 @@ pub fn apply(file: &Path, ps: &PageSet) {
         .expect("truncate copy");
 }
 
-/// The primary's pages as SQLite itself sees them in a new read transaction.
+/// The database's pages as SQLite itself sees them in a new read
+/// transaction (`sqlite_dbpage`, which clients' SQL cannot reach).
 pub fn logical_pages(s: &Session) -> Vec<Vec<u8>> {
-    let r = s
-        .prepare("SELECT pgno, data FROM sqlite_dbpage ORDER BY pgno")
-        .raw()
-        .expect("dbpage");
-    r.rows
-        .into_iter()
-        .enumerate()
-        .map(|(i, row)| {
-            assert_eq!(
-                row[0],
-                Value::Integer(i as i64 + 1),
-                "dbpage rows are dense"
-            );
-            match &row[1] {
-                Value::Blob(b) => b.clone(),
-                other => panic!("page data is {other:?}"),
-            }
-        })
-        .collect()
+    s.page_images().expect("page images")
 }
 
 /// Asserts that `copy` equals the primary page for page; returns the count.
@@ -411,4 +394,229 @@ impl Workload {
         }
         Ok(false)
     }
+}
+
+/// A local cluster driven over raw HTTP: requests are built by hand (not
+/// with the crate's client or `api` types), so what is tested is the wire
+/// format itself.
+pub struct HttpCluster {
+    // Field order is drop order: the cluster stops before its directory goes.
+    pub c: walrelay_engine::local_cluster::LocalCluster,
+    pub dir: tempfile::TempDir,
+    agent: ureq::Agent,
+}
+
+/// What a test saw of one HTTP answer.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub bookmark: Option<String>,
+    pub json: serde_json::Value,
+}
+
+/// Everything a refused request must leave as it was: the primary's latest
+/// bookmark and every page of the primary and of each replica, and how far
+/// each replica has got.
+#[derive(Debug, PartialEq)]
+pub struct ClusterState {
+    pub bookmark: Bookmark,
+    pub primary_pages: Vec<Vec<u8>>,
+    pub replica_pages: Vec<Vec<Vec<u8>>>,
+    pub replicas: Vec<Bookmark>,
+}
+
+impl ClusterState {
+    pub fn assert_same(&self, after: &ClusterState, what: &str) {
+        assert_eq!(
+            after.bookmark, self.bookmark,
+            "{what}: the primary issued a bookmark"
+        );
+        assert!(
+            after.primary_pages == self.primary_pages,
+            "{what}: a page of the primary changed"
+        );
+        assert!(
+            after.replica_pages == self.replica_pages,
+            "{what}: a page of a replica changed"
+        );
+        assert_eq!(
+            after.replicas, self.replicas,
+            "{what}: a replica moved without a write"
+        );
+    }
+}
+
+impl HttpCluster {
+    /// Starts a cluster under a fresh directory, runs `setup` on the
+    /// primary and waits until every replica has it.
+    pub fn start(
+        config: walrelay_engine::local_cluster::LocalClusterConfig,
+        setup: &[&str],
+    ) -> HttpCluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = walrelay_engine::local_cluster::LocalCluster::start(dir.path(), config)
+            .expect("cluster");
+        let s = c
+            .primary
+            .database()
+            .session(walrelay_engine::Constraint::FirstPrimary)
+            .expect("session");
+        for sql in setup {
+            s.prepare(*sql)
+                .run()
+                .unwrap_or_else(|e| panic!("setup {sql}: {e}"));
+        }
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(std::time::Duration::from_secs(30)))
+            .http_status_as_error(false)
+            .build()
+            .new_agent();
+        let h = HttpCluster { c, dir, agent };
+        h.wait_replicas();
+        h
+    }
+
+    /// Waits until every replica has confirmed the primary's latest.
+    pub fn wait_replicas(&self) {
+        let latest = self.c.primary.database().latest_bookmark();
+        for r in &self.c.replicas {
+            assert!(
+                r.node()
+                    .wait_confirmed(latest, std::time::Duration::from_secs(10)),
+                "a replica never caught up with {latest}"
+            );
+        }
+    }
+
+    /// The primary and the first replica, by name and base URL.
+    pub fn nodes(&self) -> [(&'static str, String); 2] {
+        [
+            ("primary", self.c.primary_http.url()),
+            ("replica", self.c.replica_http[0].url()),
+        ]
+    }
+
+    /// POSTs `body` as it is to database `main`, as the first query of an
+    /// unconstrained session (so a read is served where it is sent).
+    pub fn post(&self, base: &str, body: &[u8]) -> Reply {
+        self.post_raw(base, "main", Some(b"first-unconstrained"), body)
+    }
+
+    /// POSTs `body` as it is, with `header` as `x-d1-bookmark` (raw bytes,
+    /// so that non-text values can be sent too).
+    pub fn post_raw(
+        &self,
+        base: &str,
+        database: &str,
+        header: Option<&[u8]>,
+        body: &[u8],
+    ) -> Reply {
+        let mut req = self
+            .agent
+            .post(format!("{base}/v1/databases/{database}/query"))
+            .header("content-type", "application/json");
+        if let Some(h) = header {
+            req = req.header("x-d1-bookmark", h);
+        }
+        let mut resp = req.send(body).expect("the node answers");
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let (content_type, bookmark) = (header("content-type"), header("x-d1-bookmark"));
+        let text = resp.body_mut().read_to_string().expect("a body");
+        let json = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("the body is not JSON ({e}): {text:?}"));
+        Reply {
+            status: resp.status().as_u16(),
+            content_type,
+            bookmark,
+            json,
+        }
+    }
+
+    /// A node's `/metrics` text.
+    pub fn metrics(&self, base: &str) -> String {
+        let mut resp = self
+            .agent
+            .get(format!("{base}/metrics"))
+            .call()
+            .expect("metrics");
+        assert_eq!(resp.status().as_u16(), 200);
+        resp.body_mut().read_to_string().expect("metrics text")
+    }
+
+    pub fn state(&self) -> ClusterState {
+        let db = self.c.primary.database();
+        ClusterState {
+            bookmark: db.latest_bookmark(),
+            primary_pages: db.page_images().expect("primary pages"),
+            replica_pages: self
+                .c
+                .replicas
+                .iter()
+                .map(|r| r.replica().database().page_images().expect("replica pages"))
+                .collect(),
+            replicas: self
+                .c
+                .replicas
+                .iter()
+                .map(|r| r.replica().confirmed())
+                .collect(),
+        }
+    }
+
+    /// Sends `body` to the primary and the replica; each must answer with
+    /// D1's error shape (`status`, `code`, a message containing
+    /// `message_has`) and leave every node's pages as they were.
+    pub fn refuse(&self, what: &str, body: &[u8], status: u16, code: u32, message_has: &str) {
+        for (node, url) in self.nodes() {
+            let before = self.state();
+            let r = self.post(&url, body);
+            let what = format!("{what} (sent to the {node})");
+            assert_d1_error(&r, status, code, message_has, &what);
+            if let Some(b) = &r.bookmark {
+                assert!(
+                    b.as_str() <= before.bookmark.to_string().as_str(),
+                    "{what}: answered with bookmark {b}, beyond the latest {}",
+                    before.bookmark
+                );
+            }
+            before.assert_same(&self.state(), &what);
+        }
+    }
+}
+
+/// D1's error shape: `{"result": [], "success": false,
+/// "errors": [{"code": n, "message": "..."}], "messages": []}`.
+pub fn assert_d1_error(r: &Reply, status: u16, code: u32, message_has: &str, what: &str) {
+    assert_eq!(r.status, status, "{what}: status; body {}", r.json);
+    assert_eq!(
+        r.content_type.as_deref(),
+        Some("application/json"),
+        "{what}: content type"
+    );
+    assert_eq!(r.json["success"], false, "{what}: {}", r.json);
+    assert_eq!(
+        r.json["result"],
+        serde_json::json!([]),
+        "{what}: {}",
+        r.json
+    );
+    assert!(r.json["messages"].is_array(), "{what}: {}", r.json);
+    let errors = r.json["errors"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{what}: errors is not an array: {}", r.json));
+    assert_eq!(errors.len(), 1, "{what}: one error: {}", r.json);
+    assert_eq!(errors[0]["code"], code, "{what}: code: {}", r.json);
+    let message = errors[0]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{what}: message is not a string: {}", r.json));
+    assert!(
+        message.contains(message_has),
+        "{what}: the message {message:?} should say {message_has:?}"
+    );
 }
