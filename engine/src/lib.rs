@@ -35,6 +35,12 @@
 //!   [`http`] is a node's D1-shaped HTTP face with replica write forwarding
 //!   and a session client; [`local_cluster`] runs a whole cluster in one
 //!   process.
+//! - Every statement (or batch) is bounded by [`Limits`]: its run time
+//!   (`QueryError::Timeout`, its effect rolled back), its result size
+//!   (`QueryError::ResponseTooLarge`) and its wait for a connection
+//!   (`QueryError::Busy`). A session given a [`CancelToken`]
+//!   ([`Session::cancel_with`]) stops when it is cancelled;
+//!   [`Database::stop_queries`] stops every query of a database.
 //! - The engine runs checkpoints (PASSIVE past a threshold, or on request);
 //!   SQLite's automatic checkpoints are off.
 //!
@@ -57,13 +63,16 @@
 
 mod database;
 mod error;
+mod execution;
 pub mod http;
 pub mod limits;
 pub mod local_cluster;
 mod meta;
+mod pool;
 mod replica;
 pub mod replication;
 mod session;
+mod statement;
 pub mod stop_marker;
 mod value;
 
@@ -72,6 +81,7 @@ pub use database::{
     TransactionSink,
 };
 pub use error::{CheckpointError, OpenError, QueryError, SessionError};
+pub use execution::CancelToken;
 pub use limits::Limits;
 pub use replica::{Replica, ReplicaFeed, ReplicaOptions, pair};
 pub use session::{Constraint, Meta, QueryResult, RawResult, Session, Statement};
