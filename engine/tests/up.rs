@@ -73,7 +73,23 @@ fn run_up(
         libc::kill(-(child.id() as libc::pid_t), libc::SIGINT);
     }
     let signalled = Instant::now();
-    let status = child.wait().expect("wait");
+    // Bounded: a regression that hangs the stop fails here instead of
+    // hanging the test.
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if signalled.elapsed() > Duration::from_secs(60) {
+            // SAFETY: kill(2) with SIGKILL on the process group of our own
+            // child.
+            unsafe {
+                libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
+            }
+            let _ = child.wait();
+            panic!("up did not stop within 60 s of SIGINT: {lines:#?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let took = signalled.elapsed();
     lines.extend(rx.try_iter());
     // Anything still printing arrives shortly after the exit.
@@ -139,7 +155,17 @@ fn up_stops_promptly_on_ctrl_c_with_runaway_queries_running_and_starts_again() {
         7,
         "five followers and two replicas stop: {lines:#?}"
     );
-    drop(runaways);
+    // Each runaway was running and was answered: cancelled (503), not
+    // left hanging.
+    for mut socket in runaways.into_inner().expect("lock") {
+        use std::io::Read;
+        socket
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let mut answer = String::new();
+        let _ = socket.read_to_string(&mut answer);
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
+    }
 
     let (lines, _) = run_up(dir.path(), base, |_| {});
     assert!(
