@@ -16,13 +16,16 @@
 //! `cargo bench -p walrelay-benches --bench limits` (full run); `-- --test`
 //! runs a few iterations only (CI). The database lives in a temporary
 //! directory under `WALRELAY_BENCH_DIR` (default: the current directory).
+//! `WALRELAY_BENCH_SYNC=normal` commits without an fsync per commit
+//! (default: full), to see how much of a write's slowdown is waking from
+//! its fsync behind the runaways.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use walrelay_benches::floor::{Percentiles, percentiles};
 use walrelay_engine::http::server::{HttpConfig, Node, Role, serve};
-use walrelay_engine::{Constraint, Database, Limits, Options};
+use walrelay_engine::{Constraint, Database, Limits, Options, Synchronous};
 
 const RUNAWAY: &str =
     "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c";
@@ -103,6 +106,10 @@ fn main() {
                 query_timeout_ms: 2_000,
                 ..Limits::default()
             },
+            synchronous: match std::env::var("WALRELAY_BENCH_SYNC").as_deref() {
+                Ok("normal") => Synchronous::Normal,
+                _ => Synchronous::Full,
+            },
             ..Options::default()
         },
     )
@@ -156,9 +163,10 @@ fn main() {
     println!(
         "{iters} sequential requests per series after {warmup} warm-up; {RUNAWAYS} runaway \
          reads (2 s limit, resent when stopped; {} stopped at the limit during the {busy_secs:.1} s \
-         loaded phase), {} cores:",
+         loaded phase), {} cores, synchronous={}:",
         timed_out.load(Ordering::Relaxed),
-        std::thread::available_parallelism().map_or(0, |n| n.get())
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::env::var("WALRELAY_BENCH_SYNC").unwrap_or("full".into())
     );
     show("idle: SELECT 1", &idle_read);
     show("idle: INSERT one row", &idle_write);

@@ -2,8 +2,8 @@
 //! bookmark issuer that the capturing VFS feeds.
 
 use crate::error::{CheckpointError, OpenError, QueryError, SessionError};
-use crate::meta;
 use crate::limits::Limits;
+use crate::meta;
 use crate::pool::{Pooled, ReaderPool};
 use crate::session::{Constraint, Meta, Session};
 use crate::value::Row;

@@ -79,7 +79,9 @@ pub enum QueryError {
         visible: Bookmark,
         waited_ms: u64,
     },
-    #[error("the query ran longer than the limit of {limit_ms} ms and was stopped; nothing it did was kept")]
+    #[error(
+        "the query ran longer than the limit of {limit_ms} ms and was stopped; nothing it did was kept"
+    )]
     Timeout { limit_ms: u64 },
     #[error("the query was cancelled (its client went away)")]
     Cancelled,

@@ -111,9 +111,7 @@ impl Watch {
         let why = match &*self.armed.lock() {
             None => FIRED_NONE,
             Some(_) if self.stopping.load(Ordering::Relaxed) => FIRED_STOPPING,
-            Some(a) if a.cancel.as_ref().is_some_and(CancelToken::is_cancelled) => {
-                FIRED_CANCELLED
-            }
+            Some(a) if a.cancel.as_ref().is_some_and(CancelToken::is_cancelled) => FIRED_CANCELLED,
             Some(a) if Instant::now() >= a.deadline => FIRED_DEADLINE,
             Some(_) => FIRED_NONE,
         };

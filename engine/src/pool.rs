@@ -57,7 +57,9 @@ pub(crate) struct Lease<'p> {
 impl std::ops::Deref for Lease<'_> {
     type Target = Pooled;
     fn deref(&self) -> &Pooled {
-        self.conn.as_ref().expect("a lease holds its connection until dropped")
+        self.conn
+            .as_ref()
+            .expect("a lease holds its connection until dropped")
     }
 }
 

@@ -13,9 +13,9 @@
 use crate::database::{
     CheckpointStats, Database, Inner, Options, Role, TransactionSink, configure, map_open_error,
 };
+use crate::error::{CheckpointError, OpenError, QueryError, SessionError};
 use crate::limits::Limits;
 use crate::pool::{Opener, Pooled, ReaderPool};
-use crate::error::{CheckpointError, OpenError, QueryError, SessionError};
 use crate::session::{Constraint, Session};
 use parking_lot::{Condvar, Mutex, RwLock};
 use rusqlite::{Connection, OpenFlags};
@@ -197,12 +197,7 @@ impl Replica {
         Ok(Replica {
             db: Database {
                 inner: Arc::new(Inner {
-                    readers: ReaderPool::new(
-                        first,
-                        options.readers,
-                        opener,
-                        Arc::clone(&stopping),
-                    ),
+                    readers: ReaderPool::new(first, options.readers, opener, Arc::clone(&stopping)),
                     classifier: parking_lot::Mutex::new(classifier),
                     role: Role::Replica(role),
                     path: path.to_path_buf(),

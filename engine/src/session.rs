@@ -144,7 +144,9 @@ impl Session {
 
     fn execute(&self, sql: &str, params: &[Value]) -> Result<Output, QueryError> {
         let at_least = *self.bookmark.lock();
-        let out = self.db.execute(sql, params, at_least, self.cancel.as_ref())?;
+        let out = self
+            .db
+            .execute(sql, params, at_least, self.cancel.as_ref())?;
         self.observe(out.meta.bookmark);
         Ok(out)
     }

@@ -68,7 +68,11 @@ impl<'c> std::ops::DerefMut for Prepared<'c> {
     }
 }
 
-fn prepare_once<'c>(conn: &'c Connection, sql: &str, how: Prepare) -> rusqlite::Result<Prepared<'c>> {
+fn prepare_once<'c>(
+    conn: &'c Connection,
+    sql: &str,
+    how: Prepare,
+) -> rusqlite::Result<Prepared<'c>> {
     match how {
         Prepare::Cached => conn.prepare_cached(sql).map(Prepared::Cached),
         Prepare::Fresh => conn.prepare(sql).map(Prepared::Fresh),

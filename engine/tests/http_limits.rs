@@ -104,7 +104,10 @@ fn a_runaway_query_is_answered_400_with_the_timeout_code() {
     let r = f.query(RUNAWAY);
     assert_eq!(r.status, 400, "{r:?}");
     assert_eq!(error_code(&r), TIMEOUT);
-    assert_eq!(metric(&f.url(), "walrelay_queries_timed_out_total"), Some(1));
+    assert_eq!(
+        metric(&f.url(), "walrelay_queries_timed_out_total"),
+        Some(1)
+    );
     assert_eq!(f.query("SELECT 1").status, 200);
 }
 
@@ -124,7 +127,9 @@ fn a_client_that_hangs_up_mid_query_cancels_it() {
 fn with_every_reader_busy_a_read_is_answered_503_with_retry_after() {
     let f = fixture(1, |l| l.pool_wait_ms = 200);
     let socket = send_query(f.addr(), RUNAWAY);
-    f.wait_until("the only reader is busy", || f.db.readers_in_use() == (1, 1));
+    f.wait_until("the only reader is busy", || {
+        f.db.readers_in_use() == (1, 1)
+    });
     let r = f.query("SELECT 1");
     assert_eq!(r.status, 503, "{r:?}");
     assert_eq!(r.retry_after.as_deref(), Some("1"));

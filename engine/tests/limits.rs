@@ -44,10 +44,7 @@ fn count(db: &Database, table: &str) -> i64 {
 fn spawn_runaway(
     db: &Database,
     sql: &'static str,
-) -> (
-    CancelToken,
-    std::thread::JoinHandle<Result<(), QueryError>>,
-) {
+) -> (CancelToken, std::thread::JoinHandle<Result<(), QueryError>>) {
     let token = CancelToken::new();
     let s = db
         .session(Constraint::FirstUnconstrained)
@@ -70,10 +67,7 @@ fn a_runaway_read_ends_with_a_timeout_error_at_the_query_time_limit() {
     let (_dir, db) = open(limits(|l| l.query_timeout_ms = 300));
     let s = db.session(Constraint::FirstUnconstrained).expect("session");
     let e = s.prepare(RUNAWAY).all().expect_err("stopped");
-    assert!(
-        matches!(e, QueryError::Timeout { limit_ms: 300 }),
-        "{e:?}"
-    );
+    assert!(matches!(e, QueryError::Timeout { limit_ms: 300 }), "{e:?}");
     // The reader is usable again at once.
     s.prepare("SELECT 1").all().expect("a later read");
 }
@@ -97,10 +91,7 @@ fn a_runaway_write_times_out_and_changes_nothing() {
 
     // A batch is bounded as a whole and rolled back as a whole.
     let e = s
-        .batch([
-            s.prepare("INSERT INTO t VALUES (1)"),
-            s.prepare(RUNAWAY),
-        ])
+        .batch([s.prepare("INSERT INTO t VALUES (1)"), s.prepare(RUNAWAY)])
         .expect_err("stopped");
     match e {
         QueryError::Batch { index: 1, source } => {
@@ -110,7 +101,9 @@ fn a_runaway_write_times_out_and_changes_nothing() {
     }
     assert_eq!(count(&db, "t"), 0);
     assert_eq!(db.latest_bookmark(), before, "nothing committed");
-    s.prepare("INSERT INTO t VALUES (1)").run().expect("the writer works");
+    s.prepare("INSERT INTO t VALUES (1)")
+        .run()
+        .expect("the writer works");
     assert_eq!(count(&db, "t"), 1);
 }
 
@@ -214,7 +207,12 @@ fn a_result_past_the_response_cap_is_refused_and_a_write_behind_it_changes_nothi
     assert_eq!(r.results.len(), 100);
     let e = s.prepare(fill).bind([101]).all().expect_err("over");
     assert!(
-        matches!(e, QueryError::ResponseTooLarge { limit_bytes: 10_000 }),
+        matches!(
+            e,
+            QueryError::ResponseTooLarge {
+                limit_bytes: 10_000
+            }
+        ),
         "{e:?}"
     );
     // One value larger than the whole cap stops at that value.
@@ -264,11 +262,14 @@ fn a_database_whose_epoch_counter_is_exhausted_refuses_to_open_and_changes_nothi
 
 #[test]
 fn a_statement_valid_for_the_current_schema_runs_on_a_reader_that_cached_an_older_one() {
-    let mut options = Options::default();
-    options.readers = 1;
-    let (_dir, db) = open(options);
+    let (_dir, db) = open(Options {
+        readers: 1,
+        ..Options::default()
+    });
     let s = db.session(Constraint::FirstPrimary).expect("session");
-    s.prepare("CREATE TABLE t1(a, b, c, d, e)").run().expect("create");
+    s.prepare("CREATE TABLE t1(a, b, c, d, e)")
+        .run()
+        .expect("create");
     // The reader caches the five-column schema.
     s.prepare("SELECT * FROM t1").all().expect("read");
     // The writer replaces t1 (a batch runs on the writer, unclassified).

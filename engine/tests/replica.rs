@@ -409,7 +409,9 @@ fn a_replica_reader_that_cached_an_older_schema_runs_statements_valid_for_the_cu
     )
     .expect("pair");
     let w = db.session(Constraint::FirstPrimary).expect("session");
-    w.prepare("CREATE TABLE t1(a, b, c, d, e)").run().expect("create");
+    w.prepare("CREATE TABLE t1(a, b, c, d, e)")
+        .run()
+        .expect("create");
     w.prepare("INSERT INTO t1 VALUES (1, 2, 3, 4, 5)")
         .run()
         .expect("insert");
@@ -417,7 +419,14 @@ fn a_replica_reader_that_cached_an_older_schema_runs_statements_valid_for_the_cu
         .session(Constraint::Bookmark(w.bookmark().expect("wrote")))
         .expect("session");
     // The replica's only reader caches the five-column schema.
-    assert_eq!(r.prepare("SELECT * FROM t1").all().expect("read").results.len(), 1);
+    assert_eq!(
+        r.prepare("SELECT * FROM t1")
+            .all()
+            .expect("read")
+            .results
+            .len(),
+        1
+    );
     // The primary replaces t1; the change reaches the replica through its
     // WAL, behind the reader's cached copy.
     w.batch([

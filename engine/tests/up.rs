@@ -147,7 +147,10 @@ fn up_stops_promptly_on_ctrl_c_with_runaway_queries_running_and_starts_again() {
     let (lines, took) = run_up(dir.path(), base, start_runaways);
     println!("up stopped {took:?} after SIGINT with runaway queries running");
     // Generous: proves it does not hang (30 s runaways, a 2 s HTTP grace).
-    assert!(took < Duration::from_secs(15), "stopping took {took:?}: {lines:#?}");
+    assert!(
+        took < Duration::from_secs(15),
+        "stopping took {took:?}: {lines:#?}"
+    );
     let has = |s: &str| lines.iter().any(|l| l.contains(s));
     assert!(has("primary stopped cleanly at"), "{lines:#?}");
     assert_eq!(
@@ -169,7 +172,9 @@ fn up_stops_promptly_on_ctrl_c_with_runaway_queries_running_and_starts_again() {
 
     let (lines, _) = run_up(dir.path(), base, |_| {});
     assert!(
-        lines.iter().any(|l| l.contains("primary stopped cleanly at 00000002-")),
+        lines
+            .iter()
+            .any(|l| l.contains("primary stopped cleanly at 00000002-")),
         "restartable from the same directory: {lines:#?}"
     );
 }
