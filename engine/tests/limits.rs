@@ -300,3 +300,27 @@ fn a_cancel_token_cancels_its_children_and_a_child_not_its_parent() {
     parent.cancel();
     assert!(b.is_cancelled());
 }
+
+#[test]
+fn a_runaway_read_on_a_replica_ends_with_a_timeout_error_at_the_replicas_limit() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (_db, replica) = walrelay_engine::pair(
+        dir.path().join("p.db"),
+        dir.path().join("r.db"),
+        Options::default(),
+        walrelay_engine::ReplicaOptions {
+            limits: Limits {
+                query_timeout_ms: 300,
+                ..Limits::default()
+            },
+            ..walrelay_engine::ReplicaOptions::default()
+        },
+    )
+    .expect("pair");
+    let s = replica
+        .session(Constraint::FirstUnconstrained)
+        .expect("session");
+    let e = s.prepare(RUNAWAY).all().expect_err("stopped");
+    assert!(matches!(e, QueryError::Timeout { limit_ms: 300 }), "{e:?}");
+    s.prepare("SELECT 1").all().expect("a later read");
+}
