@@ -240,6 +240,8 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
                         .run();
                     match r {
                         Ok(_) => lat.lock().push(started.elapsed().as_micros() as u64),
+                        // Stopping: the write was rolled back, not failed.
+                        Err(walrelay_engine::QueryError::Stopping) => break,
                         Err(e) => {
                             if failures.fetch_add(1, Ordering::Relaxed) % 100 == 0 {
                                 eprintln!("primary: write failed: {e}");
