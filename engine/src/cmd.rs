@@ -245,6 +245,8 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
                         .run();
                     match r {
                         Ok(_) => lat.lock().push(started.elapsed().as_micros() as u64),
+                        // Stopping: the write was rolled back, not failed.
+                        Err(walrelay_engine::QueryError::Stopping) => break,
                         Err(e) => {
                             if failures.fetch_add(1, Ordering::Relaxed) % 100 == 0 {
                                 eprintln!("primary: write failed: {e}");
@@ -283,12 +285,21 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
             }
         }
     }
+    let stop_started = Instant::now();
     done.store(true, Ordering::Relaxed);
+    // Every running query stops now (a runaway read or write included;
+    // a stopped write rolls back) and no new one starts.
+    primary.database().stop_queries();
     for w in writers {
         let _ = w.join();
     }
-    // No new requests from here; the in-flight ones finish first.
+    // No new requests from here; the in-flight ones end within the
+    // server's grace period.
     drop(http);
+    println!(
+        "primary stopped its queries and HTTP in {} ms",
+        stop_started.elapsed().as_millis()
+    );
     let primary =
         Arc::try_unwrap(primary).map_err(|_| anyhow::anyhow!("the primary is still in use"))?;
     match primary.stop(Duration::from_secs(10)) {
@@ -412,6 +423,8 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
             }
         }
     }
+    r.replica().database().stop_queries();
+    drop(http);
     let _ = r.replica().persist();
     println!(
         "replica {} stopping at {}",
@@ -593,7 +606,7 @@ pub fn up(a: UpArgs) -> Result<()> {
     let status = loop {
         if stopping() {
             signal(&primary, libc::SIGINT);
-            break primary.wait()?;
+            break wait_bounded(&mut primary, "the primary")?;
         }
         if let Some(s) = primary.try_wait()? {
             break s;
@@ -604,13 +617,36 @@ pub fn up(a: UpArgs) -> Result<()> {
         signal(c, libc::SIGINT);
     }
     for mut c in others {
-        let _ = c.wait();
+        let _ = wait_bounded(&mut c, "a follower or replica");
     }
     println!("walrelay up: stopped (data in {})", dir.display());
     if !status.success() {
         bail!("the primary exited with {status}");
     }
     Ok(())
+}
+
+/// How long `up` waits for a process it asked to stop before killing it.
+const STOP_WAIT: Duration = Duration::from_secs(15);
+
+/// Waits for a child asked to stop; past [`STOP_WAIT`] it is killed (a
+/// hung process must not hang `up`).
+fn wait_bounded(child: &mut Child, what: &str) -> Result<std::process::ExitStatus> {
+    let deadline = Instant::now() + STOP_WAIT;
+    loop {
+        if let Some(s) = child.try_wait()? {
+            return Ok(s);
+        }
+        if Instant::now() >= deadline {
+            eprintln!(
+                "walrelay up: {what} did not stop within {} s; killing it",
+                STOP_WAIT.as_secs()
+            );
+            signal(child, libc::SIGKILL);
+            return Ok(child.wait()?);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Parses "a:1,b:2".

@@ -2,14 +2,16 @@
 //! bookmark issuer that the capturing VFS feeds.
 
 use crate::error::{CheckpointError, OpenError, QueryError, SessionError};
+use crate::limits::Limits;
 use crate::meta;
+use crate::pool::{Pooled, ReaderPool};
 use crate::session::{Constraint, Meta, Session};
-use crate::value::{Row, Value};
-use parking_lot::{Condvar, Mutex};
-use rusqlite::{Connection, OpenFlags, StatementStatus, config::DbConfig, ffi};
+use crate::value::Row;
+use parking_lot::Mutex;
+use rusqlite::{Connection, OpenFlags, config::DbConfig, ffi};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use walrelay_replicator::{Bookmark, Epoch, Sequence};
 use walrelay_vfs::{Attachment, CaptureSink, CapturedTransaction, SinkError};
@@ -80,7 +82,8 @@ pub struct CheckpointStats {
 /// How to open a database.
 #[derive(Clone)]
 pub struct Options {
-    /// Reader connections in the pool (at least 1).
+    /// Most reader connections (at least 1): the first opens with the
+    /// database, the others when concurrent reads need them.
     pub readers: usize,
     /// Durability of the local WAL. A single node's only durability, so FULL
     /// by default.
@@ -108,7 +111,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Options {
         Options {
-            readers: 4,
+            readers: 16,
             synchronous: Synchronous::Full,
             checkpoint_threshold_frames: 4096,
             writer_cache_size_pages: None,
@@ -187,41 +190,20 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    fn engine_exec(&self, sql: &str) -> rusqlite::Result<()> {
+    pub(crate) fn engine_exec(&self, sql: &str) -> rusqlite::Result<()> {
         self.auth.fetch_or(ALLOW_TX, Ordering::SeqCst);
         let r = self.conn.execute_batch(sql);
         self.auth.fetch_and(!ALLOW_TX, Ordering::SeqCst);
         r
     }
-}
 
-pub(crate) struct ReaderPool {
-    idle: Mutex<Vec<Conn>>,
-    available: Condvar,
-}
-
-impl ReaderPool {
-    pub(crate) fn new(conns: Vec<Conn>) -> ReaderPool {
-        ReaderPool {
-            idle: Mutex::new(conns),
-            available: Condvar::new(),
+    /// Inside a batch the authorizer refuses transaction control.
+    pub(crate) fn set_in_batch(&self, on: bool) {
+        if on {
+            self.auth.fetch_or(IN_BATCH, Ordering::SeqCst);
+        } else {
+            self.auth.fetch_and(!IN_BATCH, Ordering::SeqCst);
         }
-    }
-
-    pub(crate) fn take(&self) -> Conn {
-        let mut idle = self.idle.lock();
-        loop {
-            if let Some(c) = idle.pop() {
-                return c;
-            }
-            self.available.wait(&mut idle);
-        }
-    }
-    pub(crate) fn give(&self, c: Conn) {
-        // The sandbox: settings a client changed end with its request.
-        let _ = crate::sandbox::reset_if_dirty(&c);
-        self.idle.lock().push(c);
-        self.available.notify_one();
     }
 }
 
@@ -229,7 +211,12 @@ pub(crate) struct Inner {
     // Readers are declared (and so dropped) before the role, whose
     // attachment or applier must outlive every connection.
     pub(crate) readers: ReaderPool,
+    /// Prepares statements to classify them when every reader is busy.
+    pub(crate) classifier: Mutex<Pooled>,
     pub(crate) role: Role,
+    pub(crate) limits: Limits,
+    /// Set by [`Database::stop_queries`]; every connection's watch reads it.
+    pub(crate) stopping: Arc<AtomicBool>,
     pub(crate) path: PathBuf,
     pub(crate) region: String,
 }
@@ -243,9 +230,9 @@ pub(crate) enum Role {
 }
 
 pub(crate) struct PrimaryRole {
-    writer: Mutex<Conn>,
+    pub(crate) writer: Mutex<Pooled>,
     issuer: Arc<Issuer>,
-    attachment: Attachment,
+    pub(crate) attachment: Attachment,
     checkpoint_threshold_frames: u32,
     gate: Option<Arc<dyn CommitGate>>,
     max_transaction_bytes: u64,
@@ -421,7 +408,15 @@ impl Database {
         }
         let meta_path = meta::sidecar_path(path);
         let previous = meta::load(&meta_path).map_err(|e| meta_error(path, e))?;
-        let epoch = previous.map_or(1, |m| m.epoch.saturating_add(1));
+        // Where a counter must not overflow, refuse rather than saturate: a
+        // repeated epoch would repeat bookmarks.
+        let epoch = match previous {
+            None => 1,
+            Some(m) => m
+                .epoch
+                .checked_add(1)
+                .ok_or(OpenError::EpochExhausted { epoch: m.epoch })?,
+        };
         let issuer = Arc::new(Issuer {
             epoch: Epoch(epoch),
             latest: AtomicU64::new(0),
@@ -475,15 +470,31 @@ impl Database {
                 reason: format!("database is not in WAL mode (journal_mode is {mode})"),
             });
         }
-        let mut readers = Vec::with_capacity(options.readers);
-        for _ in 0..options.readers {
-            let ro = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-            readers
-                .push(configure(open(ro)?, &options, false).map_err(|e| map_open_error(path, e))?);
-        }
+        let stopping = Arc::new(AtomicBool::new(false));
+        let pooled = |c: Conn| Pooled::new(c, &stopping).map_err(|e| map_open_error(path, e));
+        let ro = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let reader = || -> Result<Pooled, OpenError> {
+            pooled(configure(open(ro)?, &options, false).map_err(|e| map_open_error(path, e))?)
+        };
+        let first = reader()?;
+        let classifier = reader()?;
+        let writer = pooled(writer)?;
+        // Readers beyond the first open on demand. The opener keeps no
+        // sink or gate (they may hold this database).
+        let opener_options = Options {
+            sink: None,
+            gate: None,
+            ..options.clone()
+        };
+        let opener_path = path.to_path_buf();
+        let opener: crate::pool::Opener = Box::new(move || {
+            let c = Connection::open_with_flags_and_vfs(&opener_path, ro, walrelay_vfs::VFS_NAME)?;
+            configure(c, &opener_options, false)
+        });
         Ok(Database {
             inner: Arc::new(Inner {
-                readers: ReaderPool::new(readers),
+                readers: ReaderPool::new(first, options.readers, opener, Arc::clone(&stopping)),
+                classifier: Mutex::new(classifier),
                 role: Role::Primary(PrimaryRole {
                     writer: Mutex::new(writer),
                     issuer,
@@ -495,11 +506,13 @@ impl Database {
                 }),
                 path: path.to_path_buf(),
                 region: options.region.clone(),
+                limits: options.limits,
+                stopping,
             }),
         })
     }
 
-    fn primary(&self) -> Option<&PrimaryRole> {
+    pub(crate) fn primary(&self) -> Option<&PrimaryRole> {
         match &self.inner.role {
             Role::Primary(p) => Some(p),
             Role::Replica(_) => None,
@@ -574,12 +587,12 @@ impl Database {
     /// every mode runs as PASSIVE (its WAL restarts are the applier's).
     pub fn checkpoint(&self, mode: CheckpointMode) -> Result<CheckpointStats, CheckpointError> {
         match &self.inner.role {
-            Role::Primary(p) => checkpoint_on(&p.writer.lock().conn, mode),
+            Role::Primary(p) => checkpoint_on(&p.writer.lock().conn.conn, mode),
             Role::Replica(r) => r.checkpoint(),
         }
     }
 
-    fn meta(&self, started: Instant, bookmark: Bookmark) -> Meta {
+    pub(crate) fn meta(&self, started: Instant, bookmark: Bookmark) -> Meta {
         Meta {
             served_by_primary: self.is_primary(),
             served_by_region: self.inner.region.clone(),
@@ -592,7 +605,7 @@ impl Database {
         }
     }
 
-    fn check_capture(&self) -> Result<(), QueryError> {
+    pub(crate) fn check_capture(&self) -> Result<(), QueryError> {
         match self.primary().and_then(|p| p.attachment.poisoned()) {
             Some(e) => Err(QueryError::CaptureFailed(e)),
             None => Ok(()),
@@ -601,7 +614,7 @@ impl Database {
 
     /// After a write failed: if capture failed, refused the transaction
     /// for its size, or the database reached its size limit, say so.
-    fn explain(&self, e: QueryError) -> QueryError {
+    pub(crate) fn explain(&self, e: QueryError) -> QueryError {
         let Some(p) = self.primary() else {
             return e;
         };
@@ -640,188 +653,6 @@ impl Database {
             e => e,
         }
     }
-
-    /// Runs one statement: on a reader if SQLite says it is read-only,
-    /// otherwise on the writer (a replica refuses it). `at_least` is the
-    /// session's bookmark: the read must reflect at least that state.
-    pub(crate) fn execute(
-        &self,
-        sql: &str,
-        params: &[Value],
-        at_least: Option<Bookmark>,
-    ) -> Result<Output, QueryError> {
-        let started = Instant::now();
-        // A refused capture left a transaction in the local WAL that has no
-        // bookmark and never will: serve nothing that could show it.
-        self.check_capture()?;
-        let mut reader = self.inner.readers.take();
-        let mut readonly = reader.conn.prepare_cached(sql).map(|s| s.readonly());
-        if let (Role::Replica(r), Some(b)) = (&self.inner.role, at_least)
-            && r.visible() < b
-        {
-            if matches!(readonly, Ok(false)) {
-                // A write goes to the primary anyway: no reason to wait for
-                // this replica to catch up first.
-                self.inner.readers.give(reader);
-                return Err(QueryError::ReadOnlyReplica);
-            }
-            // A read (or a statement naming what the session's bookmark
-            // created but this replica has not applied yet): wait, then
-            // classify again against the newer schema.
-            self.inner.readers.give(reader);
-            r.wait_visible(b)?;
-            reader = self.inner.readers.take();
-            readonly = reader.conn.prepare_cached(sql).map(|s| s.readonly());
-        }
-        let readonly = match readonly {
-            Ok(r) => r,
-            Err(e) => {
-                self.inner.readers.give(reader);
-                return Err(QueryError::sql(e));
-            }
-        };
-        if readonly {
-            let r = run_statement(&reader.conn, sql, params, Prepare::Cached);
-            // A statement that opened a transaction must not leave the
-            // pooled connection inside it.
-            let left_open = !reader.conn.is_autocommit();
-            if left_open {
-                let _ = reader.engine_exec("ROLLBACK");
-            }
-            self.inner.readers.give(reader);
-            let (columns, rows, counts) = r?;
-            if left_open {
-                return Err(tx_control_refused());
-            }
-            let bookmark = match &self.inner.role {
-                Role::Primary(p) => {
-                    // Any transaction this read could have seen has its
-                    // bookmark once in-flight commits settle.
-                    p.attachment.wait_commit_settled();
-                    self.check_capture()?;
-                    let bookmark = self.latest_bookmark();
-                    // No reader sees an unconfirmed transaction: hold the
-                    // result until everything it could reflect is confirmed.
-                    p.gate_wait(bookmark)?;
-                    bookmark
-                }
-                // Raised before a confirm publishes: at least what was seen.
-                Role::Replica(r) => r.reported(),
-            };
-            let mut meta = self.meta(started, bookmark);
-            meta.rows_read = counts.rows_read;
-            return Ok(Output {
-                columns,
-                rows,
-                meta,
-            });
-        }
-        self.inner.readers.give(reader);
-        let Some(p) = self.primary() else {
-            return Err(QueryError::ReadOnlyReplica);
-        };
-        p.gate_admit()?;
-        let w = p.writer.lock();
-        // The sandbox: settings an earlier request changed end with it.
-        crate::sandbox::reset_if_dirty(&w).map_err(QueryError::sql)?;
-        let r = run_statement(&w.conn, sql, params, Prepare::Cached);
-        if !w.conn.is_autocommit() {
-            let _ = w.engine_exec("ROLLBACK");
-            r?;
-            return Err(tx_control_refused());
-        }
-        let (columns, rows, counts) = r.map_err(|e| self.explain(e))?;
-        self.check_capture()?;
-        let mut meta = self.meta(started, self.latest_bookmark());
-        meta.rows_read = counts.rows_read;
-        meta.rows_written = counts.changes;
-        meta.changes = counts.changes;
-        meta.last_row_id = w.conn.last_insert_rowid();
-        p.maybe_checkpoint(&w.conn);
-        drop(w);
-        // Later writers commit while this result waits (pipelining).
-        p.gate_wait(meta.bookmark)?;
-        meta.duration_us = started.elapsed().as_micros() as u64;
-        Ok(Output {
-            columns,
-            rows,
-            meta,
-        })
-    }
-
-    /// Runs statements atomically in one write transaction: all or nothing.
-    pub(crate) fn execute_batch(
-        &self,
-        stmts: &[(String, Vec<Value>)],
-    ) -> Result<Vec<Output>, QueryError> {
-        let started = Instant::now();
-        self.check_capture()?;
-        let Some(p) = self.primary() else {
-            return Err(QueryError::ReadOnlyReplica);
-        };
-        p.gate_admit()?;
-        let w = p.writer.lock();
-        // The sandbox: settings an earlier request changed end with it.
-        crate::sandbox::reset_if_dirty(&w).map_err(QueryError::sql)?;
-        w.engine_exec("BEGIN IMMEDIATE")
-            .map_err(|e| self.explain(QueryError::sql(e)))?;
-        w.auth.fetch_or(IN_BATCH, Ordering::SeqCst);
-        let mut outs = Vec::with_capacity(stmts.len());
-        let mut failure = None;
-        for (index, (sql, params)) in stmts.iter().enumerate() {
-            match run_statement(&w.conn, sql, params, Prepare::Fresh) {
-                Ok(o) if !w.conn.is_autocommit() => outs.push(o),
-                Ok(_) => {
-                    failure = Some(QueryError::Batch {
-                        index,
-                        source: Box::new(tx_control_refused()),
-                    });
-                    break;
-                }
-                Err(e) => {
-                    failure = Some(QueryError::Batch {
-                        index,
-                        source: Box::new(e),
-                    });
-                    break;
-                }
-            }
-        }
-        w.auth.fetch_and(!IN_BATCH, Ordering::SeqCst);
-        if let Some(e) = failure {
-            if !w.conn.is_autocommit() {
-                let _ = w.engine_exec("ROLLBACK");
-            }
-            return Err(self.explain(e));
-        }
-        if let Err(e) = w.engine_exec("COMMIT") {
-            if !w.conn.is_autocommit() {
-                let _ = w.engine_exec("ROLLBACK");
-            }
-            return Err(self.explain(QueryError::sql(e)));
-        }
-        self.check_capture()?;
-        let bookmark = self.latest_bookmark();
-        let last_row_id = w.conn.last_insert_rowid();
-        p.maybe_checkpoint(&w.conn);
-        drop(w);
-        p.gate_wait(bookmark)?;
-        Ok(outs
-            .into_iter()
-            .map(|(columns, rows, counts)| {
-                let mut meta = self.meta(started, bookmark);
-                meta.rows_read = counts.rows_read;
-                meta.rows_written = counts.changes;
-                meta.changes = counts.changes;
-                meta.last_row_id = last_row_id;
-                Output {
-                    columns,
-                    rows,
-                    meta,
-                }
-            })
-            .collect())
-    }
 }
 
 impl Database {
@@ -839,7 +670,7 @@ impl Database {
         let w = p.writer.lock();
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            match checkpoint_on(&w.conn, CheckpointMode::Truncate) {
+            match checkpoint_on(&w.conn.conn, CheckpointMode::Truncate) {
                 Ok(_) => break,
                 Err(CheckpointError::Busy) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(1));
@@ -852,7 +683,7 @@ impl Database {
         // FILE_POINTER stores a pointer to its main database file.
         let rc = unsafe {
             ffi::sqlite3_file_control(
-                w.conn.handle(),
+                w.conn.conn.handle(),
                 c"main".as_ptr(),
                 ffi::SQLITE_FCNTL_FILE_POINTER,
                 (&raw mut file).cast(),
@@ -905,7 +736,7 @@ impl Database {
 }
 
 impl PrimaryRole {
-    fn gate_admit(&self) -> Result<(), QueryError> {
+    pub(crate) fn gate_admit(&self) -> Result<(), QueryError> {
         match &self.gate {
             Some(g) => g
                 .admit_write()
@@ -914,7 +745,7 @@ impl PrimaryRole {
         }
     }
 
-    fn gate_wait(&self, bookmark: Bookmark) -> Result<(), QueryError> {
+    pub(crate) fn gate_wait(&self, bookmark: Bookmark) -> Result<(), QueryError> {
         match &self.gate {
             Some(g) => g
                 .wait_confirmed(bookmark)
@@ -926,88 +757,13 @@ impl PrimaryRole {
         }
     }
 
-    fn maybe_checkpoint(&self, conn: &Connection) {
+    pub(crate) fn maybe_checkpoint(&self, conn: &Connection) {
         let frames = self.issuer.last_commit_frame.load(Ordering::Relaxed);
         if frames >= self.checkpoint_threshold_frames {
             // Busy is fine: the next commit tries again.
             let _ = checkpoint_on(conn, CheckpointMode::Passive);
         }
     }
-}
-
-fn tx_control_refused() -> QueryError {
-    QueryError::NotSupported(crate::error::REFUSED_STATEMENT.into())
-}
-
-struct Counts {
-    rows_read: u64,
-    changes: u64,
-}
-
-type StatementOutput = (Arc<[String]>, Vec<Row>, Counts);
-
-/// How a statement is prepared. Batch statements are prepared fresh so the
-/// authorizer judges each one inside the batch: a cached statement is not
-/// authorized again.
-#[derive(Clone, Copy)]
-enum Prepare {
-    Cached,
-    Fresh,
-}
-
-/// Prepares, binds and runs one statement to completion.
-fn run_statement(
-    conn: &Connection,
-    sql: &str,
-    params: &[Value],
-    how: Prepare,
-) -> Result<StatementOutput, QueryError> {
-    let mut fresh;
-    let mut cached;
-    let stmt: &mut rusqlite::Statement<'_> = match how {
-        Prepare::Cached => {
-            cached = conn.prepare_cached(sql).map_err(QueryError::sql)?;
-            &mut cached
-        }
-        Prepare::Fresh => {
-            fresh = conn.prepare(sql).map_err(QueryError::sql)?;
-            &mut fresh
-        }
-    };
-    let expected = stmt.parameter_count();
-    if expected != params.len() {
-        return Err(QueryError::ParameterCount {
-            expected,
-            given: params.len(),
-        });
-    }
-    for (i, p) in params.iter().enumerate() {
-        stmt.raw_bind_parameter(i + 1, p).map_err(QueryError::sql)?;
-    }
-    let columns: Arc<[String]> = stmt.column_names().map(String::from).collect();
-    let readonly = stmt.readonly();
-    stmt.reset_status(StatementStatus::FullscanStep);
-    let before = conn.total_changes();
-    let mut rows = Vec::new();
-    {
-        let mut rs = stmt.raw_query();
-        while let Some(row) = rs.next().map_err(QueryError::sql)? {
-            let values = (0..columns.len())
-                .map(|i| Value::from(row.get_ref_unwrap(i)))
-                .collect();
-            rows.push(Row::new(Arc::clone(&columns), values));
-        }
-    }
-    // rows_read approximates D1's count: rows stepped over by full scans
-    // plus rows returned (SQLite keeps no per-row read counter).
-    let rows_read =
-        stmt.get_status(StatementStatus::FullscanStep).max(0) as u64 + rows.len() as u64;
-    let changes = if readonly {
-        0
-    } else {
-        conn.total_changes().saturating_sub(before)
-    };
-    Ok((columns, rows, Counts { rows_read, changes }))
 }
 
 pub(crate) fn checkpoint_on(

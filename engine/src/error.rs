@@ -21,6 +21,10 @@ pub enum OpenError {
     Replica(#[from] walrelay_vfs::ReplicaOpenError),
     #[error("metadata file: {0}")]
     Meta(String),
+    #[error(
+        "epoch {epoch} is the last one: bookmarks would repeat if the database opened again as a primary"
+    )]
+    EpochExhausted { epoch: u32 },
     #[error(transparent)]
     Sqlite(#[from] rusqlite::Error),
 }
@@ -93,6 +97,23 @@ pub enum QueryError {
         visible: Bookmark,
         waited_ms: u64,
     },
+    #[error(
+        "the query ran longer than the limit of {limit_ms} ms and was stopped; nothing it did was kept"
+    )]
+    Timeout { limit_ms: u64 },
+    #[error("the query was cancelled (its client went away)")]
+    Cancelled,
+    #[error("the database is stopping and runs no more queries")]
+    Stopping,
+    #[error("no {resource} came free within {waited_ms} ms; retry later")]
+    Busy {
+        resource: &'static str,
+        waited_ms: u64,
+    },
+    #[error(
+        "the result exceeds the response limit of {limit_bytes} bytes; nothing the statement did was kept"
+    )]
+    ResponseTooLarge { limit_bytes: u64 },
 }
 
 pub(crate) const REFUSED_STATEMENT: &str = "transaction control (BEGIN, COMMIT, ROLLBACK, \

@@ -39,6 +39,15 @@
 //!   no ATTACH, only D1's pragmas, no raw pages or extensions, settings
 //!   reset between requests, and SQLite enforcing [`Limits`]; a refusal or
 //!   a limit is a typed [`QueryError`] and changes nothing.
+//! - Every statement (or batch) is bounded by [`Limits`]: its run time
+//!   (`QueryError::Timeout`, its effect rolled back), its result size
+//!   (`QueryError::ResponseTooLarge`) and its wait for a connection
+//!   (`QueryError::Busy`). A session given a [`CancelToken`]
+//!   ([`Session::cancel_with`]) stops when it is cancelled;
+//!   [`Database::stop_queries`] stops every query of a database.
+//! - A write transaction larger than `Limits::max_transaction_bytes` is
+//!   refused before it commits (`QueryError::TransactionTooLarge`); any
+//!   smaller one replicates, as chunks when it is larger than a log record.
 //! - The engine runs checkpoints (PASSIVE past a threshold, or on request);
 //!   SQLite's automatic checkpoints are off.
 //!
@@ -61,14 +70,17 @@
 
 mod database;
 mod error;
+mod execution;
 pub mod http;
 pub mod limits;
 pub mod local_cluster;
 mod meta;
+mod pool;
 mod replica;
 pub mod replication;
 mod sandbox;
 mod session;
+mod statement;
 pub mod stop_marker;
 mod value;
 
@@ -77,6 +89,7 @@ pub use database::{
     TransactionSink,
 };
 pub use error::{CheckpointError, OpenError, QueryError, SessionError};
+pub use execution::CancelToken;
 pub use limits::Limits;
 pub use replica::{Replica, ReplicaFeed, ReplicaOptions, pair};
 pub use sandbox::Refusal;

@@ -11,15 +11,17 @@
 //!   makes later reads wait for more).
 
 use crate::database::{
-    CheckpointStats, Conn, Database, Inner, Options, ReaderPool, Role, TransactionSink, configure,
-    map_open_error,
+    CheckpointStats, Database, Inner, Options, Role, TransactionSink, configure, map_open_error,
 };
 use crate::error::{CheckpointError, OpenError, QueryError, SessionError};
+use crate::limits::Limits;
+use crate::pool::{Opener, Pooled, ReaderPool};
 use crate::session::{Constraint, Session};
 use parking_lot::{Condvar, Mutex, RwLock};
 use rusqlite::{Connection, OpenFlags};
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 use walrelay_replicator::Bookmark;
 use walrelay_vfs::{Appended, ApplyError, CapturedTransaction, PageSet, ReplicaInit, ReplicaWal};
@@ -27,8 +29,11 @@ use walrelay_vfs::{Appended, ApplyError, CapturedTransaction, PageSet, ReplicaIn
 /// How to open a replica.
 #[derive(Debug, Clone)]
 pub struct ReplicaOptions {
-    /// Reader connections in the pool (at least 1).
+    /// Most reader connections (at least 1), opened on demand.
     pub readers: usize,
+    /// What a query may cost (the time limit, result size, connection
+    /// wait; D1's limits by default).
+    pub limits: Limits,
     /// The region label reported in `served_by_region`.
     pub region: String,
     pub busy_timeout_ms: u64,
@@ -49,15 +54,13 @@ pub struct ReplicaOptions {
     /// bookmark its initial (empty) database stands for.
     pub page_size: u32,
     pub initial_bookmark: Bookmark,
-    /// What one query may cost on this replica's readers (the SQLite-enforced
-    /// limits of [`crate::Limits`]; the size limit is the primary's).
-    pub limits: crate::limits::Limits,
 }
 
 impl Default for ReplicaOptions {
     fn default() -> ReplicaOptions {
         ReplicaOptions {
-            readers: 4,
+            readers: 16,
+            limits: Limits::default(),
             region: "local".into(),
             busy_timeout_ms: 5_000,
             max_wait_ms: 1_000,
@@ -66,7 +69,6 @@ impl Default for ReplicaOptions {
             durable: true,
             page_size: 4096,
             initial_bookmark: Bookmark::ZERO,
-            limits: crate::limits::Limits::default(),
         }
     }
 }
@@ -163,16 +165,23 @@ impl Replica {
             limits: options.limits,
             ..Options::default()
         };
-        let mut readers: Vec<Conn> = Vec::with_capacity(options.readers);
-        for _ in 0..options.readers {
+        let opener_path = path.to_path_buf();
+        let opener: Opener = Box::new(move || {
             let c = Connection::open_with_flags_and_vfs(
-                path,
+                &opener_path,
                 OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
                 walrelay_vfs::VFS_NAME,
-            )
-            .map_err(|e| map_open_error(path, e))?;
-            readers.push(configure(c, &conn_opts, false).map_err(|e| map_open_error(path, e))?);
-        }
+            )?;
+            configure(c, &conn_opts, false)
+        });
+        let stopping = Arc::new(AtomicBool::new(false));
+        let reader = || -> Result<Pooled, OpenError> {
+            opener()
+                .and_then(|c| Pooled::new(c, &stopping))
+                .map_err(|e| map_open_error(path, e))
+        };
+        let first = reader()?;
+        let classifier = reader()?;
         let role = ReplicaRole {
             applier: Mutex::new(applier),
             positions: Mutex::new(Positions {
@@ -188,10 +197,13 @@ impl Replica {
         Ok(Replica {
             db: Database {
                 inner: Arc::new(Inner {
-                    readers: ReaderPool::new(readers),
+                    readers: ReaderPool::new(first, options.readers, opener, Arc::clone(&stopping)),
+                    classifier: parking_lot::Mutex::new(classifier),
                     role: Role::Replica(role),
                     path: path.to_path_buf(),
                     region: options.region,
+                    limits: options.limits,
+                    stopping,
                 }),
             },
         })

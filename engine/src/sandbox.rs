@@ -425,14 +425,15 @@ impl Database {
     /// transaction, page 1 first: what a replica must equal byte for byte.
     /// For verification; clients' SQL cannot read raw pages.
     pub fn page_images(&self) -> Result<Vec<Vec<u8>>, QueryError> {
-        let reader = self.inner.readers.take();
-        let r = as_engine(&reader, |conn| {
+        let reader = self.inner.readers.take(std::time::Duration::from_millis(
+            self.inner.limits.pool_wait_ms,
+        ))?;
+        as_engine(&reader.conn, |conn| {
             let mut stmt = conn.prepare("SELECT data FROM sqlite_dbpage ORDER BY pgno")?;
             let rows = stmt.query_map([], |r| r.get::<_, Vec<u8>>(0))?;
             rows.collect::<Result<Vec<_>, _>>()
-        });
-        self.inner.readers.give(reader);
-        r.map_err(QueryError::sql)
+        })
+        .map_err(QueryError::sql)
     }
 }
 

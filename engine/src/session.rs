@@ -4,6 +4,7 @@
 
 use crate::database::{Database, Output};
 use crate::error::{QueryError, SessionError};
+use crate::execution::CancelToken;
 use crate::value::{Row, Value};
 use parking_lot::Mutex;
 use std::str::FromStr;
@@ -71,6 +72,7 @@ pub struct Session {
     db: Database,
     constraint: Constraint,
     bookmark: Mutex<Option<Bookmark>>,
+    cancel: Option<CancelToken>,
 }
 
 impl Session {
@@ -79,7 +81,15 @@ impl Session {
             db,
             constraint,
             bookmark: Mutex::new(start),
+            cancel: None,
         }
+    }
+
+    /// Stops this session's running and later queries once `token` is
+    /// cancelled (they fail with `QueryError::Cancelled`).
+    pub fn cancel_with(mut self, token: CancelToken) -> Session {
+        self.cancel = Some(token);
+        self
     }
 
     /// The latest bookmark this session has seen: the maximum of where it
@@ -118,7 +128,7 @@ impl Session {
     ) -> Result<Vec<QueryResult>, QueryError> {
         let stmts: Vec<(String, Vec<Value>)> =
             statements.into_iter().map(|s| (s.sql, s.params)).collect();
-        let outs = self.db.execute_batch(&stmts)?;
+        let outs = self.db.execute_batch(&stmts, self.cancel.as_ref())?;
         if let Some(o) = outs.last() {
             self.observe(o.meta.bookmark);
         }
@@ -140,7 +150,9 @@ impl Session {
 
     fn execute(&self, sql: &str, params: &[Value]) -> Result<Output, QueryError> {
         let at_least = *self.bookmark.lock();
-        let out = self.db.execute(sql, params, at_least)?;
+        let out = self
+            .db
+            .execute(sql, params, at_least, self.cancel.as_ref())?;
         self.observe(out.meta.bookmark);
         Ok(out)
     }

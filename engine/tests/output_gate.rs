@@ -171,3 +171,92 @@ fn a_gate_that_gives_up_is_a_typed_error_and_an_unadmitted_write_never_runs() {
     assert!(matches!(err, QueryError::WriteNotAdmitted { .. }), "{err}");
     assert_eq!(gate.committed().len(), 1, "an unadmitted write ran");
 }
+
+/// Commits `t`'s schema, confirmed; returns the bookmark maker.
+fn confirmed_schema(gate: &Gate, db: &Database, sql: &'static str) -> impl Fn(u64) -> Bookmark {
+    let epoch = db.epoch();
+    let at = move |s| Bookmark::new(epoch, walrelay_engine::Sequence(s));
+    let setup = std::thread::spawn({
+        let db = db.clone();
+        move || {
+            db.session(Constraint::FirstPrimary)
+                .expect("session")
+                .prepare(sql)
+                .run()
+                .expect("create")
+        }
+    });
+    wait_until("schema committed", || gate.committed().len() == 1);
+    gate.release(at(1));
+    setup.join().expect("create");
+    at
+}
+
+/// Commits one row (`sql`) whose result waits at the gate, unconfirmed.
+fn unconfirmed_write(
+    gate: &Gate,
+    db: &Database,
+    sql: &'static str,
+) -> std::thread::JoinHandle<Result<walrelay_engine::QueryResult, QueryError>> {
+    let before = gate.committed().len();
+    let h = std::thread::spawn({
+        let db = db.clone();
+        move || {
+            db.session(Constraint::FirstPrimary)
+                .expect("session")
+                .prepare(sql)
+                .run()
+        }
+    });
+    wait_until("the row committed", || gate.committed().len() == before + 1);
+    h
+}
+
+#[test]
+fn a_write_failing_on_an_unconfirmed_row_answers_only_once_that_row_is_confirmed() {
+    let gate = Arc::new(Gate::default());
+    let (_dir, db) = open(&gate);
+    let at = confirmed_schema(&gate, &db, "CREATE TABLE t(x UNIQUE)");
+    let first = unconfirmed_write(&gate, &db, "INSERT INTO t VALUES (1)");
+    // The duplicate fails against the unconfirmed row: the failure itself
+    // says the row exists, so it must wait like the row's own result.
+    let dup = std::thread::spawn({
+        let db = db.clone();
+        move || {
+            db.session(Constraint::FirstPrimary)
+                .expect("session")
+                .prepare("INSERT INTO t VALUES (1)")
+                .run()
+        }
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!dup.is_finished(), "the error escaped before confirmation");
+    gate.release(at(2));
+    let e = dup.join().expect("thread").expect_err("a UNIQUE violation");
+    assert!(e.to_string().contains("UNIQUE"), "{e}");
+    first.join().expect("thread").expect("the first insert");
+}
+
+#[test]
+fn a_read_whose_error_is_built_from_unconfirmed_rows_answers_only_once_they_are_confirmed() {
+    let gate = Arc::new(Gate::default());
+    let (_dir, db) = open(&gate);
+    let at = confirmed_schema(&gate, &db, "CREATE TABLE t(v TEXT)");
+    let first = unconfirmed_write(&gate, &db, "INSERT INTO t VALUES ('not json')");
+    // The error message comes from the unconfirmed row.
+    let read = std::thread::spawn({
+        let db = db.clone();
+        move || {
+            db.session(Constraint::FirstUnconstrained)
+                .expect("session")
+                .prepare("SELECT json((SELECT v FROM t))")
+                .all()
+        }
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!read.is_finished(), "the error escaped before confirmation");
+    gate.release(at(2));
+    let e = read.join().expect("thread").expect_err("malformed JSON");
+    assert!(e.to_string().contains("JSON"), "{e}");
+    first.join().expect("thread").expect("the insert");
+}

@@ -394,3 +394,54 @@ fn a_sustained_stream_keeps_the_replica_wal_bounded_while_readers_read() {
         .expect("row");
     assert_eq!(r.get("n"), Some(&Value::Integer(txns)));
 }
+
+#[test]
+fn a_replica_reader_that_cached_an_older_schema_runs_statements_valid_for_the_current_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (db, replica) = pair(
+        dir.path().join("p.db"),
+        dir.path().join("r.db"),
+        Options::default(),
+        ReplicaOptions {
+            readers: 1,
+            ..replica_options()
+        },
+    )
+    .expect("pair");
+    let w = db.session(Constraint::FirstPrimary).expect("session");
+    w.prepare("CREATE TABLE t1(a, b, c, d, e)")
+        .run()
+        .expect("create");
+    w.prepare("INSERT INTO t1 VALUES (1, 2, 3, 4, 5)")
+        .run()
+        .expect("insert");
+    let r = replica
+        .session(Constraint::Bookmark(w.bookmark().expect("wrote")))
+        .expect("session");
+    // The replica's only reader caches the five-column schema.
+    assert_eq!(
+        r.prepare("SELECT * FROM t1")
+            .all()
+            .expect("read")
+            .results
+            .len(),
+        1
+    );
+    // The primary replaces t1; the change reaches the replica through its
+    // WAL, behind the reader's cached copy.
+    w.batch([
+        w.prepare("DROP TABLE t1"),
+        w.prepare("CREATE TABLE t1(a, b, c, d, e, f)"),
+        w.prepare("INSERT INTO t1 VALUES (1, 2, 3, 4, 5, 6)"),
+    ])
+    .expect("replace t1");
+    let r = replica
+        .session(Constraint::Bookmark(w.bookmark().expect("wrote")))
+        .expect("session");
+    let rows = r
+        .prepare("SELECT * FROM t1 UNION ALL SELECT 1, 2, 3, 4, 5, 6")
+        .all()
+        .expect("six columns on both sides");
+    assert_eq!(rows.results.len(), 2);
+    assert!(!rows.meta.served_by_primary);
+}

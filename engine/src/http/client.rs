@@ -33,6 +33,8 @@ pub(crate) struct RawAnswer {
     pub status: u16,
     pub bookmark: Option<String>,
     pub body: Vec<u8>,
+    /// The `Retry-After` header, in seconds.
+    pub retry_after_s: Option<u32>,
 }
 
 /// POSTs a query body to a node's endpoint (the client's request and a
@@ -58,6 +60,11 @@ pub(crate) fn post_query(
         .get(BOOKMARK_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    let retry_after_s = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
     let body = resp
         .body_mut()
         .with_config()
@@ -67,6 +74,7 @@ pub(crate) fn post_query(
         status,
         bookmark,
         body,
+        retry_after_s,
     })
 }
 

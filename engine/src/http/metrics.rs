@@ -3,6 +3,7 @@
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Upper bounds (µs) of the confirm-lag histogram's buckets.
 const LAG_BUCKETS_US: [u64; 12] = [
@@ -26,6 +27,10 @@ pub struct Metrics {
     /// Requests refused, by HTTP status.
     refused: Mutex<BTreeMap<u16, u64>>,
     confirm_lag: Mutex<Histogram>,
+    /// Queries stopped because their client went away or the node stopped.
+    cancelled: AtomicU64,
+    /// Queries stopped at the query time limit.
+    timed_out: AtomicU64,
 }
 
 /// A replica's position against its primary, read at scrape time.
@@ -45,6 +50,24 @@ impl Metrics {
             .lock()
             .entry((by_primary, region.to_string()))
             .or_insert(0) += 1;
+    }
+
+    /// Counts a query that failed for a reason worth its own counter.
+    pub fn query_failed(&self, e: &crate::error::QueryError) {
+        use crate::error::QueryError;
+        let e = match e {
+            QueryError::Batch { source, .. } => source,
+            e => e,
+        };
+        match e {
+            QueryError::Cancelled | QueryError::Stopping => {
+                self.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+            QueryError::Timeout { .. } => {
+                self.timed_out.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
     }
 
     pub fn forwarded(&self, reason: &'static str) {
@@ -104,6 +127,22 @@ impl Metrics {
                 out,
                 "walrelay_refused_total{{{node},status=\"{status}\"}} {n}"
             );
+        }
+        for (name, help, n) in [
+            (
+                "walrelay_queries_cancelled_total",
+                "Queries stopped because their client went away or the node stopped.",
+                &self.cancelled,
+            ),
+            (
+                "walrelay_queries_timed_out_total",
+                "Queries stopped at the query time limit.",
+                &self.timed_out,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} counter");
+            let _ = writeln!(out, "{name}{{{node}}} {}", n.load(Ordering::Relaxed));
         }
         if let Some(lag) = lag {
             let _ = writeln!(

@@ -17,6 +17,7 @@ use super::api::{self, BOOKMARK_HEADER, Body, Response};
 use super::metrics::{Metrics, ReplicaLag};
 use crate::database::Database;
 use crate::error::{QueryError, SessionError};
+use crate::execution::CancelToken;
 use crate::replication::ReplicatedReplica;
 use crate::session::{Constraint, QueryResult, Session};
 use axum::Router;
@@ -34,7 +35,9 @@ pub mod codes {
     pub const BAD_REQUEST: u32 = 7400;
     pub const BOOKMARK: u32 = 7401;
     pub const UNKNOWN_DATABASE: u32 = 7404;
+    pub const TIMEOUT: u32 = 7408;
     pub const TOO_LARGE: u32 = 7413;
+    pub const RESPONSE_TOO_LARGE: u32 = 7414;
     pub const SQL: u32 = 7500;
     pub const UNAVAILABLE: u32 = 7503;
     pub const INTERNAL: u32 = 7000;
@@ -84,6 +87,8 @@ pub struct Node {
     agent: ureq::Agent,
     /// The last confirm lag seen, for the lag gauge between confirms.
     last_lag_us: std::sync::atomic::AtomicU64,
+    /// Every request's cancel token is a child of this one.
+    requests: CancelToken,
 }
 
 /// An answer: status, the session's bookmark, the body.
@@ -95,6 +100,8 @@ pub struct Answer {
     /// Where each result was served, when answered here (a relayed answer
     /// is read back from its body instead).
     served: Option<Vec<(bool, String)>>,
+    /// Seconds for a `Retry-After` header (a 503 the client should retry).
+    pub retry_after_s: Option<u32>,
 }
 
 impl Answer {
@@ -114,6 +121,7 @@ impl Answer {
                     })
                     .collect(),
             ),
+            retry_after_s: None,
         }
     }
     fn error(status: u16, code: u32, message: impl Into<String>) -> Answer {
@@ -125,12 +133,23 @@ fn too_large(limit: usize) -> String {
     format!("request body exceeds the limit of {limit} bytes")
 }
 
+/// The HTTP status and D1-style code of a query error:
+/// - the statement's own fault (SQL errors, parameters, transaction
+///   control, a replica asked to write): 400 / 7500;
+/// - it ran past the time limit: 400 / 7408 (a property of the query; a
+///   plain retry would run just as long, so not a 5xx);
+/// - its result is past the response cap: 400 / 7414;
+/// - the node cannot take it now (the gate, a replica behind, no free
+///   connection, stopping, a cancelled request): 503 / 7503;
+/// - the database stopped taking writes: 500 / 7000.
+///
+/// A batch's error is answered as its failing statement's.
 fn query_error(e: &QueryError) -> (u16, u32) {
     match e {
+        QueryError::Batch { source, .. } => query_error(source),
         QueryError::Sql { .. }
         | QueryError::ParameterCount { .. }
         | QueryError::NotSupported(_)
-        | QueryError::Batch { .. }
         | QueryError::NotAuthorized(_)
         | QueryError::SqlTooLong { .. }
         | QueryError::TooManyParameters { .. }
@@ -138,11 +157,25 @@ fn query_error(e: &QueryError) -> (u16, u32) {
         | QueryError::TooManyColumns { .. }
         | QueryError::DatabaseFull { .. }
         | QueryError::ReadOnlyReplica => (400, codes::SQL),
+        QueryError::Timeout { .. } => (400, codes::TIMEOUT),
+        QueryError::ResponseTooLarge { .. } => (400, codes::RESPONSE_TOO_LARGE),
         QueryError::NotConfirmed { .. }
         | QueryError::WriteNotAdmitted { .. }
-        | QueryError::ReplicaBehind { .. } => (503, codes::UNAVAILABLE),
+        | QueryError::ReplicaBehind { .. }
+        | QueryError::Busy { .. }
+        | QueryError::Cancelled
+        | QueryError::Stopping => (503, codes::UNAVAILABLE),
         QueryError::TransactionTooLarge { .. } => (413, codes::TOO_LARGE),
         QueryError::CaptureFailed(_) | QueryError::SequenceExhausted => (500, codes::INTERNAL),
+    }
+}
+
+/// Whether a client should retry after a second (a `Retry-After` header).
+fn retry_after_s(e: &QueryError) -> Option<u32> {
+    match e {
+        QueryError::Batch { source, .. } => retry_after_s(source),
+        QueryError::Busy { .. } => Some(1),
+        _ => None,
     }
 }
 
@@ -155,7 +188,20 @@ impl Node {
             metrics: Metrics::default(),
             agent,
             last_lag_us: std::sync::atomic::AtomicU64::new(0),
+            requests: CancelToken::new(),
         }
+    }
+
+    /// A cancel token for one request: cancelled by the caller (its client
+    /// went away) or by [`Node::cancel_all`].
+    pub fn request_token(&self) -> CancelToken {
+        self.requests.child()
+    }
+
+    /// Cancels every running request of this node and refuses later ones
+    /// (503): for a server that is stopping.
+    pub fn cancel_all(&self) {
+        self.requests.cancel();
     }
 
     fn role_name(&self) -> &'static str {
@@ -167,7 +213,18 @@ impl Node {
 
     /// Handles `POST /v1/databases/{name}/query`.
     pub fn query(&self, name: &str, bookmark_header: Option<&str>, body: &[u8]) -> Answer {
-        let answer = self.query_inner(name, bookmark_header, body);
+        self.query_cancellable(name, bookmark_header, body, &self.request_token())
+    }
+
+    /// [`Node::query`], stopped early once `cancel` is cancelled.
+    pub fn query_cancellable(
+        &self,
+        name: &str,
+        bookmark_header: Option<&str>,
+        body: &[u8],
+        cancel: &CancelToken,
+    ) -> Answer {
+        let answer = self.query_inner(name, bookmark_header, body, cancel);
         if answer.status >= 400 {
             self.metrics.refused(answer.status);
         } else if let Some(served) = &answer.served {
@@ -183,7 +240,13 @@ impl Node {
         answer
     }
 
-    fn query_inner(&self, name: &str, header: Option<&str>, body: &[u8]) -> Answer {
+    fn query_inner(
+        &self,
+        name: &str,
+        header: Option<&str>,
+        body: &[u8],
+        cancel: &CancelToken,
+    ) -> Answer {
         if name != self.config.database {
             return Answer::error(
                 404,
@@ -203,7 +266,7 @@ impl Node {
             Err(e) => return Answer::error(400, codes::BAD_REQUEST, e.to_string()),
         };
         match &self.role {
-            Role::Primary(db) => self.run(db, constraint, &parsed).into_answer(),
+            Role::Primary(db) => self.run(db, constraint, &parsed, cancel).into_answer(),
             Role::Replica {
                 replica,
                 primary_url,
@@ -215,7 +278,7 @@ impl Node {
                     // An atomic batch runs where writes run.
                     return self.forward(primary_url, name, header, body, "batch");
                 }
-                match self.run(replica.replica().database(), constraint, &parsed) {
+                match self.run(replica.replica().database(), constraint, &parsed, cancel) {
                     Routed::Done(a) => a,
                     Routed::Forward(Forward::Write) => {
                         self.forward(primary_url, name, header, body, "write")
@@ -228,9 +291,15 @@ impl Node {
         }
     }
 
-    fn run(&self, db: &Database, constraint: Constraint, body: &Body) -> Routed {
+    fn run(
+        &self,
+        db: &Database,
+        constraint: Constraint,
+        body: &Body,
+        cancel: &CancelToken,
+    ) -> Routed {
         let session = match db.session(constraint) {
-            Ok(s) => s,
+            Ok(s) => s.cancel_with(cancel.clone()),
             Err(e @ SessionError::FutureBookmark { .. })
             | Err(e @ SessionError::MalformedBookmark(_)) => {
                 return Routed::Done(Answer::error(400, codes::BOOKMARK, e.to_string()));
@@ -243,8 +312,11 @@ impl Node {
             Err(QueryError::ReadOnlyReplica) => Routed::Forward(Forward::Write),
             Err(QueryError::ReplicaBehind { .. }) => Routed::Forward(Forward::Behind),
             Err(e) => {
+                self.metrics.query_failed(&e);
                 let (status, code) = query_error(&e);
-                Routed::Done(Answer::error(status, code, e.to_string()))
+                let mut a = Answer::error(status, code, e.to_string());
+                a.retry_after_s = retry_after_s(&e);
+                Routed::Done(a)
             }
         }
     }
@@ -264,6 +336,7 @@ impl Node {
                 bookmark: raw.bookmark,
                 body: raw.body,
                 served: None,
+                retry_after_s: raw.retry_after_s,
             },
             // Whether the primary ran the request is unknown once it was
             // sent: say so, so a client does not blindly retry a write.
@@ -364,10 +437,16 @@ fn run_body(session: &Session, body: &Body) -> Result<Vec<QueryResult>, QueryErr
     }
 }
 
-/// A running HTTP server.
+/// How long a stopping server waits for its requests (all cancelled by
+/// then) before it drops them.
+pub const SHUTDOWN_GRACE_MS: u64 = 2_000;
+
+/// A running HTTP server. Dropping it stops it: every running request is
+/// cancelled, and the server waits at most [`SHUTDOWN_GRACE_MS`] for them.
 pub struct HttpServer {
     addr: SocketAddr,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    node: Arc<Node>,
+    shutdown: Option<tokio::sync::watch::Sender<bool>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -386,16 +465,31 @@ impl HttpServer {
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
 }
 
 impl Drop for HttpServer {
     fn drop(&mut self) {
+        self.node.cancel_all();
         if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
+            let _ = tx.send(true);
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// Cancels its request's token when dropped: hyper drops a request's
+/// future when its client goes away (HTTP/1 half-close is off, so EOF on
+/// a busy connection ends it), and with it this guard.
+struct CancelOnDrop(CancelToken);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
     }
 }
 
@@ -443,17 +537,32 @@ async fn query_route(
         )),
         (header, Ok(body)) => {
             let header = header.and_then(Result::ok);
-            // SQLite, the output gate and forwarding all block. Run them
-            // on this worker, which tokio replaces for the duration, rather
-            // than hand them to the blocking pool and back: that round trip
-            // was about half of a point read's cost.
-            tokio::task::block_in_place(|| node.query(&name, header.as_deref(), &body))
+            // SQLite, the output gate and forwarding all block: they run on
+            // the blocking pool while this future waits, so that hyper can
+            // drop the future (cancelling the query) if the client leaves.
+            let token = node.request_token();
+            let _cancel_on_drop = CancelOnDrop(token.clone());
+            let n = Arc::clone(&node);
+            tokio::task::spawn_blocking(move || {
+                n.query_cancellable(&name, header.as_deref(), &body, &token)
+            })
+            .await
+            .unwrap_or_else(|e| {
+                node.refuse(Answer::error(
+                    500,
+                    codes::INTERNAL,
+                    format!("the request failed: {e}"),
+                ))
+            })
         }
     };
     let mut out = HeaderMap::new();
     out.insert("content-type", HeaderValue::from_static("application/json"));
     if let Some(b) = answer.bookmark.and_then(|b| HeaderValue::from_str(&b).ok()) {
         out.insert(BOOKMARK_HEADER, b);
+    }
+    if let Some(s) = answer.retry_after_s {
+        out.insert("retry-after", HeaderValue::from(s));
     }
     (
         StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
@@ -491,8 +600,7 @@ async fn metrics_route(State(node): State<Arc<Node>>) -> impl IntoResponse {
 }
 
 /// Serves `node` on `addr` from a thread of its own (a small tokio
-/// runtime; a request's blocking work runs on its worker through
-/// `block_in_place`).
+/// runtime; a request's blocking work runs on its blocking pool).
 pub fn serve(node: Arc<Node>, addr: SocketAddr) -> io::Result<HttpServer> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -506,21 +614,33 @@ pub fn serve(node: Arc<Node>, addr: SocketAddr) -> io::Result<HttpServer> {
         .route("/v1/databases/{name}/query", post(query_route))
         .route("/metrics", get(metrics_route))
         .layer(axum::extract::DefaultBodyLimit::disable())
-        .with_state(node);
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        .with_state(Arc::clone(&node));
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let grace = Duration::from_millis(SHUTDOWN_GRACE_MS);
     let thread = std::thread::Builder::new()
         .name("walrelay-http-main".into())
         .spawn(move || {
+            let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+                let _ = rx.wait_for(|s| *s).await;
+            };
+            let serving = axum::serve(listener, app).with_graceful_shutdown(stopped(rx.clone()));
             runtime.block_on(async move {
-                let _ = axum::serve(listener, app)
-                    .with_graceful_shutdown(async move {
-                        let _ = rx.await;
-                    })
-                    .await;
+                // Graceful: no new connections, in-flight requests finish
+                // (they were cancelled) — but for at most `grace`.
+                tokio::select! {
+                    _ = serving => {}
+                    _ = async {
+                        stopped(rx).await;
+                        tokio::time::sleep(grace).await;
+                    } => {}
+                }
             });
+            // Blocking work still running is left to finish on its own.
+            runtime.shutdown_timeout(Duration::from_millis(100));
         })?;
     Ok(HttpServer {
         addr: bound,
+        node,
         shutdown: Some(tx),
         thread: Some(thread),
     })

@@ -620,3 +620,55 @@ pub fn assert_d1_error(r: &Reply, status: u16, code: u32, message_has: &str, wha
         "{what}: the message {message:?} should say {message_has:?}"
     );
 }
+
+/// A read that never ends on its own (the runaway of issue 9).
+pub const RUNAWAY: &str =
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c";
+
+/// A base port with `span` consecutive ports free on 127.0.0.1 (best
+/// effort: they are only probed, then released).
+pub fn free_port_base(span: u16) -> u16 {
+    for attempt in 0..200u32 {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let base = 20_000
+            + (std::process::id() as u16 % 20_000)
+            + ((nanos >> 8) as u16 ^ attempt as u16) % 5_000;
+        let all_free =
+            (0..span).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok());
+        if all_free {
+            return base;
+        }
+    }
+    panic!("no free port range");
+}
+
+/// One HTTP/1.1 query sent over a raw socket: the socket, left open, so a
+/// test can hang up mid-query (drop it) or read the answer.
+pub fn send_query(addr: std::net::SocketAddr, sql: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let body = serde_json::json!({ "sql": sql }).to_string();
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    write!(
+        s,
+        "POST /v1/databases/main/query HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    s
+}
+
+/// A node's metric value (the first sample line starting with `name`).
+pub fn metric(base_url: &str, name: &str) -> Option<u64> {
+    let text = ureq::get(format!("{base_url}/metrics"))
+        .call()
+        .ok()?
+        .body_mut()
+        .read_to_string()
+        .ok()?;
+    text.lines()
+        .find(|l| l.starts_with(name) && !l.starts_with('#'))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}

@@ -4,28 +4,16 @@
 
 use serde_json::Value as Json;
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// A base port with every port `up` derives from it free (probed, then
-/// released; best effort).
+/// A base port with every port `up` derives from it free: the primary and
+/// followers use base..=base+5, HTTP base+10..=base+12.
 pub fn free_base() -> u16 {
-    for attempt in 0..200u32 {
-        let salt = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos())
-            .wrapping_add(attempt.wrapping_mul(7919));
-        let base = 20_000 + (std::process::id() % 20_000) as u16 + (salt >> 8) as u16 % 5_000;
-        // The primary and followers use base..=base+5, HTTP base+10..=base+12.
-        if (0..13).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
-            return base;
-        }
-    }
-    panic!("no free port range");
+    super::free_port_base(13)
 }
 
 /// One HTTP answer.

@@ -1,0 +1,180 @@
+//! What stops a running statement: its deadline, its caller's cancel
+//! token, or the database stopping.
+//!
+//! Every connection carries a [`Watch`] that its SQLite progress handler
+//! consults every [`CHECK_EVERY_OPS`] virtual-machine instructions. The
+//! engine arms the watch for the length of one execution (a statement, or a
+//! whole batch) with a deadline and the caller's [`CancelToken`]; when the
+//! handler fires, SQLite ends the statement with `SQLITE_INTERRUPT` (a
+//! write's transaction is rolled back) and [`Watch::explain`] turns that
+//! into the typed reason.
+//!
+//! How late it acts: a check costs one clock read, so a statement is
+//! stopped within a few microseconds of VM work after its deadline or
+//! cancellation. Time spent outside the VM (waiting on a lock, inside one
+//! long sort step, a filesystem call) is not interrupted until it returns
+//! to the VM.
+
+use crate::error::QueryError;
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// VM instructions between two checks of the watch.
+pub(crate) const CHECK_EVERY_OPS: i32 = 1_000;
+
+/// Cancels the statement or batch it was given to (D1 has no such handle;
+/// the HTTP server uses one per request and cancels it when the client
+/// goes away). Cheap to clone; every clone is the same token. A token made
+/// with [`CancelToken::child`] is also cancelled by its parent.
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken {
+    own: Arc<AtomicBool>,
+    parent: Option<Arc<AtomicBool>>,
+}
+
+impl CancelToken {
+    pub fn new() -> CancelToken {
+        CancelToken::default()
+    }
+
+    /// A token cancelled by itself or by `self`.
+    pub fn child(&self) -> CancelToken {
+        CancelToken {
+            own: Arc::new(AtomicBool::new(false)),
+            parent: Some(Arc::clone(&self.own)),
+        }
+    }
+
+    /// Stops whatever runs under this token (and its children), now and
+    /// from now on.
+    pub fn cancel(&self) {
+        self.own.store(true, Ordering::Release);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.own.load(Ordering::Acquire)
+            || self
+                .parent
+                .as_ref()
+                .is_some_and(|p| p.load(Ordering::Acquire))
+    }
+}
+
+/// Why the progress handler stopped a statement.
+const FIRED_NONE: u8 = 0;
+const FIRED_DEADLINE: u8 = 1;
+const FIRED_CANCELLED: u8 = 2;
+const FIRED_STOPPING: u8 = 3;
+
+/// One execution's bounds.
+struct Armed {
+    deadline: Instant,
+    cancel: Option<CancelToken>,
+}
+
+/// What one connection's progress handler checks.
+pub(crate) struct Watch {
+    armed: Mutex<Option<Armed>>,
+    fired: AtomicU8,
+    /// The last armed timeout, for the error message.
+    timeout_ms: AtomicU64,
+    /// Database-wide: set once the database stops taking queries.
+    stopping: Arc<AtomicBool>,
+}
+
+impl Watch {
+    pub(crate) fn new(stopping: Arc<AtomicBool>) -> Arc<Watch> {
+        Arc::new(Watch {
+            armed: Mutex::new(None),
+            fired: AtomicU8::new(FIRED_NONE),
+            timeout_ms: AtomicU64::new(0),
+            stopping,
+        })
+    }
+
+    /// Installs the progress handler on `conn`.
+    pub(crate) fn install(
+        self: &Arc<Watch>,
+        conn: &mut rusqlite::Connection,
+    ) -> rusqlite::Result<()> {
+        let w = Arc::clone(self);
+        conn.progress_handler(CHECK_EVERY_OPS, Some(move || w.check()))
+    }
+
+    /// Whether the running statement must stop (the progress handler's
+    /// answer; true interrupts).
+    fn check(&self) -> bool {
+        // Only an armed execution stops: the engine's own statements
+        // (ROLLBACK after a failure, COMMIT) run unarmed and always finish.
+        let why = match &*self.armed.lock() {
+            None => FIRED_NONE,
+            Some(_) if self.stopping.load(Ordering::Relaxed) => FIRED_STOPPING,
+            Some(a) if a.cancel.as_ref().is_some_and(CancelToken::is_cancelled) => FIRED_CANCELLED,
+            Some(a) if Instant::now() >= a.deadline => FIRED_DEADLINE,
+            Some(_) => FIRED_NONE,
+        };
+        if why == FIRED_NONE {
+            return false;
+        }
+        self.fired.store(why, Ordering::Relaxed);
+        true
+    }
+
+    /// Bounds everything run on this connection until the guard drops.
+    pub(crate) fn arm(&self, timeout_ms: u64, cancel: Option<&CancelToken>) -> ArmGuard<'_> {
+        self.fired.store(FIRED_NONE, Ordering::Relaxed);
+        self.timeout_ms.store(timeout_ms, Ordering::Relaxed);
+        *self.armed.lock() = Some(Armed {
+            deadline: Instant::now() + Duration::from_millis(timeout_ms),
+            cancel: cancel.cloned(),
+        });
+        ArmGuard { watch: self }
+    }
+
+    /// The typed reason for an error the progress handler caused; any
+    /// other error is passed through.
+    pub(crate) fn explain(&self, e: QueryError) -> QueryError {
+        let interrupted = matches!(&e, QueryError::Sql { code: Some(c), .. }
+            if *c & 0xff == rusqlite::ffi::SQLITE_INTERRUPT);
+        if !interrupted {
+            return e;
+        }
+        match self.fired.load(Ordering::Relaxed) {
+            FIRED_DEADLINE => QueryError::Timeout {
+                limit_ms: self.timeout_ms.load(Ordering::Relaxed),
+            },
+            FIRED_CANCELLED => QueryError::Cancelled,
+            FIRED_STOPPING => QueryError::Stopping,
+            _ => e,
+        }
+    }
+}
+
+/// Disarms its watch when dropped.
+#[must_use]
+pub(crate) struct ArmGuard<'w> {
+    watch: &'w Watch,
+}
+
+impl Drop for ArmGuard<'_> {
+    fn drop(&mut self) {
+        *self.watch.armed.lock() = None;
+    }
+}
+
+/// Refuses to start an execution that is already cancelled or whose
+/// database is stopping.
+pub(crate) fn check_start(
+    stopping: &AtomicBool,
+    cancel: Option<&CancelToken>,
+) -> Result<(), QueryError> {
+    if stopping.load(Ordering::Acquire) {
+        return Err(QueryError::Stopping);
+    }
+    if cancel.is_some_and(CancelToken::is_cancelled) {
+        return Err(QueryError::Cancelled);
+    }
+    Ok(())
+}

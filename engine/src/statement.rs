@@ -1,0 +1,526 @@
+//! Running statements: where each runs (a reader or the writer), what
+//! bounds it (a deadline, the caller's cancel token, the response size, a
+//! bounded wait for its connection), and when its result — an error
+//! included — may be released (the output gate).
+//!
+//! - SQLite classifies a statement (`sqlite3_stmt_readonly`) on an idle
+//!   reader, which then runs it if it reads; when every reader is busy a
+//!   dedicated classifier connection prepares it instead, so a write never
+//!   waits behind reads to be classified.
+//! - A prepare error may come from a connection's stale cached schema
+//!   (another connection changed it; SQLite re-checks the schema cookie at
+//!   prepare time only for some errors, such as "no such table"): it is
+//!   retried once after the schema is checked against the database.
+//! - On a replicated primary an error can reveal unconfirmed state (a
+//!   UNIQUE violation against an unconfirmed row): errors wait at the gate
+//!   like results do.
+
+use crate::database::{Database, Output, Role};
+use crate::error::QueryError;
+use crate::execution::{CancelToken, check_start};
+use crate::pool::{Lease, Pooled};
+use crate::value::{Row, Value};
+use rusqlite::types::ValueRef;
+use rusqlite::{Connection, StatementStatus};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use walrelay_replicator::Bookmark;
+
+pub(crate) struct Counts {
+    pub(crate) rows_read: u64,
+    pub(crate) changes: u64,
+}
+
+pub(crate) type StatementOutput = (Arc<[String]>, Vec<Row>, Counts);
+
+/// How a statement is prepared. Batch statements are prepared fresh so the
+/// authorizer judges each one inside the batch: a cached statement is not
+/// authorized again.
+#[derive(Clone, Copy)]
+pub(crate) enum Prepare {
+    Cached,
+    Fresh,
+}
+
+/// A prepared statement, from the cache or not.
+pub(crate) enum Prepared<'c> {
+    Cached(rusqlite::CachedStatement<'c>),
+    Fresh(rusqlite::Statement<'c>),
+}
+
+impl<'c> std::ops::Deref for Prepared<'c> {
+    type Target = rusqlite::Statement<'c>;
+    fn deref(&self) -> &rusqlite::Statement<'c> {
+        match self {
+            Prepared::Cached(s) => s,
+            Prepared::Fresh(s) => s,
+        }
+    }
+}
+
+impl<'c> std::ops::DerefMut for Prepared<'c> {
+    fn deref_mut(&mut self) -> &mut rusqlite::Statement<'c> {
+        match self {
+            Prepared::Cached(s) => s,
+            Prepared::Fresh(s) => s,
+        }
+    }
+}
+
+fn prepare_once<'c>(
+    conn: &'c Connection,
+    sql: &str,
+    how: Prepare,
+) -> rusqlite::Result<Prepared<'c>> {
+    match how {
+        Prepare::Cached => conn.prepare_cached(sql).map(Prepared::Cached),
+        Prepare::Fresh => conn.prepare(sql).map(Prepared::Fresh),
+    }
+}
+
+/// Prepares `sql` against the current schema.
+///
+/// A connection prepares against the schema it has cached in memory. When
+/// another connection (the writer, or a replica's applier) has changed the
+/// schema since, SQLite notices at prepare time only for errors that name
+/// something missing; an error such as "table t has 5 columns but 6 values
+/// were supplied" comes from the stale copy. So a plain `SQLITE_ERROR` is
+/// retried once after stepping a statement that reads the schema: its
+/// `OP_Transaction` compares the schema cookie and reloads a stale schema.
+pub(crate) fn prepare<'c>(
+    conn: &'c Connection,
+    sql: &str,
+    how: Prepare,
+) -> rusqlite::Result<Prepared<'c>> {
+    match prepare_once(conn, sql, how) {
+        Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::Unknown) => {
+            if refresh_schema(conn).is_err() {
+                return Err(e);
+            }
+            prepare_once(conn, sql, how)
+        }
+        r => r,
+    }
+}
+
+/// Brings the connection's cached schema up to date with its database.
+fn refresh_schema(conn: &Connection) -> rusqlite::Result<()> {
+    let mut s = conn.prepare("SELECT 1 FROM sqlite_schema LIMIT 1")?;
+    let mut rows = s.raw_query();
+    rows.next()?;
+    Ok(())
+}
+
+/// What a value counts against the response cap: its bytes (8 for a
+/// number, 1 for NULL).
+fn value_bytes(v: ValueRef<'_>) -> u64 {
+    match v {
+        ValueRef::Null => 1,
+        ValueRef::Integer(_) | ValueRef::Real(_) => 8,
+        ValueRef::Text(t) => t.len() as u64,
+        ValueRef::Blob(b) => b.len() as u64,
+    }
+}
+
+/// Prepares, binds and runs one statement to completion on `c`, whose
+/// watch the caller has armed. A result past `max_response_bytes` stops
+/// (a write's effect is rolled back) with `ResponseTooLarge`; at most one
+/// value is read past the cap.
+pub(crate) fn run_statement(
+    c: &Pooled,
+    sql: &str,
+    params: &[Value],
+    how: Prepare,
+    max_response_bytes: u64,
+) -> Result<StatementOutput, QueryError> {
+    let conn = &c.conn.conn;
+    let mut stmt = prepare(conn, sql, how).map_err(QueryError::sql)?;
+    let expected = stmt.parameter_count();
+    if expected != params.len() {
+        return Err(QueryError::ParameterCount {
+            expected,
+            given: params.len(),
+        });
+    }
+    for (i, p) in params.iter().enumerate() {
+        stmt.raw_bind_parameter(i + 1, p).map_err(QueryError::sql)?;
+    }
+    let columns: Arc<[String]> = stmt.column_names().map(String::from).collect();
+    let readonly = stmt.readonly();
+    stmt.reset_status(StatementStatus::FullscanStep);
+    let before = conn.total_changes();
+    let mut rows = Vec::new();
+    let mut bytes = 0u64;
+    {
+        let mut rs = stmt.raw_query();
+        loop {
+            let over = match rs.next() {
+                Ok(Some(row)) => {
+                    let mut values = Vec::with_capacity(columns.len());
+                    for i in 0..columns.len() {
+                        let v = row.get_ref_unwrap(i);
+                        bytes = bytes.saturating_add(value_bytes(v));
+                        if bytes > max_response_bytes {
+                            break;
+                        }
+                        values.push(Value::from(v));
+                    }
+                    if bytes > max_response_bytes {
+                        true
+                    } else {
+                        rows.push(Row::new(Arc::clone(&columns), values));
+                        false
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => return Err(c.watch.explain(QueryError::sql(e))),
+            };
+            if over {
+                // Resetting a write before it finishes would commit it:
+                // interrupt it instead, so its next step fails and its
+                // transaction rolls back.
+                conn.get_interrupt_handle().interrupt();
+                let _ = rs.next();
+                return Err(QueryError::ResponseTooLarge {
+                    limit_bytes: max_response_bytes,
+                });
+            }
+        }
+    }
+    // rows_read approximates D1's count: rows stepped over by full scans
+    // plus rows returned (SQLite keeps no per-row read counter).
+    let rows_read =
+        stmt.get_status(StatementStatus::FullscanStep).max(0) as u64 + rows.len() as u64;
+    let changes = if readonly {
+        0
+    } else {
+        conn.total_changes().saturating_sub(before)
+    };
+    Ok((columns, rows, Counts { rows_read, changes }))
+}
+
+fn tx_control_refused() -> QueryError {
+    QueryError::NotSupported(crate::error::REFUSED_STATEMENT.into())
+}
+
+/// Whether an error may reflect database state (and so must wait at the
+/// output gate like a result): everything but the errors about the engine
+/// itself.
+fn reveals_state(e: &QueryError) -> bool {
+    !matches!(
+        e,
+        QueryError::NotConfirmed { .. }
+            | QueryError::WriteNotAdmitted { .. }
+            | QueryError::CaptureFailed(_)
+            | QueryError::SequenceExhausted
+            | QueryError::ReadOnlyReplica
+            | QueryError::ReplicaBehind { .. }
+            | QueryError::Busy { .. }
+            | QueryError::Cancelled
+            | QueryError::Stopping
+    )
+}
+
+impl Database {
+    fn pool_wait(&self) -> Duration {
+        Duration::from_millis(self.inner.limits.pool_wait_ms)
+    }
+
+    /// Holds an error until the state it may reflect is confirmed, as a
+    /// result would be: a read's at the latest bookmark once in-flight
+    /// commits settle, a failed write's at the latest bookmark. If the
+    /// gate gives up, its error replaces the original.
+    fn settle_error(&self, e: QueryError, read: bool) -> QueryError {
+        let Some(p) = self.primary() else {
+            return e;
+        };
+        if !reveals_state(&e) {
+            return e;
+        }
+        if read {
+            p.attachment.wait_commit_settled();
+        }
+        match p.gate_wait(self.latest_bookmark()) {
+            Ok(()) => e,
+            Err(g) => g,
+        }
+    }
+
+    /// Whether `sql` is read-only, asked of an idle reader (returned too,
+    /// to run the read) or, when every reader is busy, of the classifier.
+    #[allow(clippy::type_complexity)]
+    fn classify(
+        &self,
+        sql: &str,
+    ) -> Result<(Option<Lease<'_>>, rusqlite::Result<bool>), QueryError> {
+        if let Some(r) = self.inner.readers.try_take()? {
+            let readonly = prepare(&r.conn.conn, sql, Prepare::Cached).map(|s| s.readonly());
+            return Ok((Some(r), readonly));
+        }
+        let Some(c) = self.inner.classifier.try_lock_for(self.pool_wait()) else {
+            return Err(QueryError::Busy {
+                resource: "the classifier connection",
+                waited_ms: self.inner.limits.pool_wait_ms,
+            });
+        };
+        let readonly = prepare(&c.conn.conn, sql, Prepare::Cached).map(|s| s.readonly());
+        Ok((None, readonly))
+    }
+
+    /// Runs one statement: on a reader if SQLite says it is read-only,
+    /// otherwise on the writer (a replica refuses it). `at_least` is the
+    /// session's bookmark: the read must reflect at least that state.
+    pub(crate) fn execute(
+        &self,
+        sql: &str,
+        params: &[Value],
+        at_least: Option<Bookmark>,
+        cancel: Option<&CancelToken>,
+    ) -> Result<Output, QueryError> {
+        let started = Instant::now();
+        check_start(&self.inner.stopping, cancel)?;
+        // A refused capture left a transaction in the local WAL that has no
+        // bookmark and never will: serve nothing that could show it.
+        self.check_capture()?;
+        let (mut reader, mut readonly) = self.classify(sql)?;
+        if let (Role::Replica(r), Some(b)) = (&self.inner.role, at_least)
+            && r.visible() < b
+        {
+            if matches!(readonly, Ok(false)) {
+                // A write goes to the primary anyway: no reason to wait for
+                // this replica to catch up first.
+                return Err(QueryError::ReadOnlyReplica);
+            }
+            // A read (or a statement naming what the session's bookmark
+            // created but this replica has not applied yet): wait, then
+            // classify again against the newer schema.
+            drop(reader);
+            r.wait_visible(b)?;
+            (reader, readonly) = self.classify(sql)?;
+        }
+        let readonly = match readonly {
+            Ok(r) => r,
+            Err(e) => return Err(self.settle_error(QueryError::sql(e), true)),
+        };
+        if readonly {
+            let reader = match reader {
+                Some(r) => r,
+                None => self.inner.readers.take(self.pool_wait())?,
+            };
+            return self.read(reader, sql, params, started, cancel);
+        }
+        drop(reader);
+        self.write(sql, params, started, cancel)
+    }
+
+    fn read(
+        &self,
+        reader: Lease<'_>,
+        sql: &str,
+        params: &[Value],
+        started: Instant,
+        cancel: Option<&CancelToken>,
+    ) -> Result<Output, QueryError> {
+        let limits = self.inner.limits;
+        let r = {
+            let _armed = reader.watch.arm(limits.query_timeout_ms, cancel);
+            run_statement(
+                &reader,
+                sql,
+                params,
+                Prepare::Cached,
+                limits.max_response_bytes,
+            )
+        };
+        // A statement that opened a transaction must not leave the
+        // pooled connection inside it.
+        let left_open = !reader.conn.conn.is_autocommit();
+        if left_open {
+            let _ = reader.conn.engine_exec("ROLLBACK");
+        }
+        drop(reader);
+        let (columns, rows, counts) = match r {
+            Ok(_) if left_open => return Err(self.settle_error(tx_control_refused(), true)),
+            Ok(o) => o,
+            Err(e) => return Err(self.settle_error(e, true)),
+        };
+        let bookmark = match &self.inner.role {
+            Role::Primary(p) => {
+                // Any transaction this read could have seen has its
+                // bookmark once in-flight commits settle.
+                p.attachment.wait_commit_settled();
+                self.check_capture()?;
+                let bookmark = self.latest_bookmark();
+                // No reader sees an unconfirmed transaction: hold the
+                // result until everything it could reflect is confirmed.
+                p.gate_wait(bookmark)?;
+                bookmark
+            }
+            // Raised before a confirm publishes: at least what was seen.
+            Role::Replica(r) => r.reported(),
+        };
+        let mut meta = self.meta(started, bookmark);
+        meta.rows_read = counts.rows_read;
+        Ok(Output {
+            columns,
+            rows,
+            meta,
+        })
+    }
+
+    fn write(
+        &self,
+        sql: &str,
+        params: &[Value],
+        started: Instant,
+        cancel: Option<&CancelToken>,
+    ) -> Result<Output, QueryError> {
+        let Some(p) = self.primary() else {
+            return Err(QueryError::ReadOnlyReplica);
+        };
+        let limits = self.inner.limits;
+        p.gate_admit()?;
+        let Some(w) = p.writer.try_lock_for(self.pool_wait()) else {
+            return Err(QueryError::Busy {
+                resource: "the writer",
+                waited_ms: limits.pool_wait_ms,
+            });
+        };
+        // The sandbox: settings the previous writer changed end here.
+        crate::sandbox::reset_if_dirty(&w.conn).map_err(QueryError::sql)?;
+        let r = {
+            let _armed = w.watch.arm(limits.query_timeout_ms, cancel);
+            run_statement(&w, sql, params, Prepare::Cached, limits.max_response_bytes)
+        };
+        if !w.conn.conn.is_autocommit() {
+            let _ = w.conn.engine_exec("ROLLBACK");
+            drop(w);
+            let e = r.err().unwrap_or_else(tx_control_refused);
+            return Err(self.settle_error(e, false));
+        }
+        let (columns, rows, counts) = match r {
+            Ok(o) => o,
+            Err(e) => {
+                drop(w);
+                return Err(self.settle_error(self.explain(e), false));
+            }
+        };
+        self.check_capture()?;
+        let mut meta = self.meta(started, self.latest_bookmark());
+        meta.rows_read = counts.rows_read;
+        meta.rows_written = counts.changes;
+        meta.changes = counts.changes;
+        meta.last_row_id = w.conn.conn.last_insert_rowid();
+        p.maybe_checkpoint(&w.conn.conn);
+        drop(w);
+        // Later writers commit while this result waits (pipelining).
+        p.gate_wait(meta.bookmark)?;
+        meta.duration_us = started.elapsed().as_micros() as u64;
+        Ok(Output {
+            columns,
+            rows,
+            meta,
+        })
+    }
+
+    /// Runs statements atomically in one write transaction: all or nothing.
+    /// The query time limit bounds the whole batch.
+    pub(crate) fn execute_batch(
+        &self,
+        stmts: &[(String, Vec<Value>)],
+        cancel: Option<&CancelToken>,
+    ) -> Result<Vec<Output>, QueryError> {
+        let started = Instant::now();
+        check_start(&self.inner.stopping, cancel)?;
+        self.check_capture()?;
+        let Some(p) = self.primary() else {
+            return Err(QueryError::ReadOnlyReplica);
+        };
+        let limits = self.inner.limits;
+        p.gate_admit()?;
+        let Some(w) = p.writer.try_lock_for(self.pool_wait()) else {
+            return Err(QueryError::Busy {
+                resource: "the writer",
+                waited_ms: limits.pool_wait_ms,
+            });
+        };
+        // The sandbox: settings the previous writer changed end here.
+        crate::sandbox::reset_if_dirty(&w.conn).map_err(QueryError::sql)?;
+        let armed = w.watch.arm(limits.query_timeout_ms, cancel);
+        if let Err(e) = w.conn.engine_exec("BEGIN IMMEDIATE") {
+            drop(armed);
+            drop(w);
+            return Err(self.settle_error(self.explain(QueryError::sql(e)), false));
+        }
+        w.conn.set_in_batch(true);
+        let mut outs = Vec::with_capacity(stmts.len());
+        let mut failure = None;
+        for (index, (sql, params)) in stmts.iter().enumerate() {
+            match run_statement(&w, sql, params, Prepare::Fresh, limits.max_response_bytes) {
+                Ok(o) if !w.conn.conn.is_autocommit() => outs.push(o),
+                Ok(_) => {
+                    failure = Some(QueryError::Batch {
+                        index,
+                        source: Box::new(tx_control_refused()),
+                    });
+                    break;
+                }
+                Err(e) => {
+                    failure = Some(QueryError::Batch {
+                        index,
+                        source: Box::new(e),
+                    });
+                    break;
+                }
+            }
+        }
+        w.conn.set_in_batch(false);
+        let committed = match failure {
+            Some(e) => Err(e),
+            None => w.conn.engine_exec("COMMIT").map_err(QueryError::sql),
+        };
+        drop(armed);
+        if let Err(e) = committed {
+            if !w.conn.conn.is_autocommit() {
+                let _ = w.conn.engine_exec("ROLLBACK");
+            }
+            drop(w);
+            return Err(self.settle_error(self.explain(e), false));
+        }
+        self.check_capture()?;
+        let bookmark = self.latest_bookmark();
+        let last_row_id = w.conn.conn.last_insert_rowid();
+        p.maybe_checkpoint(&w.conn.conn);
+        drop(w);
+        p.gate_wait(bookmark)?;
+        Ok(outs
+            .into_iter()
+            .map(|(columns, rows, counts)| {
+                let mut meta = self.meta(started, bookmark);
+                meta.rows_read = counts.rows_read;
+                meta.rows_written = counts.changes;
+                meta.changes = counts.changes;
+                meta.last_row_id = last_row_id;
+                Output {
+                    columns,
+                    rows,
+                    meta,
+                }
+            })
+            .collect())
+    }
+
+    /// Stops every running query and refuses new ones
+    /// ([`QueryError::Stopping`]); for a process that is shutting down.
+    /// Irreversible for this database.
+    pub fn stop_queries(&self) {
+        self.inner.stopping.store(true, Ordering::Release);
+    }
+
+    /// Reader connections lent out now, and open in all (they are opened
+    /// on demand up to `Options::readers`).
+    pub fn readers_in_use(&self) -> (usize, usize) {
+        self.inner.readers.counts()
+    }
+}

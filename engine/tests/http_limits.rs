@@ -1,0 +1,166 @@
+//! Runtime limits over HTTP: each limit's refusal in D1's error shape with
+//! its status and code, a client that hangs up cancels its query, and a
+//! stopping server cancels what runs and stops within its grace period.
+
+mod common;
+
+use common::{RUNAWAY, metric, send_query};
+use serde_json::Value as Json;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use walrelay_engine::http::server::{HttpConfig, HttpServer, Node, Role, serve};
+use walrelay_engine::{Database, Limits, Options};
+
+/// The codes of `http::server::codes`, spelled out so a renumbering shows.
+const TIMEOUT: u64 = 7408;
+const RESPONSE_TOO_LARGE: u64 = 7414;
+const UNAVAILABLE: u64 = 7503;
+
+struct Fixture {
+    server: Option<HttpServer>,
+    db: Database,
+    _dir: tempfile::TempDir,
+}
+
+fn fixture(readers: usize, f: impl FnOnce(&mut Limits)) -> Fixture {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut limits = Limits::default();
+    f(&mut limits);
+    let db = Database::open(
+        dir.path().join("h.db"),
+        Options {
+            readers,
+            limits,
+            ..Options::default()
+        },
+    )
+    .expect("open");
+    let node = Node::new(Role::Primary(db.clone()), HttpConfig::default());
+    let server = serve(Arc::new(node), SocketAddr::from(([127, 0, 0, 1], 0))).expect("serve");
+    Fixture {
+        server: Some(server),
+        db,
+        _dir: dir,
+    }
+}
+
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    retry_after: Option<String>,
+    json: Json,
+}
+
+impl Fixture {
+    fn url(&self) -> String {
+        self.server.as_ref().expect("serving").url()
+    }
+    fn addr(&self) -> SocketAddr {
+        self.server.as_ref().expect("serving").addr()
+    }
+
+    fn query(&self, sql: &str) -> Reply {
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(60)))
+            .http_status_as_error(false)
+            .build()
+            .new_agent();
+        let mut resp = agent
+            .post(format!("{}/v1/databases/main/query", self.url()))
+            .header("content-type", "application/json")
+            .send(serde_json::json!({ "sql": sql }).to_string())
+            .expect("an answer");
+        let retry_after = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let text = resp.body_mut().read_to_string().expect("body");
+        Reply {
+            status: resp.status().as_u16(),
+            retry_after,
+            json: serde_json::from_str(&text).expect("json"),
+        }
+    }
+
+    fn wait_until(&self, what: &str, f: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting: {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+fn error_code(r: &Reply) -> u64 {
+    assert_eq!(r.json["success"], false, "{r:?}");
+    r.json["errors"][0]["code"].as_u64().expect("a code")
+}
+
+#[test]
+fn a_runaway_query_is_answered_400_with_the_timeout_code() {
+    let f = fixture(4, |l| l.query_timeout_ms = 300);
+    let r = f.query(RUNAWAY);
+    assert_eq!(r.status, 400, "{r:?}");
+    assert_eq!(error_code(&r), TIMEOUT);
+    assert_eq!(
+        metric(&f.url(), "walrelay_queries_timed_out_total"),
+        Some(1)
+    );
+    assert_eq!(f.query("SELECT 1").status, 200);
+}
+
+#[test]
+fn a_client_that_hangs_up_mid_query_cancels_it() {
+    let f = fixture(4, |_| {});
+    let socket = send_query(f.addr(), RUNAWAY);
+    f.wait_until("the query runs", || f.db.readers_in_use().0 == 1);
+    drop(socket);
+    f.wait_until("the query is cancelled", || {
+        metric(&f.url(), "walrelay_queries_cancelled_total") == Some(1)
+    });
+    f.wait_until("the reader is free", || f.db.readers_in_use().0 == 0);
+}
+
+#[test]
+fn with_every_reader_busy_a_read_is_answered_503_with_retry_after() {
+    let f = fixture(1, |l| l.pool_wait_ms = 200);
+    let socket = send_query(f.addr(), RUNAWAY);
+    f.wait_until("the only reader is busy", || {
+        f.db.readers_in_use() == (1, 1)
+    });
+    let r = f.query("SELECT 1");
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(r.retry_after.as_deref(), Some("1"));
+    assert_eq!(error_code(&r), UNAVAILABLE);
+    // A write needs no reader.
+    assert_eq!(f.query("CREATE TABLE t(x)").status, 200);
+    drop(socket);
+    f.wait_until("the reader is free", || f.db.readers_in_use().0 == 0);
+    assert_eq!(f.query("SELECT 1").status, 200);
+}
+
+#[test]
+fn a_result_past_the_response_cap_is_answered_400_with_its_code() {
+    let f = fixture(4, |l| l.max_response_bytes = 1_000);
+    let r = f.query("SELECT zeroblob(2000)");
+    assert_eq!(r.status, 400, "{r:?}");
+    assert_eq!(error_code(&r), RESPONSE_TOO_LARGE);
+    assert_eq!(f.query("SELECT zeroblob(500)").status, 200);
+}
+
+#[test]
+fn a_stopping_server_cancels_its_running_queries_and_stops_within_its_grace_period() {
+    let mut f = fixture(8, |_| {});
+    let sockets: Vec<_> = (0..4).map(|_| send_query(f.addr(), RUNAWAY)).collect();
+    f.wait_until("four queries run", || f.db.readers_in_use().0 == 4);
+    let started = Instant::now();
+    drop(f.server.take());
+    let took = started.elapsed();
+    // Generous: proves it does not hang (the grace period is 2 s).
+    assert!(took < Duration::from_secs(10), "stopping took {took:?}");
+    f.wait_until("every query ended", || f.db.readers_in_use().0 == 0);
+    drop(sockets);
+    println!("stopped in {took:?}");
+}
