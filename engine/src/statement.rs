@@ -343,6 +343,14 @@ impl Database {
         let (columns, rows, counts) = match r {
             Ok(_) if left_open => return Err(self.settle_error(tx_control_refused(), true)),
             Ok(o) => o,
+            // SQLite calls a few statements read-only that may still write
+            // (`PRAGMA optimize` deciding to run ANALYZE): they belong
+            // where writes run.
+            Err(QueryError::Sql {
+                code: Some(code), ..
+            }) if code & 0xff == rusqlite::ffi::SQLITE_READONLY => {
+                return self.write(sql, params, started, cancel);
+            }
             Err(e) => return Err(self.settle_error(e, true)),
         };
         let bookmark = match &self.inner.role {

@@ -284,9 +284,25 @@ fn d1s_introspection_pragmas_and_per_request_settings_work_over_http() {
             );
         }
     }
-    // PRAGMA optimize may write (ANALYZE); SQLite calls it read-only, so as
-    // a single statement it runs on a reader. In a batch it runs on the
-    // writer.
+    // PRAGMA optimize may write (ANALYZE) though SQLite calls it read-only:
+    // a reader's SQLITE_READONLY sends it where writes run, alone, in a
+    // batch and through a replica.
+    for (i, url) in [h.c.primary_http.url(), h.c.replica_http[0].url()]
+        .iter()
+        .enumerate()
+    {
+        // A fresh indexed table that was never analysed: optimize runs
+        // ANALYZE on it.
+        let setup = format!(
+            r#"[{{"sql": "CREATE TABLE opt{i}(x INTEGER)"}}, {{"sql": "CREATE INDEX opt{i}_x ON opt{i}(x)"}},
+               {{"sql": "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n+1 FROM c WHERE n < 20000) INSERT INTO opt{i} SELECT n FROM c"}}]"#
+        );
+        let r = h.post(&h.c.primary_http.url(), setup.as_bytes());
+        assert_eq!(r.status, 200, "{}", r.json);
+        h.wait_replicas();
+        let r = h.post(url, br#"{"sql": "PRAGMA optimize(0x10002)"}"#);
+        assert_eq!(r.status, 200, "PRAGMA optimize alone at {url}: {}", r.json);
+    }
     let r = h.post(
         &h.c.primary_http.url(),
         br#"[{"sql": "PRAGMA optimize"}, {"sql": "PRAGMA optimize(0x10002)"}]"#,
@@ -558,4 +574,34 @@ fn each_sqlite_limit_is_a_clear_400_that_changes_nothing() {
     );
     let r = h.post(&primary, br#"{"sql": "INSERT INTO t(v) VALUES ('small')"}"#);
     assert_eq!(r.status, 200, "{}", r.json);
+}
+
+#[test]
+fn pragma_optimize_that_decides_to_analyze_runs_where_writes_run() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let db = Database::open(dir.path().join("a.db"), Options::default()).expect("open");
+    let s = db.session(Constraint::FirstPrimary).expect("session");
+    s.batch([
+        s.prepare("CREATE TABLE t(x)"),
+        s.prepare("CREATE INDEX tx ON t(x)"),
+        s.prepare(
+            "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n+1 FROM c WHERE n < 20000) \
+             INSERT INTO t SELECT n FROM c",
+        ),
+    ])
+    .expect("setup");
+    // SQLite calls it read-only, so it lands on a reader, which cannot
+    // write the statistics it decides to gather.
+    let before = db.latest_bookmark();
+    s.prepare("PRAGMA optimize(0x10002)")
+        .all()
+        .expect("optimize alone");
+    assert!(db.latest_bookmark() > before, "ANALYZE committed a write");
+    let n = s
+        .prepare("SELECT count(*) FROM sqlite_stat1")
+        .raw()
+        .expect("stat1")
+        .rows[0][0]
+        .as_i64();
+    assert!(n.is_some_and(|n| n > 0), "statistics were gathered");
 }
