@@ -14,7 +14,9 @@ use std::process::{Child, Command};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use walrelay_engine::http::auth::{Auth, Permission, Scope};
 use walrelay_engine::http::server::{HttpConfig, Node, Role, serve};
+use walrelay_engine::http::token_store::{self, TokenStore};
 use walrelay_engine::replication::{
     PrimaryConfig, ReplicaConfig, ReplicatedPrimary, ReplicatedReplica, database_path,
 };
@@ -161,6 +163,48 @@ pub struct PrimaryArgs {
     /// The database's name in the HTTP API's paths.
     #[arg(long, default_value = "main")]
     pub database_name: String,
+    #[command(flatten)]
+    pub auth: AuthArgs,
+}
+
+/// How a node's HTTP API authenticates: one of the two is required with
+/// `--http`.
+#[derive(clap::Args)]
+pub struct AuthArgs {
+    /// API token store (see `walrelay token create`): requests need
+    /// `Authorization: Bearer <token>`.
+    #[arg(long, conflicts_with = "insecure")]
+    pub tokens: Option<PathBuf>,
+    /// Serve the HTTP API without authentication: anyone who can reach
+    /// the port reads and writes every database.
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+/// The node's [`Auth`] for an HTTP server on `addr`: the store is loaded
+/// now (a bad one stops the start), and `--insecure` is said out loud.
+fn http_auth(a: &AuthArgs, who: &str, addr: SocketAddr) -> Result<Auth> {
+    match (&a.tokens, a.insecure) {
+        (Some(path), _) => {
+            let store = TokenStore::open(path)
+                .with_context(|| format!("loading the API token store {}", path.display()))?;
+            println!(
+                "{who} HTTP API authentication: {} tokens from {}",
+                store.len(),
+                path.display()
+            );
+            Ok(Auth::Tokens(Arc::new(store)))
+        }
+        (None, true) => {
+            eprintln!(
+                "WARNING: {who} HTTP API on {addr} runs --insecure, without authentication: anyone who can reach it can read and write every database"
+            );
+            Ok(Auth::Insecure)
+        }
+        (None, false) => bail!(
+            "--http needs --tokens FILE (API tokens; `walrelay token create` makes one) or --insecure (no authentication)"
+        ),
+    }
 }
 
 pub fn primary(a: PrimaryArgs) -> Result<()> {
@@ -177,8 +221,12 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
     config.options.region = a.region.clone();
     let write_quorum = config.write_quorum;
     let primary = Arc::new(ReplicatedPrimary::start(config).context("starting the primary")?);
-    let http = match a.http {
-        Some(addr) => {
+    let auth = a
+        .http
+        .map(|addr| http_auth(&a.auth, "primary", addr))
+        .transpose()?;
+    let http = match (a.http, auth) {
+        (Some(addr), Some(auth)) => {
             let node = Node::new(
                 Role::Primary(primary.database().clone()),
                 HttpConfig {
@@ -186,6 +234,7 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
                     region: a.region.clone(),
                     ..HttpConfig::default()
                 },
+                auth,
             );
             let server =
                 serve(Arc::new(node), addr).with_context(|| format!("serving HTTP on {addr}"))?;
@@ -197,7 +246,7 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
             );
             Some(server)
         }
-        None => None,
+        _ => None,
     };
     println!(
         "primary epoch {} replicas at {} followers {:?} W={} transport {}",
@@ -327,11 +376,19 @@ pub struct ReplicaArgs {
     /// Injected replication delay (testing).
     #[arg(long, default_value_t = 0)]
     pub delay_ms: u64,
+    #[command(flatten)]
+    pub auth: AuthArgs,
 }
 
 pub fn replica(a: ReplicaArgs) -> Result<()> {
     install_stop_handler();
     let (dir, leader) = (a.dir.clone(), a.leader);
+    // Checked before anything starts: a bad store stops the start.
+    let auth = match (a.http, &a.primary_http) {
+        (Some(addr), Some(_)) => Some(http_auth(&a.auth, "replica", addr)?),
+        (Some(_), None) => bail!("--http needs --primary-http (where writes are forwarded)"),
+        _ => None,
+    };
     std::fs::create_dir_all(&dir)?;
     let r = Arc::new(
         ReplicatedReplica::start(ReplicaConfig {
@@ -352,8 +409,8 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
         })
         .context("starting the replica")?,
     );
-    let http = match (a.http, a.primary_http.clone()) {
-        (Some(addr), Some(primary_url)) => {
+    let http = match (a.http, a.primary_http.clone(), auth) {
+        (Some(addr), Some(primary_url), Some(auth)) => {
             let node = Arc::new(Node::new(
                 Role::Replica {
                     replica: Arc::clone(&r),
@@ -364,6 +421,7 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
                     region: a.region.clone(),
                     ..HttpConfig::default()
                 },
+                auth,
             ));
             let server = serve(Arc::clone(&node), addr)
                 .with_context(|| format!("serving HTTP on {addr}"))?;
@@ -375,7 +433,6 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
             );
             Some((server, node))
         }
-        (Some(_), None) => bail!("--http needs --primary-http (where writes are forwarded)"),
         _ => None,
     };
     println!(
@@ -438,6 +495,61 @@ pub struct UpArgs {
     /// Transport: auto, std or io_uring.
     #[arg(long, default_value = "auto", value_parser = backend)]
     pub net: Backend,
+    /// Serve the HTTP API without authentication (by default `up` keeps a
+    /// token store in DIR/tokens and an admin token in DIR/token).
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+/// Writes a secret to a new file readable by its owner only.
+fn write_secret(path: &std::path::Path, secret: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    // An existing file keeps its mode through open(): set it.
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    writeln!(f, "{secret}")?;
+    f.sync_all()?;
+    Ok(())
+}
+
+/// `up`'s authentication: the flags every node gets. On the first start
+/// it mints an admin token into DIR/tokens and writes it to DIR/token.
+fn up_auth(dir: &std::path::Path, insecure: bool) -> Result<Vec<String>> {
+    if insecure {
+        eprintln!(
+            "WARNING: walrelay up --insecure: the HTTP API has no authentication; anyone who can reach its ports can read and write"
+        );
+        return Ok(vec!["--insecure".into()]);
+    }
+    let tokens = dir.join("tokens");
+    let token_file = dir.join("token");
+    if !tokens.exists() {
+        let admin = token_store::create(&tokens, Scope::All, Permission::ReadWrite)
+            .context("creating the API token store")?;
+        write_secret(&token_file, &admin.expose())?;
+        println!(
+            "walrelay up: minted an admin API token (all databases, read-write) into {}",
+            token_file.display()
+        );
+    } else if !token_file.exists() {
+        println!(
+            "walrelay up: {} is missing; mint a token with `walrelay token create --tokens {} --all`",
+            token_file.display(),
+            tokens.display()
+        );
+    }
+    println!(
+        "walrelay up: HTTP API authentication on, tokens in {}",
+        tokens.display()
+    );
+    Ok(vec!["--tokens".into(), tokens.display().to_string()])
 }
 
 fn addrs(base: u16, n: usize) -> Vec<SocketAddr> {
@@ -491,8 +603,17 @@ pub fn up(a: UpArgs) -> Result<()> {
         a.replicas,
         dir.display()
     );
+    let auth_flags = up_auth(&dir, a.insecure)?;
+    let auth_header = if a.insecure {
+        String::new()
+    } else {
+        format!(
+            " -H \"Authorization: Bearer $(cat {})\"",
+            dir.join("token").display()
+        )
+    };
     println!(
-        "  try: curl -s -X POST http://127.0.0.1:{}/v1/databases/main/query -H 'x-d1-bookmark: first-unconstrained' -d '{{\"sql\":\"SELECT count(*) FROM events\"}}'",
+        "  try: curl -s -X POST http://127.0.0.1:{}/v1/databases/main/query{auth_header} -H 'x-d1-bookmark: first-unconstrained' -d '{{\"sql\":\"SELECT count(*) FROM events\"}}'",
         a.base_port + 11
     );
     let spawn = |args: Vec<String>| -> Result<Child> {
@@ -557,9 +678,10 @@ pub fn up(a: UpArgs) -> Result<()> {
     if a.seconds > 0 {
         primary_args.extend(["--seconds".into(), a.seconds.to_string()]);
     }
+    primary_args.extend(auth_flags.iter().cloned());
     let mut primary = spawn(primary_args)?;
     for i in 0..a.replicas {
-        others.push(spawn(vec![
+        let mut args: Vec<String> = vec![
             "replica".into(),
             "--http".into(),
             http(1 + i as u16).to_string(),
@@ -575,7 +697,9 @@ pub fn up(a: UpArgs) -> Result<()> {
             join(&follower_addrs),
             "--net".into(),
             backend_name(a.net).into(),
-        ])?);
+        ];
+        args.extend(auth_flags.iter().cloned());
+        others.push(spawn(args)?);
     }
     // The primary ends the run (its --seconds, or a signal); the rest
     // follow it down.
@@ -610,4 +734,77 @@ pub fn parse_addrs(s: &str) -> Result<Vec<SocketAddr>, String> {
     s.split(',')
         .map(|a| a.trim().parse().map_err(|e| format!("{a:?}: {e}")))
         .collect()
+}
+
+/// `walrelay token ...`.
+#[derive(clap::Subcommand)]
+pub enum TokenCommand {
+    /// Mint an API token into a token store (created if absent) and print
+    /// it: the only time it is shown. Nodes pick it up within a second.
+    Create(TokenCreateArgs),
+    /// Remove a token from a token store by its id (the part after
+    /// `wrt_`, up to the next `_`).
+    Revoke(TokenRevokeArgs),
+}
+
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("scope").required(true).args(["database", "all"])))]
+pub struct TokenCreateArgs {
+    /// The token store file.
+    #[arg(long)]
+    pub tokens: PathBuf,
+    /// The token reaches this database only.
+    #[arg(long)]
+    pub database: Option<String>,
+    /// The token reaches every database, and /metrics.
+    #[arg(long)]
+    pub all: bool,
+    /// The token runs only statements SQLite calls read-only.
+    #[arg(long)]
+    pub read_only: bool,
+}
+
+#[derive(clap::Args)]
+pub struct TokenRevokeArgs {
+    /// The token store file.
+    #[arg(long)]
+    pub tokens: PathBuf,
+    /// The token's id (16 hex digits).
+    pub id: String,
+}
+
+pub fn token(c: TokenCommand) -> Result<()> {
+    match c {
+        TokenCommand::Create(a) => {
+            let scope = match a.database {
+                Some(d) if d.is_empty() => bail!("--database needs a name"),
+                Some(d) => Scope::Database(d),
+                None => Scope::All,
+            };
+            let permission = if a.read_only {
+                Permission::Read
+            } else {
+                Permission::ReadWrite
+            };
+            let t = token_store::create(&a.tokens, scope.clone(), permission)?;
+            eprintln!(
+                "minted token {} ({scope}, {permission}) into {}; it is shown only now:",
+                t.id(),
+                a.tokens.display()
+            );
+            println!("{}", t.expose());
+            Ok(())
+        }
+        TokenCommand::Revoke(a) => {
+            let id =
+                a.id.parse()
+                    .map_err(|e| anyhow::anyhow!("{:?} is not a token id: {e}", a.id))?;
+            if token_store::revoke(&a.tokens, id)? {
+                eprintln!("revoked token {id} from {}", a.tokens.display());
+                Ok(())
+            } else {
+                bail!("no token {id} in {}", a.tokens.display())
+            }
+        }
+    }
 }

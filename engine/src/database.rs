@@ -3,7 +3,7 @@
 
 use crate::error::{CheckpointError, OpenError, QueryError, SessionError};
 use crate::meta;
-use crate::session::{Constraint, Meta, Session};
+use crate::session::{Access, Constraint, Meta, Session};
 use crate::value::{Row, Value};
 use parking_lot::{Condvar, Mutex};
 use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
@@ -606,6 +606,7 @@ impl Database {
         sql: &str,
         params: &[Value],
         at_least: Option<Bookmark>,
+        access: Access,
     ) -> Result<Output, QueryError> {
         let started = Instant::now();
         // A refused capture left a transaction in the local WAL that has no
@@ -674,6 +675,9 @@ impl Database {
             });
         }
         self.inner.readers.give(reader);
+        if access == Access::ReadOnly {
+            return Err(QueryError::ReadOnlyAccess);
+        }
         let Some(p) = self.primary() else {
             return Err(QueryError::ReadOnlyReplica);
         };
@@ -708,6 +712,7 @@ impl Database {
     pub(crate) fn execute_batch(
         &self,
         stmts: &[(String, Vec<Value>)],
+        access: Access,
     ) -> Result<Vec<Output>, QueryError> {
         let started = Instant::now();
         self.check_capture()?;
@@ -722,7 +727,9 @@ impl Database {
         let mut outs = Vec::with_capacity(stmts.len());
         let mut failure = None;
         for (index, (sql, params)) in stmts.iter().enumerate() {
-            match run_statement(&w.conn, sql, params, Prepare::Fresh) {
+            let run = refuse_write(&w.conn, sql, access)
+                .and_then(|()| run_statement(&w.conn, sql, params, Prepare::Fresh));
+            match run {
                 Ok(o) if !w.conn.is_autocommit() => outs.push(o),
                 Ok(_) => {
                     failure = Some(QueryError::Batch {
@@ -885,6 +892,20 @@ impl PrimaryRole {
             // Busy is fine: the next commit tries again.
             let _ = checkpoint_on(conn, CheckpointMode::Passive);
         }
+    }
+}
+
+/// Under read-only access, refuses a batch statement SQLite calls a write,
+/// before it runs: judged inside the batch's transaction, against the
+/// schema the statement would run on.
+fn refuse_write(conn: &Connection, sql: &str, access: Access) -> Result<(), QueryError> {
+    if access == Access::ReadWrite {
+        return Ok(());
+    }
+    if conn.prepare(sql).map_err(QueryError::sql)?.readonly() {
+        Ok(())
+    } else {
+        Err(QueryError::ReadOnlyAccess)
     }
 }
 

@@ -45,6 +45,9 @@ enum Command {
     Primary(cmd::PrimaryArgs),
     /// Run a read replica streaming from a primary.
     Replica(cmd::ReplicaArgs),
+    /// Manage the HTTP API's tokens.
+    #[command(subcommand)]
+    Token(cmd::TokenCommand),
 }
 
 fn show(what: &str, m: &Meta) {
@@ -195,5 +198,6 @@ fn main() -> Result<()> {
         Command::Follower(a) => cmd::follower(a),
         Command::Primary(a) => cmd::primary(a),
         Command::Replica(a) => cmd::replica(a),
+        Command::Token(c) => cmd::token(c),
     }
 }

@@ -32,6 +32,18 @@ impl FromStr for Constraint {
     }
 }
 
+/// What a session's statements may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Access {
+    /// Reads and writes.
+    #[default]
+    ReadWrite,
+    /// Only statements SQLite calls read-only (`sqlite3_stmt_readonly`);
+    /// any other is refused with [`QueryError::ReadOnlyAccess`] before it
+    /// runs, and a batch holding one changes nothing.
+    ReadOnly,
+}
+
 /// What D1 reports with every result.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Meta {
@@ -71,6 +83,7 @@ pub struct Session {
     db: Database,
     constraint: Constraint,
     bookmark: Mutex<Option<Bookmark>>,
+    access: Access,
 }
 
 impl Session {
@@ -79,7 +92,18 @@ impl Session {
             db,
             constraint,
             bookmark: Mutex::new(start),
+            access: Access::ReadWrite,
         }
+    }
+
+    /// The same session with `access` (sessions start read-write).
+    pub fn with_access(mut self, access: Access) -> Session {
+        self.access = access;
+        self
+    }
+
+    pub fn access(&self) -> Access {
+        self.access
     }
 
     /// The latest bookmark this session has seen: the maximum of where it
@@ -112,7 +136,7 @@ impl Session {
     ) -> Result<Vec<QueryResult>, QueryError> {
         let stmts: Vec<(String, Vec<Value>)> =
             statements.into_iter().map(|s| (s.sql, s.params)).collect();
-        let outs = self.db.execute_batch(&stmts)?;
+        let outs = self.db.execute_batch(&stmts, self.access)?;
         if let Some(o) = outs.last() {
             self.observe(o.meta.bookmark);
         }
@@ -134,7 +158,7 @@ impl Session {
 
     fn execute(&self, sql: &str, params: &[Value]) -> Result<Output, QueryError> {
         let at_least = *self.bookmark.lock();
-        let out = self.db.execute(sql, params, at_least)?;
+        let out = self.db.execute(sql, params, at_least, self.access)?;
         self.observe(out.meta.bookmark);
         Ok(out)
     }
