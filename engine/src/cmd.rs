@@ -181,6 +181,13 @@ pub struct AuthArgs {
     pub insecure: bool,
 }
 
+/// Prints a line to stderr in one write, so that lines of processes
+/// sharing the stream (under `up`) do not interleave.
+fn warn(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+}
+
 /// The node's [`Auth`] for an HTTP server on `addr`: the store is loaded
 /// now (a bad one stops the start), and `--insecure` is said out loud.
 fn http_auth(a: &AuthArgs, who: &str, addr: SocketAddr) -> Result<Auth> {
@@ -196,9 +203,9 @@ fn http_auth(a: &AuthArgs, who: &str, addr: SocketAddr) -> Result<Auth> {
             Ok(Auth::Tokens(Arc::new(store)))
         }
         (None, true) => {
-            eprintln!(
+            warn(&format!(
                 "WARNING: {who} HTTP API on {addr} runs --insecure, without authentication: anyone who can reach it can read and write every database"
-            );
+            ));
             Ok(Auth::Insecure)
         }
         (None, false) => bail!(
@@ -209,6 +216,11 @@ fn http_auth(a: &AuthArgs, who: &str, addr: SocketAddr) -> Result<Auth> {
 
 pub fn primary(a: PrimaryArgs) -> Result<()> {
     install_stop_handler();
+    // Checked before anything starts: a bad store stops the start.
+    let auth = a
+        .http
+        .map(|addr| http_auth(&a.auth, "primary", addr))
+        .transpose()?;
     std::fs::create_dir_all(&a.dir)?;
     let mut config = PrimaryConfig::new(database_path(&a.dir), a.followers.clone());
     config.database = DatabaseId(a.database);
@@ -221,10 +233,6 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
     config.options.region = a.region.clone();
     let write_quorum = config.write_quorum;
     let primary = Arc::new(ReplicatedPrimary::start(config).context("starting the primary")?);
-    let auth = a
-        .http
-        .map(|addr| http_auth(&a.auth, "primary", addr))
-        .transpose()?;
     let http = match (a.http, auth) {
         (Some(addr), Some(auth)) => {
             let node = Node::new(
@@ -523,8 +531,8 @@ fn write_secret(path: &std::path::Path, secret: &str) -> Result<()> {
 /// it mints an admin token into DIR/tokens and writes it to DIR/token.
 fn up_auth(dir: &std::path::Path, insecure: bool) -> Result<Vec<String>> {
     if insecure {
-        eprintln!(
-            "WARNING: walrelay up --insecure: the HTTP API has no authentication; anyone who can reach its ports can read and write"
+        warn(
+            "WARNING: walrelay up --insecure: the HTTP API has no authentication; anyone who can reach its ports can read and write",
         );
         return Ok(vec!["--insecure".into()]);
     }

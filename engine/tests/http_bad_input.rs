@@ -112,7 +112,8 @@ impl Fixture {
         let mut req = self
             .agent
             .post(format!("{base}/v1/databases/{database}/query"))
-            .header("content-type", "application/json");
+            .header("content-type", "application/json")
+            .header("authorization", common::admin_bearer(&self.c));
         if let Some(h) = header {
             req = req.header("x-d1-bookmark", h);
         }
@@ -139,6 +140,7 @@ impl Fixture {
         let mut resp = self
             .agent
             .get(format!("{base}/metrics"))
+            .header("authorization", common::admin_bearer(&self.c))
             .call()
             .expect("metrics");
         assert_eq!(resp.status().as_u16(), 200);
