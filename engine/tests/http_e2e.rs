@@ -15,7 +15,6 @@ mod common;
 use common::{Proc, free_port, join, wait_accepting};
 use serde_json::{Value as Json, json};
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use walrelay_engine::http::auth::{Permission, Scope};
 use walrelay_engine::http::token_store;
@@ -55,33 +54,7 @@ impl Cluster {
         let tokens = root.join("tokens");
         let admin = token_store::create(&tokens, Scope::All, Permission::ReadWrite)
             .expect("mint the test's token");
-        let follower_addrs: Vec<SocketAddr> = (0..FOLLOWERS).map(|_| free_port()).collect();
-        let followers = follower_addrs
-            .iter()
-            .enumerate()
-            .map(|(i, addr)| {
-                let peers: Vec<SocketAddr> = follower_addrs
-                    .iter()
-                    .filter(|p| *p != addr)
-                    .copied()
-                    .collect();
-                let mut p = Proc::spawn(
-                    &format!("follower {i}"),
-                    &[
-                        "follower".into(),
-                        "--listen".into(),
-                        addr.to_string(),
-                        "--dir".into(),
-                        path(&format!("follower-{i}")),
-                        "--peers".into(),
-                        join(&peers),
-                    ],
-                );
-                p.wait_line("listening");
-                wait_accepting(*addr, "a follower");
-                p
-            })
-            .collect();
+        let (followers, follower_addrs) = common::spawn_followers(root, FOLLOWERS);
 
         let (primary_listen, primary_http) = (free_port(), free_port());
         let primary_url = format!("http://{primary_http}");

@@ -184,6 +184,35 @@ pub fn wait_accepting(addr: SocketAddr, who: &str) {
     }
 }
 
+/// Starts `n` `walrelay follower` processes under `root`, each knowing
+/// the others as peers, and waits until each accepts connections.
+pub fn spawn_followers(root: &Path, n: usize) -> (Vec<Proc>, Vec<SocketAddr>) {
+    let addrs: Vec<SocketAddr> = (0..n).map(|_| free_port()).collect();
+    let procs = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| {
+            let peers: Vec<SocketAddr> = addrs.iter().filter(|p| *p != addr).copied().collect();
+            let mut p = Proc::spawn(
+                &format!("follower {i}"),
+                &[
+                    "follower".into(),
+                    "--listen".into(),
+                    addr.to_string(),
+                    "--dir".into(),
+                    root.join(format!("follower-{i}")).display().to_string(),
+                    "--peers".into(),
+                    join(&peers),
+                ],
+            );
+            p.wait_line("listening");
+            wait_accepting(*addr, "a follower");
+            p
+        })
+        .collect();
+    (procs, addrs)
+}
+
 /// `Authorization: Bearer <token>` for a local cluster's admin token.
 pub fn admin_bearer(c: &LocalCluster) -> String {
     c.admin_token()
