@@ -14,9 +14,9 @@ use std::process::{Child, Command};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use walrelay_engine::http::auth::{Auth, Permission, Scope};
+use walrelay_engine::http::auth::Auth;
 use walrelay_engine::http::server::{HttpConfig, Node, Role, serve};
-use walrelay_engine::http::token_store::{self, TokenStore};
+use walrelay_engine::http::token_store::TokenStore;
 use walrelay_engine::replication::{
     PrimaryConfig, ReplicaConfig, ReplicatedPrimary, ReplicatedReplica, database_path,
 };
@@ -183,7 +183,7 @@ pub struct AuthArgs {
 
 /// Prints a line to stderr in one write, so that lines of processes
 /// sharing the stream (under `up`) do not interleave.
-fn warn(line: &str) {
+pub(crate) fn warn(line: &str) {
     use std::io::Write;
     let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }
@@ -509,57 +509,6 @@ pub struct UpArgs {
     pub insecure: bool,
 }
 
-/// Writes a secret to a new file readable by its owner only.
-fn write_secret(path: &std::path::Path, secret: &str) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("creating {}", path.display()))?;
-    // An existing file keeps its mode through open(): set it.
-    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    writeln!(f, "{secret}")?;
-    f.sync_all()?;
-    Ok(())
-}
-
-/// `up`'s authentication: the flags every node gets. On the first start
-/// it mints an admin token into DIR/tokens and writes it to DIR/token.
-fn up_auth(dir: &std::path::Path, insecure: bool) -> Result<Vec<String>> {
-    if insecure {
-        warn(
-            "WARNING: walrelay up --insecure: the HTTP API has no authentication; anyone who can reach its ports can read and write",
-        );
-        return Ok(vec!["--insecure".into()]);
-    }
-    let tokens = dir.join("tokens");
-    let token_file = dir.join("token");
-    if !tokens.exists() {
-        let admin = token_store::create(&tokens, Scope::All, Permission::ReadWrite)
-            .context("creating the API token store")?;
-        write_secret(&token_file, &admin.expose())?;
-        println!(
-            "walrelay up: minted an admin API token (all databases, read-write) into {}",
-            token_file.display()
-        );
-    } else if !token_file.exists() {
-        println!(
-            "walrelay up: {} is missing; mint a token with `walrelay token create --tokens {} --all`",
-            token_file.display(),
-            tokens.display()
-        );
-    }
-    println!(
-        "walrelay up: HTTP API authentication on, tokens in {}",
-        tokens.display()
-    );
-    Ok(vec!["--tokens".into(), tokens.display().to_string()])
-}
-
 fn addrs(base: u16, n: usize) -> Vec<SocketAddr> {
     (0..n)
         .map(|i| SocketAddr::from(([127, 0, 0, 1], base + i as u16)))
@@ -611,7 +560,7 @@ pub fn up(a: UpArgs) -> Result<()> {
         a.replicas,
         dir.display()
     );
-    let auth_flags = up_auth(&dir, a.insecure)?;
+    let auth_flags = crate::token_cmd::up_auth(&dir, a.insecure)?;
     let auth_header = if a.insecure {
         String::new()
     } else {
@@ -742,77 +691,4 @@ pub fn parse_addrs(s: &str) -> Result<Vec<SocketAddr>, String> {
     s.split(',')
         .map(|a| a.trim().parse().map_err(|e| format!("{a:?}: {e}")))
         .collect()
-}
-
-/// `walrelay token ...`.
-#[derive(clap::Subcommand)]
-pub enum TokenCommand {
-    /// Mint an API token into a token store (created if absent) and print
-    /// it: the only time it is shown. Nodes pick it up within a second.
-    Create(TokenCreateArgs),
-    /// Remove a token from a token store by its id (the part after
-    /// `wrt_`, up to the next `_`).
-    Revoke(TokenRevokeArgs),
-}
-
-#[derive(clap::Args)]
-#[command(group(clap::ArgGroup::new("scope").required(true).args(["database", "all"])))]
-pub struct TokenCreateArgs {
-    /// The token store file.
-    #[arg(long)]
-    pub tokens: PathBuf,
-    /// The token reaches this database only.
-    #[arg(long)]
-    pub database: Option<String>,
-    /// The token reaches every database, and /metrics.
-    #[arg(long)]
-    pub all: bool,
-    /// The token runs only statements SQLite calls read-only.
-    #[arg(long)]
-    pub read_only: bool,
-}
-
-#[derive(clap::Args)]
-pub struct TokenRevokeArgs {
-    /// The token store file.
-    #[arg(long)]
-    pub tokens: PathBuf,
-    /// The token's id (16 hex digits).
-    pub id: String,
-}
-
-pub fn token(c: TokenCommand) -> Result<()> {
-    match c {
-        TokenCommand::Create(a) => {
-            let scope = match a.database {
-                Some(d) if d.is_empty() => bail!("--database needs a name"),
-                Some(d) => Scope::Database(d),
-                None => Scope::All,
-            };
-            let permission = if a.read_only {
-                Permission::Read
-            } else {
-                Permission::ReadWrite
-            };
-            let t = token_store::create(&a.tokens, scope.clone(), permission)?;
-            eprintln!(
-                "minted token {} ({scope}, {permission}) into {}; it is shown only now:",
-                t.id(),
-                a.tokens.display()
-            );
-            println!("{}", t.expose());
-            Ok(())
-        }
-        TokenCommand::Revoke(a) => {
-            let id =
-                a.id.parse()
-                    .map_err(|e| anyhow::anyhow!("{:?} is not a token id: {e}", a.id))?;
-            if token_store::revoke(&a.tokens, id)? {
-                eprintln!("revoked token {id} from {}", a.tokens.display());
-                Ok(())
-            } else {
-                bail!("no token {id} in {}", a.tokens.display())
-            }
-        }
-    }
 }

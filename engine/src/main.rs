@@ -1,6 +1,7 @@
 //! The `walrelay` binary.
 
 mod cmd;
+mod token_cmd;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -47,7 +48,7 @@ enum Command {
     Replica(cmd::ReplicaArgs),
     /// Manage the HTTP API's tokens.
     #[command(subcommand)]
-    Token(cmd::TokenCommand),
+    Token(token_cmd::TokenCommand),
 }
 
 fn show(what: &str, m: &Meta) {
@@ -198,6 +199,6 @@ fn main() -> Result<()> {
         Command::Follower(a) => cmd::follower(a),
         Command::Primary(a) => cmd::primary(a),
         Command::Replica(a) => cmd::replica(a),
-        Command::Token(c) => cmd::token(c),
+        Command::Token(c) => token_cmd::token(c),
     }
 }
