@@ -19,7 +19,7 @@ fn walrelay(args: &[&str]) -> std::process::Output {
 }
 
 #[test]
-fn token_create_prints_a_token_once_and_stores_only_its_hash() {
+fn token_create_prints_a_token_once_and_stores_only_its_hash_and_revoke_removes_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = dir.path().join("tokens");
     let s = store.display().to_string();
@@ -83,6 +83,21 @@ fn token_create_prints_a_token_once_and_stores_only_its_hash() {
         .success()
     );
     assert_eq!(TokenStore::open(&store).expect("open").len(), 2);
+    // Revoking by id removes exactly that token; a second time fails.
+    let id = token.id().to_string();
+    assert!(
+        walrelay(&["token", "revoke", "--tokens", &s, &id])
+            .status
+            .success()
+    );
+    assert!(
+        !walrelay(&["token", "revoke", "--tokens", &s, &id])
+            .status
+            .success()
+    );
+    let loaded = TokenStore::open(&store).expect("open");
+    assert_eq!(loaded.len(), 1);
+    assert!(loaded.verify(&token).is_err() && loaded.verify(&admin).is_ok());
 }
 
 /// `walrelay primary` or `replica` with `--http` and `extra`: it must not
