@@ -14,7 +14,9 @@ use std::process::{Child, Command};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use walrelay_engine::http::auth::Auth;
 use walrelay_engine::http::server::{HttpConfig, Node, Role, serve};
+use walrelay_engine::http::token_store::TokenStore;
 use walrelay_engine::replication::{
     PrimaryConfig, ReplicaConfig, ReplicatedPrimary, ReplicatedReplica, database_path,
 };
@@ -165,10 +167,65 @@ pub struct PrimaryArgs {
     /// one is refused before it commits.
     #[arg(long, default_value_t = walrelay_engine::Limits::default().max_transaction_bytes)]
     pub max_transaction_bytes: u64,
+
+    #[command(flatten)]
+    pub auth: AuthArgs,
+}
+
+/// How a node's HTTP API authenticates: one of the two is required with
+/// `--http`.
+#[derive(clap::Args)]
+pub struct AuthArgs {
+    /// API token store (see `walrelay token create`): requests need
+    /// `Authorization: Bearer <token>`.
+    #[arg(long, conflicts_with = "insecure")]
+    pub tokens: Option<PathBuf>,
+    /// Serve the HTTP API without authentication: anyone who can reach
+    /// the port reads and writes every database.
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+/// Prints a line to stderr in one write, so that lines of processes
+/// sharing the stream (under `up`) do not interleave.
+pub(crate) fn warn(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+}
+
+/// The node's [`Auth`] for an HTTP server on `addr`: the store is loaded
+/// now (a bad one stops the start), and `--insecure` is said out loud.
+fn http_auth(a: &AuthArgs, who: &str, addr: SocketAddr) -> Result<Auth> {
+    match (&a.tokens, a.insecure) {
+        (Some(path), _) => {
+            let store = TokenStore::open(path)
+                .with_context(|| format!("loading the API token store {}", path.display()))?;
+            println!(
+                "{who} HTTP API authentication: {} tokens from {}",
+                store.len(),
+                path.display()
+            );
+            Ok(Auth::Tokens(Arc::new(store)))
+        }
+        (None, true) => {
+            warn(&format!(
+                "WARNING: {who} HTTP API on {addr} runs --insecure, without authentication: anyone who can reach it can read and write every database"
+            ));
+            Ok(Auth::Insecure)
+        }
+        (None, false) => bail!(
+            "--http needs --tokens FILE (API tokens; `walrelay token create` makes one) or --insecure (no authentication)"
+        ),
+    }
 }
 
 pub fn primary(a: PrimaryArgs) -> Result<()> {
     install_stop_handler();
+    // Checked before anything starts: a bad store stops the start.
+    let auth = a
+        .http
+        .map(|addr| http_auth(&a.auth, "primary", addr))
+        .transpose()?;
     std::fs::create_dir_all(&a.dir)?;
     let mut config = PrimaryConfig::new(database_path(&a.dir), a.followers.clone());
     config.database = DatabaseId(a.database);
@@ -182,8 +239,8 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
     config.options.limits.max_transaction_bytes = a.max_transaction_bytes;
     let write_quorum = config.write_quorum;
     let primary = Arc::new(ReplicatedPrimary::start(config).context("starting the primary")?);
-    let http = match a.http {
-        Some(addr) => {
+    let http = match (a.http, auth) {
+        (Some(addr), Some(auth)) => {
             let node = Node::new(
                 Role::Primary(primary.database().clone()),
                 HttpConfig {
@@ -191,6 +248,7 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
                     region: a.region.clone(),
                     ..HttpConfig::default()
                 },
+                auth,
             );
             let server =
                 serve(Arc::new(node), addr).with_context(|| format!("serving HTTP on {addr}"))?;
@@ -202,7 +260,7 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
             );
             Some(server)
         }
-        None => None,
+        _ => None,
     };
     println!(
         "primary epoch {} replicas at {} followers {:?} W={} transport {}",
@@ -343,11 +401,19 @@ pub struct ReplicaArgs {
     /// Injected replication delay (testing).
     #[arg(long, default_value_t = 0)]
     pub delay_ms: u64,
+    #[command(flatten)]
+    pub auth: AuthArgs,
 }
 
 pub fn replica(a: ReplicaArgs) -> Result<()> {
     install_stop_handler();
     let (dir, leader) = (a.dir.clone(), a.leader);
+    // Checked before anything starts: a bad store stops the start.
+    let auth = match (a.http, &a.primary_http) {
+        (Some(addr), Some(_)) => Some(http_auth(&a.auth, "replica", addr)?),
+        (Some(_), None) => bail!("--http needs --primary-http (where writes are forwarded)"),
+        _ => None,
+    };
     std::fs::create_dir_all(&dir)?;
     let r = Arc::new(
         ReplicatedReplica::start(ReplicaConfig {
@@ -368,8 +434,8 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
         })
         .context("starting the replica")?,
     );
-    let http = match (a.http, a.primary_http.clone()) {
-        (Some(addr), Some(primary_url)) => {
+    let http = match (a.http, a.primary_http.clone(), auth) {
+        (Some(addr), Some(primary_url), Some(auth)) => {
             let node = Arc::new(Node::new(
                 Role::Replica {
                     replica: Arc::clone(&r),
@@ -380,6 +446,7 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
                     region: a.region.clone(),
                     ..HttpConfig::default()
                 },
+                auth,
             ));
             let server = serve(Arc::clone(&node), addr)
                 .with_context(|| format!("serving HTTP on {addr}"))?;
@@ -391,7 +458,6 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
             );
             Some((server, node))
         }
-        (Some(_), None) => bail!("--http needs --primary-http (where writes are forwarded)"),
         _ => None,
     };
     println!(
@@ -460,6 +526,11 @@ pub struct UpArgs {
     /// `--max-transaction-bytes`).
     #[arg(long, default_value_t = walrelay_engine::Limits::default().max_transaction_bytes)]
     pub max_transaction_bytes: u64,
+
+    /// Serve the HTTP API without authentication (by default `up` keeps a
+    /// token store in DIR/tokens and an admin token in DIR/token).
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 fn addrs(base: u16, n: usize) -> Vec<SocketAddr> {
@@ -513,8 +584,17 @@ pub fn up(a: UpArgs) -> Result<()> {
         a.replicas,
         dir.display()
     );
+    let auth_flags = crate::token_cmd::up_auth(&dir, a.insecure)?;
+    let auth_header = if a.insecure {
+        String::new()
+    } else {
+        format!(
+            " -H \"Authorization: Bearer $(cat {})\"",
+            dir.join("token").display()
+        )
+    };
     println!(
-        "  try: curl -s -X POST http://127.0.0.1:{}/v1/databases/main/query -H 'x-d1-bookmark: first-unconstrained' -d '{{\"sql\":\"SELECT count(*) FROM events\"}}'",
+        "  try: curl -s -X POST http://127.0.0.1:{}/v1/databases/main/query{auth_header} -H 'x-d1-bookmark: first-unconstrained' -d '{{\"sql\":\"SELECT count(*) FROM events\"}}'",
         a.base_port + 11
     );
     let spawn = |args: Vec<String>| -> Result<Child> {
@@ -581,9 +661,10 @@ pub fn up(a: UpArgs) -> Result<()> {
     if a.seconds > 0 {
         primary_args.extend(["--seconds".into(), a.seconds.to_string()]);
     }
+    primary_args.extend(auth_flags.iter().cloned());
     let mut primary = spawn(primary_args)?;
     for i in 0..a.replicas {
-        others.push(spawn(vec![
+        let mut args: Vec<String> = vec![
             "replica".into(),
             "--http".into(),
             http(1 + i as u16).to_string(),
@@ -599,7 +680,9 @@ pub fn up(a: UpArgs) -> Result<()> {
             join(&follower_addrs),
             "--net".into(),
             backend_name(a.net).into(),
-        ])?);
+        ];
+        args.extend(auth_flags.iter().cloned());
+        others.push(spawn(args)?);
     }
     // The primary ends the run (its --seconds, or a signal); the rest
     // follow it down.

@@ -89,6 +89,9 @@ pub enum QueryError {
     DatabaseFull { max_bytes: u64 },
     #[error("this is a read replica: it runs only read-only statements")]
     ReadOnlyReplica,
+    /// The session has read-only access and the statement writes.
+    #[error("read-only access: the statement writes, and this session may only read")]
+    ReadOnlyAccess,
     #[error(
         "the replica has not applied bookmark {requested} within {waited_ms} ms (it is at {visible})"
     )]

@@ -12,6 +12,10 @@
 //!   `session.prepare(sql).bind(params)` with `all`, `first`, `raw`, `run`;
 //!   `session.batch` is atomic. SQLite decides read versus write
 //!   (`sqlite3_stmt_readonly`); reads run on readers, writes on the writer.
+//! - A session opened `with_access(Access::ReadOnly)` runs only what
+//!   SQLite calls read-only; any other statement is refused with
+//!   `QueryError::ReadOnlyAccess` before it runs (in a batch: the whole
+//!   batch, changing nothing).
 //! - Every result carries [`Meta`], whose bookmark is at least the state
 //!   the result reflects; a session's bookmark only grows.
 //! - A bookmark beyond the latest issued is an error, never a wait.
@@ -32,8 +36,8 @@
 //! - [`replication`] binds a database to the replicator:
 //!   `ReplicatedPrimary` (commits go to W of N followers, results wait at
 //!   the gate) and `ReplicatedReplica` (a replica fed over the network).
-//!   [`http`] is a node's D1-shaped HTTP face with replica write forwarding
-//!   and a session client; [`local_cluster`] runs a whole cluster in one
+//!   [`http`] is a node's D1-shaped HTTP face with bearer-token
+//!   authentication, replica write forwarding and a session client; [`local_cluster`] runs a whole cluster in one
 //!   process.
 //! - Clients' SQL runs in a sandbox like D1's (refusals: [`Refusal`]):
 //!   no ATTACH, only D1's pragmas, no raw pages or extensions, settings
@@ -93,7 +97,7 @@ pub use execution::CancelToken;
 pub use limits::Limits;
 pub use replica::{Replica, ReplicaFeed, ReplicaOptions, pair};
 pub use sandbox::Refusal;
-pub use session::{Constraint, Meta, QueryResult, RawResult, Session, Statement};
+pub use session::{Access, Constraint, Meta, QueryResult, RawResult, Session, Statement};
 pub use value::{Row, Value};
 pub use walrelay_replicator::{Bookmark, BookmarkParseError, Epoch, Sequence};
 pub use walrelay_vfs::{Appended, ApplyError, CaptureStats, CapturedTransaction, PageNo, PageSet};

@@ -2,15 +2,21 @@
 //! loopback: five followers, a primary and replicas in named regions. For
 //! tests, benchmarks and embedding; `walrelay up` runs the same roles as
 //! separate processes.
+//!
+//! Authentication is on unless the config says `insecure`: the cluster
+//! keeps a token store at `<dir>/tokens` with one admin token (all
+//! databases, read-write), which [`LocalCluster::client`] sends.
 
+use crate::http::auth::{ApiToken, Auth, Permission, Scope};
 use crate::http::client::{Client, NodeInfo};
 use crate::http::server::{HttpConfig, HttpServer, Node, Role, serve};
+use crate::http::token_store::{self, StoreError, TokenStore};
 use crate::replica::ReplicaOptions;
 use crate::replication::{
     PrimaryConfig, PrimaryError, ReplicaConfig, ReplicatedPrimary, ReplicatedReplica,
 };
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use walrelay_replicator::DatabaseId;
 use walrelay_replicator::net::Backend;
@@ -31,6 +37,17 @@ pub struct LocalClusterConfig {
     pub http: HttpConfig,
     /// What one query may cost, on the primary and every replica.
     pub limits: crate::limits::Limits,
+    /// Serve HTTP without authentication.
+    pub insecure: bool,
+}
+
+/// Why a local cluster did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalClusterError {
+    #[error(transparent)]
+    Start(#[from] PrimaryError),
+    #[error(transparent)]
+    Tokens(#[from] StoreError),
 }
 
 impl Default for LocalClusterConfig {
@@ -43,6 +60,7 @@ impl Default for LocalClusterConfig {
             replica_max_wait_ms: 1_000,
             http: HttpConfig::default(),
             limits: crate::limits::Limits::default(),
+            insecure: false,
         }
     }
 }
@@ -56,6 +74,8 @@ pub struct LocalCluster {
     pub primary_http: HttpServer,
     pub replica_http: Vec<HttpServer>,
     config: LocalClusterConfig,
+    /// The token store and its admin token (None when insecure).
+    tokens: Option<(PathBuf, ApiToken)>,
 }
 
 impl std::fmt::Debug for LocalCluster {
@@ -80,8 +100,20 @@ fn any_port() -> SocketAddr {
 
 impl LocalCluster {
     /// Starts everything under `dir`.
-    pub fn start(dir: &Path, config: LocalClusterConfig) -> Result<LocalCluster, PrimaryError> {
+    pub fn start(
+        dir: &Path,
+        config: LocalClusterConfig,
+    ) -> Result<LocalCluster, LocalClusterError> {
         let io = |e: std::io::Error| PrimaryError::Replication(e.to_string());
+        let (auth, tokens) = if config.insecure {
+            (Auth::Insecure, None)
+        } else {
+            std::fs::create_dir_all(dir).map_err(io)?;
+            let path = dir.join("tokens");
+            let admin = token_store::create(&path, Scope::All, Permission::ReadWrite)?;
+            let store = Arc::new(TokenStore::open(&path)?);
+            (Auth::Tokens(store), Some((path, admin)))
+        };
         let followers = (0..config.followers)
             .map(|i| {
                 FollowerNode::start(FollowerNodeConfig {
@@ -109,6 +141,7 @@ impl LocalCluster {
                     region: config.primary_region.clone(),
                     ..config.http.clone()
                 },
+                auth.clone(),
             )),
             any_port(),
         )
@@ -143,6 +176,7 @@ impl LocalCluster {
                         region: region.clone(),
                         ..config.http.clone()
                     },
+                    auth.clone(),
                 )),
                 any_port(),
             )
@@ -157,6 +191,7 @@ impl LocalCluster {
             primary_http,
             replica_http,
             config,
+            tokens,
         })
     }
 
@@ -177,8 +212,22 @@ impl LocalCluster {
         nodes
     }
 
-    /// A client preferring `region`.
+    /// A client preferring `region`, with the admin token.
     pub fn client(&self, region: &str) -> Client {
-        Client::new(self.nodes(), region, &self.config.http.database)
+        let client = Client::new(self.nodes(), region, &self.config.http.database);
+        match self.admin_token() {
+            Some(t) => client.with_token(t),
+            None => client,
+        }
+    }
+
+    /// The admin token (all databases, read-write); None when insecure.
+    pub fn admin_token(&self) -> Option<&ApiToken> {
+        self.tokens.as_ref().map(|(_, t)| t)
+    }
+
+    /// The token store every node checks; None when insecure.
+    pub fn tokens_path(&self) -> Option<&Path> {
+        self.tokens.as_ref().map(|(p, _)| p.as_path())
     }
 }

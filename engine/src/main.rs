@@ -1,6 +1,7 @@
 //! The `walrelay` binary.
 
 mod cmd;
+mod token_cmd;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -45,6 +46,9 @@ enum Command {
     Primary(cmd::PrimaryArgs),
     /// Run a read replica streaming from a primary.
     Replica(cmd::ReplicaArgs),
+    /// Manage the HTTP API's tokens.
+    #[command(subcommand)]
+    Token(token_cmd::TokenCommand),
 }
 
 fn show(what: &str, m: &Meta) {
@@ -195,5 +199,6 @@ fn main() -> Result<()> {
         Command::Follower(a) => cmd::follower(a),
         Command::Primary(a) => cmd::primary(a),
         Command::Replica(a) => cmd::replica(a),
+        Command::Token(c) => token_cmd::token(c),
     }
 }

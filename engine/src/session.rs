@@ -33,6 +33,18 @@ impl FromStr for Constraint {
     }
 }
 
+/// What a session's statements may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Access {
+    /// Reads and writes.
+    #[default]
+    ReadWrite,
+    /// Only statements SQLite calls read-only (`sqlite3_stmt_readonly`);
+    /// any other is refused with [`QueryError::ReadOnlyAccess`] before it
+    /// runs, and a batch holding one changes nothing.
+    ReadOnly,
+}
+
 /// What D1 reports with every result.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Meta {
@@ -73,6 +85,7 @@ pub struct Session {
     constraint: Constraint,
     bookmark: Mutex<Option<Bookmark>>,
     cancel: Option<CancelToken>,
+    access: Access,
 }
 
 impl Session {
@@ -82,6 +95,7 @@ impl Session {
             constraint,
             bookmark: Mutex::new(start),
             cancel: None,
+            access: Access::ReadWrite,
         }
     }
 
@@ -90,6 +104,16 @@ impl Session {
     pub fn cancel_with(mut self, token: CancelToken) -> Session {
         self.cancel = Some(token);
         self
+    }
+
+    /// The same session with `access` (sessions start read-write).
+    pub fn with_access(mut self, access: Access) -> Session {
+        self.access = access;
+        self
+    }
+
+    pub fn access(&self) -> Access {
+        self.access
     }
 
     /// The latest bookmark this session has seen: the maximum of where it
@@ -128,7 +152,9 @@ impl Session {
     ) -> Result<Vec<QueryResult>, QueryError> {
         let stmts: Vec<(String, Vec<Value>)> =
             statements.into_iter().map(|s| (s.sql, s.params)).collect();
-        let outs = self.db.execute_batch(&stmts, self.cancel.as_ref())?;
+        let outs = self
+            .db
+            .execute_batch(&stmts, self.access, self.cancel.as_ref())?;
         if let Some(o) = outs.last() {
             self.observe(o.meta.bookmark);
         }
@@ -152,7 +178,7 @@ impl Session {
         let at_least = *self.bookmark.lock();
         let out = self
             .db
-            .execute(sql, params, at_least, self.cancel.as_ref())?;
+            .execute(sql, params, at_least, self.access, self.cancel.as_ref())?;
         self.observe(out.meta.bookmark);
         Ok(out)
     }

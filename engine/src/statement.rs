@@ -19,6 +19,7 @@ use crate::database::{Database, Output, Role};
 use crate::error::QueryError;
 use crate::execution::{CancelToken, check_start};
 use crate::pool::{Lease, Pooled};
+use crate::session::Access;
 use crate::value::{Row, Value};
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, StatementStatus};
@@ -200,6 +201,20 @@ pub(crate) fn run_statement(
     Ok((columns, rows, Counts { rows_read, changes }))
 }
 
+/// Under read-only access, refuses a batch statement SQLite calls a write,
+/// before it runs: judged inside the batch's transaction, against the
+/// schema the statement would run on.
+fn refuse_write(conn: &Connection, sql: &str, access: Access) -> Result<(), QueryError> {
+    if access == Access::ReadWrite {
+        return Ok(());
+    }
+    if conn.prepare(sql).map_err(QueryError::sql)?.readonly() {
+        Ok(())
+    } else {
+        Err(QueryError::ReadOnlyAccess)
+    }
+}
+
 fn tx_control_refused() -> QueryError {
     QueryError::NotSupported(crate::error::REFUSED_STATEMENT.into())
 }
@@ -215,6 +230,7 @@ fn reveals_state(e: &QueryError) -> bool {
             | QueryError::CaptureFailed(_)
             | QueryError::SequenceExhausted
             | QueryError::ReadOnlyReplica
+            | QueryError::ReadOnlyAccess
             | QueryError::ReplicaBehind { .. }
             | QueryError::Busy { .. }
             | QueryError::Cancelled
@@ -276,6 +292,7 @@ impl Database {
         sql: &str,
         params: &[Value],
         at_least: Option<Bookmark>,
+        access: Access,
         cancel: Option<&CancelToken>,
     ) -> Result<Output, QueryError> {
         let started = Instant::now();
@@ -308,10 +325,10 @@ impl Database {
                 Some(r) => r,
                 None => self.inner.readers.take(self.pool_wait())?,
             };
-            return self.read(reader, sql, params, started, cancel);
+            return self.read(reader, sql, params, access, started, cancel);
         }
         drop(reader);
-        self.write(sql, params, started, cancel)
+        self.write(sql, params, access, started, cancel)
     }
 
     fn read(
@@ -319,6 +336,7 @@ impl Database {
         reader: Lease<'_>,
         sql: &str,
         params: &[Value],
+        access: Access,
         started: Instant,
         cancel: Option<&CancelToken>,
     ) -> Result<Output, QueryError> {
@@ -349,7 +367,7 @@ impl Database {
             Err(QueryError::Sql {
                 code: Some(code), ..
             }) if code & 0xff == rusqlite::ffi::SQLITE_READONLY => {
-                return self.write(sql, params, started, cancel);
+                return self.write(sql, params, access, started, cancel);
             }
             Err(e) => return Err(self.settle_error(e, true)),
         };
@@ -381,9 +399,13 @@ impl Database {
         &self,
         sql: &str,
         params: &[Value],
+        access: Access,
         started: Instant,
         cancel: Option<&CancelToken>,
     ) -> Result<Output, QueryError> {
+        if access == Access::ReadOnly {
+            return Err(QueryError::ReadOnlyAccess);
+        }
         let Some(p) = self.primary() else {
             return Err(QueryError::ReadOnlyReplica);
         };
@@ -437,6 +459,7 @@ impl Database {
     pub(crate) fn execute_batch(
         &self,
         stmts: &[(String, Vec<Value>)],
+        access: Access,
         cancel: Option<&CancelToken>,
     ) -> Result<Vec<Output>, QueryError> {
         let started = Instant::now();
@@ -465,7 +488,10 @@ impl Database {
         let mut outs = Vec::with_capacity(stmts.len());
         let mut failure = None;
         for (index, (sql, params)) in stmts.iter().enumerate() {
-            match run_statement(&w, sql, params, Prepare::Fresh, limits.max_response_bytes) {
+            let run = refuse_write(&w.conn.conn, sql, access).and_then(|()| {
+                run_statement(&w, sql, params, Prepare::Fresh, limits.max_response_bytes)
+            });
+            match run {
                 Ok(o) if !w.conn.conn.is_autocommit() => outs.push(o),
                 Ok(_) => {
                     failure = Some(QueryError::Batch {

@@ -10,14 +10,14 @@
 //! HTTP; everything the test does goes through HTTP, built by hand so the
 //! wire format is what is tested.
 
+mod common;
+
+use common::{Proc, free_port, join, wait_accepting};
 use serde_json::{Value as Json, json};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use walrelay_engine::http::auth::{Permission, Scope};
+use walrelay_engine::http::token_store;
 
 const FOLLOWERS: usize = 5;
 
@@ -26,123 +26,6 @@ const FOLLOWERS: usize = 5;
 fn iterations() -> usize {
     let soak = std::env::var("WALRELAY_SOAK").is_ok_and(|v| !v.is_empty() && v != "0");
     if soak { 10_000 } else { 1_000 }
-}
-
-/// A port nobody listens on right now (it is released before use, so
-/// another process could take it first; unlikely on loopback in a test).
-fn free_port() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
-
-fn join(addrs: &[SocketAddr]) -> String {
-    addrs
-        .iter()
-        .map(|a| a.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// A `walrelay` child process whose stdout lines are collected (and
-/// drained, so a chatty process never blocks on a full pipe). Killed on
-/// drop, which unwinding runs too.
-struct Proc {
-    name: String,
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Proc {
-    fn spawn(name: &str, args: &[String]) -> Proc {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_walrelay"));
-        command
-            .args(args)
-            .env("RUST_BACKTRACE", "0")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        // SAFETY: runs in the child between fork and exec and calls only
-        // prctl(2), which is async-signal-safe. It covers what Drop cannot:
-        // if the test process itself is killed, the kernel kills the child
-        // rather than leaving it holding ports.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("spawn walrelay");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let out = child.stdout.take().expect("stdout");
-        let sink = Arc::clone(&lines);
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                sink.lock().expect("lines").push(line);
-            }
-        });
-        Proc {
-            name: name.to_string(),
-            child,
-            lines,
-        }
-    }
-
-    /// Waits for a line containing `needle`; fails (with what the process
-    /// printed) if it exits or takes too long.
-    fn wait_line(&mut self, needle: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(l) = self
-                .lines
-                .lock()
-                .expect("lines")
-                .iter()
-                .find(|l| l.contains(needle))
-            {
-                return l.clone();
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "{} exited ({status}) before printing {needle:?}: {:#?}",
-                    self.name,
-                    self.lines.lock().expect("lines")
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} never printed {needle:?}: {:#?}",
-                self.name,
-                self.lines.lock().expect("lines")
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn assert_running(&mut self) {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            panic!(
-                "{} exited ({status}): {:#?}",
-                self.name,
-                self.lines.lock().expect("lines")
-            );
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill(); // SIGKILL
-        let _ = self.child.wait();
-    }
-}
-
-fn wait_accepting(addr: SocketAddr, who: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(addr).is_err() {
-        assert!(Instant::now() < deadline, "{who} never accepted on {addr}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// The processes and their HTTP URLs.
@@ -156,6 +39,8 @@ struct Cluster {
     primary_url: String,
     replica_a_url: String,
     replica_b_url: String,
+    /// `Authorization` for every request.
+    bearer: String,
     _dir: tempfile::TempDir,
 }
 
@@ -164,33 +49,12 @@ impl Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path();
         let path = |p: &str| root.join(p).display().to_string();
-        let follower_addrs: Vec<SocketAddr> = (0..FOLLOWERS).map(|_| free_port()).collect();
-        let followers = follower_addrs
-            .iter()
-            .enumerate()
-            .map(|(i, addr)| {
-                let peers: Vec<SocketAddr> = follower_addrs
-                    .iter()
-                    .filter(|p| *p != addr)
-                    .copied()
-                    .collect();
-                let mut p = Proc::spawn(
-                    &format!("follower {i}"),
-                    &[
-                        "follower".into(),
-                        "--listen".into(),
-                        addr.to_string(),
-                        "--dir".into(),
-                        path(&format!("follower-{i}")),
-                        "--peers".into(),
-                        join(&peers),
-                    ],
-                );
-                p.wait_line("listening");
-                wait_accepting(*addr, "a follower");
-                p
-            })
-            .collect();
+        // Authentication on, as in production: every node checks the same
+        // store; the test holds an all-databases read-write token.
+        let tokens = root.join("tokens");
+        let admin = token_store::create(&tokens, Scope::All, Permission::ReadWrite)
+            .expect("mint the test's token");
+        let (followers, follower_addrs) = common::spawn_followers(root, FOLLOWERS);
 
         let (primary_listen, primary_http) = (free_port(), free_port());
         let primary_url = format!("http://{primary_http}");
@@ -208,6 +72,8 @@ impl Cluster {
                 primary_http.to_string(),
                 "--region".into(),
                 "primary-region".into(),
+                "--tokens".into(),
+                tokens.display().to_string(),
             ],
         );
         // Printed once the HTTP server is bound and the replication
@@ -233,6 +99,8 @@ impl Cluster {
                     primary_url.clone(),
                     "--region".into(),
                     region.into(),
+                    "--tokens".into(),
+                    tokens.display().to_string(),
                 ],
             );
             p.wait_line("replica HTTP at");
@@ -250,6 +118,7 @@ impl Cluster {
             primary_url,
             replica_a_url,
             replica_b_url,
+            bearer: admin.bearer(),
             _dir: dir,
         }
     }
@@ -268,6 +137,7 @@ impl Cluster {
 /// An HTTP client that keeps connections alive, as a Worker's would be.
 struct Http {
     agent: ureq::Agent,
+    bearer: String,
 }
 
 /// One answer, as seen on the wire.
@@ -288,8 +158,9 @@ impl Reply {
 }
 
 impl Http {
-    fn new() -> Http {
+    fn new(bearer: &str) -> Http {
         Http {
+            bearer: bearer.to_string(),
             agent: ureq::Agent::config_builder()
                 .timeout_global(Some(Duration::from_secs(20)))
                 .http_status_as_error(false)
@@ -304,6 +175,7 @@ impl Http {
             .post(format!("{base}/v1/databases/main/query"))
             .header("content-type", "application/json")
             .header("x-d1-bookmark", bookmark)
+            .header("authorization", &self.bearer)
             .send(body.to_string().as_bytes())
             .unwrap_or_else(|e| panic!("POST {base}: {e}"));
         let bookmark = resp
@@ -324,6 +196,7 @@ impl Http {
         let mut resp = self
             .agent
             .get(format!("{base}/metrics"))
+            .header("authorization", &self.bearer)
             .call()
             .unwrap_or_else(|e| panic!("GET {base}/metrics: {e}"));
         assert_eq!(resp.status().as_u16(), 200);
@@ -391,7 +264,7 @@ fn an_order_written_through_one_regions_replica_is_read_back_through_another_wit
     let started = Instant::now();
     let mut cluster = Cluster::start();
     let startup = started.elapsed();
-    let http = Http::new();
+    let http = Http::new(&cluster.bearer);
     let (replica_a, replica_b) = (cluster.replica_a_url.clone(), cluster.replica_b_url.clone());
 
     let created = http.query(

@@ -36,7 +36,11 @@ fn fixture(readers: usize, f: impl FnOnce(&mut Limits)) -> Fixture {
         },
     )
     .expect("open");
-    let node = Node::new(Role::Primary(db.clone()), HttpConfig::default());
+    let node = Node::new(
+        Role::Primary(db.clone()),
+        HttpConfig::default(),
+        walrelay_engine::http::auth::Auth::Insecure,
+    );
     let server = serve(Arc::new(node), SocketAddr::from(([127, 0, 0, 1], 0))).expect("serve");
     Fixture {
         server: Some(server),
@@ -114,7 +118,7 @@ fn a_runaway_query_is_answered_400_with_the_timeout_code() {
 #[test]
 fn a_client_that_hangs_up_mid_query_cancels_it() {
     let f = fixture(4, |_| {});
-    let socket = send_query(f.addr(), RUNAWAY);
+    let socket = send_query(f.addr(), RUNAWAY, None);
     f.wait_until("the query runs", || f.db.readers_in_use().0 == 1);
     drop(socket);
     f.wait_until("the query is cancelled", || {
@@ -126,7 +130,7 @@ fn a_client_that_hangs_up_mid_query_cancels_it() {
 #[test]
 fn with_every_reader_busy_a_read_is_answered_503_with_retry_after() {
     let f = fixture(1, |l| l.pool_wait_ms = 200);
-    let socket = send_query(f.addr(), RUNAWAY);
+    let socket = send_query(f.addr(), RUNAWAY, None);
     f.wait_until("the only reader is busy", || {
         f.db.readers_in_use() == (1, 1)
     });
@@ -153,7 +157,9 @@ fn a_result_past_the_response_cap_is_answered_400_with_its_code() {
 #[test]
 fn a_stopping_server_cancels_its_running_queries_and_stops_within_its_grace_period() {
     let mut f = fixture(8, |_| {});
-    let sockets: Vec<_> = (0..4).map(|_| send_query(f.addr(), RUNAWAY)).collect();
+    let sockets: Vec<_> = (0..4)
+        .map(|_| send_query(f.addr(), RUNAWAY, None))
+        .collect();
     f.wait_until("four queries run", || f.db.readers_in_use().0 == 4);
     let started = Instant::now();
     drop(f.server.take());

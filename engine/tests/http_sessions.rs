@@ -1,6 +1,8 @@
 //! Sessions over HTTP in one process: routing, write forwarding, the
 //! bookmark across requests and nodes, reads falling back to the primary.
 
+mod common;
+
 use walrelay_engine::Value;
 use walrelay_engine::http::api::{Body, Statement};
 use walrelay_engine::http::client::ClientError;
@@ -166,12 +168,7 @@ fn a_write_through_a_lagging_replica_is_forwarded_at_once_without_waiting_for_th
         let r = s.query_via(&replica_a, &one(sql, vec![])).expect("write");
         assert!(r.response.result[0].meta.served_by_primary);
     }
-    let metrics = ureq::get(format!("{replica_a}/metrics"))
-        .call()
-        .expect("metrics")
-        .body_mut()
-        .read_to_string()
-        .expect("text");
+    let metrics = common::metrics_text(&c, &replica_a);
     assert!(metrics.contains("reason=\"write\"} 3"), "{metrics}");
     assert!(!metrics.contains("reason=\"behind\""), "{metrics}");
 }
@@ -193,12 +190,7 @@ fn replica_metrics_report_lag_in_bookmarks_and_microseconds_and_a_confirm_lag_hi
             .wait_confirmed(last, std::time::Duration::from_secs(10))
     );
     let url = c.replica_http[0].url();
-    let text = ureq::get(format!("{url}/metrics"))
-        .call()
-        .expect("metrics")
-        .body_mut()
-        .read_to_string()
-        .expect("text");
+    let text = common::metrics_text(&c, &url);
     let value = |name: &str| -> f64 {
         text.lines()
             .find(|l| l.starts_with(name))
@@ -215,11 +207,6 @@ fn replica_metrics_report_lag_in_bookmarks_and_microseconds_and_a_confirm_lag_hi
     assert!(value("walrelay_confirm_lag_us_count{") >= 1.0);
     assert!(text.contains("# TYPE walrelay_confirm_lag_us histogram"));
     // The primary's exposition has no replica lag.
-    let primary = ureq::get(format!("{}/metrics", c.primary_http.url()))
-        .call()
-        .expect("metrics")
-        .body_mut()
-        .read_to_string()
-        .expect("text");
+    let primary = common::metrics_text(&c, &c.primary_http.url());
     assert!(!primary.contains("walrelay_replica_lag"));
 }

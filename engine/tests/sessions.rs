@@ -6,7 +6,7 @@ use common::Recorder;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use walrelay_engine::{
-    Bookmark, CapturedTransaction, CheckpointMode, Constraint, Database, Epoch, Options,
+    Access, Bookmark, CapturedTransaction, CheckpointMode, Constraint, Database, Epoch, Options,
     QueryError, Sequence, TransactionSink, Value,
 };
 
@@ -339,4 +339,77 @@ fn a_sink_that_refuses_stops_the_database_with_a_clear_error() {
         Sequence(0),
         "no bookmark was issued"
     );
+}
+
+#[test]
+fn a_read_only_session_reads_and_its_writes_and_batches_with_a_write_are_refused_changing_nothing()
+{
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = open(&dir, Options::default());
+    let rw = db.session(Constraint::FirstPrimary).expect("session");
+    rw.prepare("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
+        .run()
+        .expect("create");
+    rw.prepare("INSERT INTO t(v) VALUES ('a'), ('b')")
+        .run()
+        .expect("insert");
+    let ro = db
+        .session(Constraint::FirstPrimary)
+        .expect("session")
+        .with_access(Access::ReadOnly);
+    assert_eq!(ro.access(), Access::ReadOnly);
+    let before = (db.latest_bookmark(), common::logical_pages(&rw));
+    let n = ro
+        .prepare("SELECT count(*) AS n FROM t")
+        .first()
+        .expect("read")
+        .expect("row");
+    assert_eq!(n.get("n"), Some(&Value::Integer(2)));
+    for sql in [
+        "INSERT INTO t(v) VALUES ('c')",
+        "UPDATE t SET v = 'x'",
+        "DELETE FROM t",
+        "CREATE TABLE u(x)",
+        "DROP TABLE t",
+        "PRAGMA user_version = 7",
+    ] {
+        match ro.prepare(sql).run() {
+            Err(QueryError::ReadOnlyAccess) => {}
+            other => panic!("{sql}: {other:?}"),
+        }
+    }
+    // A batch is refused at its first write, before it runs, and rolled
+    // back as a whole.
+    match ro.batch([
+        ro.prepare("SELECT count(*) FROM t"),
+        ro.prepare("INSERT INTO t(v) VALUES ('c')"),
+        ro.prepare("SELECT 1"),
+    ]) {
+        Err(QueryError::Batch { index: 1, source }) => {
+            assert!(matches!(*source, QueryError::ReadOnlyAccess), "{source:?}")
+        }
+        other => panic!("batch with a write: {other:?}"),
+    }
+    assert_eq!(
+        (db.latest_bookmark(), common::logical_pages(&rw)),
+        before,
+        "nothing changed"
+    );
+    // A batch of reads runs.
+    let rs = ro
+        .batch([
+            ro.prepare("SELECT count(*) AS n FROM t"),
+            ro.prepare("SELECT v FROM t ORDER BY id"),
+        ])
+        .expect("reads");
+    assert_eq!(rs[1].results.len(), 2);
+    assert_eq!(
+        db.latest_bookmark(),
+        before.0,
+        "a batch of reads commits nothing"
+    );
+    // The read-write session is unaffected.
+    rw.prepare("INSERT INTO t(v) VALUES ('c')")
+        .run()
+        .expect("write");
 }

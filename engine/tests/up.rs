@@ -1,109 +1,86 @@
 //! `walrelay up`, the README's main command: a local cluster of real
-//! processes that reports commit latency and confirm lag, and stops
-//! cleanly on Ctrl-C (SIGINT) — every process, with the primary's commits
-//! all confirmed — and starts again from the same directory.
+//! processes that reports commit latency and confirm lag, authenticates its
+//! HTTP API by default, stops cleanly on Ctrl-C (SIGINT) — every process,
+//! with the primary's commits all confirmed — even with runaway queries
+//! running, and starts again from the same directory.
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use common::up::{Up, free_base};
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
 
-/// A base port with every port `up` derives from it free: the primary and
-/// followers use base..=base+5, HTTP base+10..=base+12.
-fn free_base() -> u16 {
-    common::free_port_base(13)
+/// `up` runs one at a time here: each test takes a port range and a disk
+/// share that the others would contend for.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn select_one() -> serde_json::Value {
+    serde_json::json!({ "sql": "SELECT 1 AS one" })
 }
 
-/// Runs `up` until it has reported twice, calls `before_stop(base)`, then
-/// sends SIGINT; returns every line printed and how long `up` took to exit
-/// after the signal.
-fn run_up(
-    dir: &std::path::Path,
-    base: u16,
-    before_stop: impl FnOnce(u16),
-) -> (Vec<String>, Duration) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_walrelay"))
-        .args([
-            "up",
-            "--dir",
-            &dir.display().to_string(),
-            "--base-port",
-            &base.to_string(),
-            "--writers",
-            "2",
-        ])
-        .env("RUST_BACKTRACE", "0")
-        .stdout(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .expect("spawn walrelay up");
-    let out = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut lines = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut primary_reports = 0;
-    let mut lag_reports = 0;
-    while primary_reports < 2 || lag_reports < 2 {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = rx.recv_timeout(left).unwrap_or_else(|_| {
-            let _ = child.kill();
-            panic!("up did not report in time: {lines:#?}")
+/// Waits for two latency reports from the primary and two lag reports
+/// from a replica.
+fn wait_reports(up: &mut Up) {
+    for _ in 0..2 {
+        up.wait_line("a commit latency report", Duration::from_secs(60), |l| {
+            l.contains("commit_p50_us=")
         });
-        if line.contains("commit_p50_us=") {
-            primary_reports += 1;
-        }
-        if line.contains("confirm_lag_p50_us=") {
-            lag_reports += 1;
-        }
-        lines.push(line);
+        up.wait_line("a confirm lag report", Duration::from_secs(60), |l| {
+            l.contains("confirm_lag_p50_us=")
+        });
     }
-    before_stop(base);
-    // What a terminal's Ctrl-C does: SIGINT to the foreground process
-    // group, which `up` leads here.
-    // SAFETY: kill(2) with SIGINT on the process group of our own child.
-    unsafe {
-        libc::kill(-(child.id() as libc::pid_t), libc::SIGINT);
-    }
-    let signalled = Instant::now();
-    // Bounded: a regression that hangs the stop fails here instead of
-    // hanging the test.
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if signalled.elapsed() > Duration::from_secs(60) {
-            // SAFETY: kill(2) with SIGKILL on the process group of our own
-            // child.
-            unsafe {
-                libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
-            }
-            let _ = child.wait();
-            panic!("up did not stop within 60 s of SIGINT: {lines:#?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let took = signalled.elapsed();
-    lines.extend(rx.try_iter());
-    // Anything still printing arrives shortly after the exit.
-    std::thread::sleep(Duration::from_millis(100));
-    lines.extend(rx.try_iter());
-    assert!(status.success(), "up exited with {status}: {lines:#?}");
-    (lines, took)
+}
+
+fn mode(path: &std::path::Path) -> u32 {
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o777
 }
 
 #[test]
-fn up_runs_a_cluster_reports_latency_and_lag_and_stops_cleanly_on_ctrl_c() {
+fn up_runs_an_authenticated_cluster_reports_latency_and_lag_and_restarts_after_ctrl_c() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().expect("dir");
     let base = free_base();
-    let (lines, _) = run_up(dir.path(), base, |_| {});
+    let mut up = Up::start(dir.path(), base, &["--writers", "2"]);
+    wait_reports(&mut up);
+    up.wait_serving(2, Duration::from_secs(30));
+    // Authentication is on by default: an admin token for the owner only,
+    // used by the printed curl example; the cluster key likewise.
+    let token_file = dir.path().join("token");
+    assert_eq!(mode(&token_file), 0o600, "DIR/token is the owner's only");
+    assert_eq!(mode(&dir.path().join("cluster.key")), 0o600);
+    assert!(dir.path().join("tokens").exists(), "the token store");
+    let token = up.token().expect("a token");
+    let lines = up.drain().to_vec();
+    assert!(
+        lines.iter().any(|l| l.contains("curl")
+            && l.contains(&format!(
+                "Authorization: Bearer $(cat {})",
+                token_file.display()
+            ))),
+        "{lines:#?}"
+    );
+    for node in 0..=2 {
+        assert_eq!(
+            up.query_as(node, "first-unconstrained", &select_one(), None)
+                .status,
+            401
+        );
+        assert_eq!(
+            up.query_as(node, "first-unconstrained", &select_one(), Some("wrt_0_0"))
+                .status,
+            401
+        );
+        assert_eq!(
+            up.query(node, "first-unconstrained", &select_one()).status,
+            200
+        );
+    }
+    let (status, lines) = up.interrupt();
+    assert!(status.success(), "{lines:#?}");
     let has = |s: &str| lines.iter().any(|l| l.contains(s));
     assert!(has("primary stopped cleanly at"), "{lines:#?}");
     assert_eq!(
@@ -113,8 +90,19 @@ fn up_runs_a_cluster_reports_latency_and_lag_and_stops_cleanly_on_ctrl_c() {
     );
     assert!(has("walrelay up: stopped"));
 
-    // Again from the same directory: the log continues in a new epoch.
-    let (lines, _) = run_up(dir.path(), base, |_| {});
+    // Again from the same directory: the log continues in a new epoch, the
+    // token minted on the first start still works, and the key is kept.
+    let key = std::fs::read(dir.path().join("cluster.key")).expect("key");
+    let mut up = Up::start(dir.path(), base, &["--writers", "2"]);
+    wait_reports(&mut up);
+    up.wait_serving(2, Duration::from_secs(30));
+    assert_eq!(up.token().as_deref(), Some(token.as_str()), "minted once");
+    assert_eq!(
+        std::fs::read(dir.path().join("cluster.key")).expect("key"),
+        key
+    );
+    let (status, lines) = up.interrupt();
+    assert!(status.success(), "{lines:#?}");
     assert!(
         lines.iter().any(|l| l.starts_with("primary epoch 2")),
         "{lines:#?}"
@@ -122,59 +110,78 @@ fn up_runs_a_cluster_reports_latency_and_lag_and_stops_cleanly_on_ctrl_c() {
     assert!(
         lines
             .iter()
-            .any(|l| l.contains("primary stopped cleanly at 00000002-"))
+            .any(|l| l.contains("primary stopped cleanly at 00000002-")),
+        "{lines:#?}"
     );
 }
 
 #[test]
-fn up_stops_promptly_on_ctrl_c_with_runaway_queries_running_and_starts_again() {
+fn up_insecure_serves_without_a_token_and_warns_on_every_start() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().expect("dir");
     let base = free_base();
-    let runaways = std::sync::Mutex::new(Vec::new());
-    let start_runaways = |base: u16| {
-        // Five on the primary, two on each replica: each would run for
-        // the whole 30 s query time limit.
-        let mut sockets = runaways.lock().expect("lock");
-        for (port, n) in [(base + 10, 5), (base + 11, 2), (base + 12, 2)] {
-            for _ in 0..n {
-                let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-                sockets.push(common::send_query(addr, common::RUNAWAY));
-            }
+    for _start in 0..2 {
+        let mut up = Up::start(dir.path(), base, &["--writers", "0", "--insecure"]);
+        up.wait_line("the insecure warning", Duration::from_secs(30), |l| {
+            l.contains("WARNING") && l.contains("insecure")
+        });
+        up.wait_serving(2, Duration::from_secs(30));
+        assert!(up.token().is_none(), "no token is minted");
+        for node in 0..=2 {
+            let r = up.query_as(node, "first-unconstrained", &select_one(), None);
+            assert_eq!(r.status, 200, "{:?}", r.json);
         }
-        // Let them reach SQLite.
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    let (lines, took) = run_up(dir.path(), base, start_runaways);
+        let (status, lines) = up.interrupt();
+        assert!(status.success(), "{lines:#?}");
+    }
+}
+
+#[test]
+fn up_stops_promptly_on_ctrl_c_with_runaway_queries_running_and_starts_again() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("dir");
+    let base = free_base();
+    let mut up = Up::start(dir.path(), base, &["--writers", "2"]);
+    wait_reports(&mut up);
+    up.wait_serving(2, Duration::from_secs(30));
+    let token = up.token().expect("token");
+    // Five on the primary, two on each replica: each would run for the
+    // whole 30 s query time limit.
+    let mut runaways = Vec::new();
+    for (port, n) in [(base + 10, 5), (base + 11, 2), (base + 12, 2)] {
+        for _ in 0..n {
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            runaways.push(common::send_query(addr, common::RUNAWAY, Some(&token)));
+        }
+    }
+    // Let them reach SQLite.
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, lines, took) = up.interrupt_timed();
     println!("up stopped {took:?} after SIGINT with runaway queries running");
+    assert!(status.success(), "{lines:#?}");
     // Generous: proves it does not hang (30 s runaways, a 2 s HTTP grace).
     assert!(
         took < Duration::from_secs(15),
         "stopping took {took:?}: {lines:#?}"
     );
-    let has = |s: &str| lines.iter().any(|l| l.contains(s));
-    assert!(has("primary stopped cleanly at"), "{lines:#?}");
-    assert_eq!(
-        lines.iter().filter(|l| l.contains("stopping at")).count(),
-        7,
-        "five followers and two replicas stop: {lines:#?}"
-    );
-    // Each runaway was running and was answered: cancelled (503), not
-    // left hanging.
-    for mut socket in runaways.into_inner().expect("lock") {
+    // Every runaway got an answer (503: stopped), none was left hanging.
+    for mut s in runaways {
         use std::io::Read;
-        socket
-            .set_read_timeout(Some(Duration::from_secs(5)))
+        s.set_read_timeout(Some(Duration::from_secs(5)))
             .expect("timeout");
         let mut answer = String::new();
-        let _ = socket.read_to_string(&mut answer);
-        assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
+        let _ = s.read_to_string(&mut answer);
+        assert!(
+            answer.starts_with("HTTP/1.1 503"),
+            "a runaway's answer: {answer:?}"
+        );
     }
-
-    let (lines, _) = run_up(dir.path(), base, |_| {});
+    let mut up = Up::start(dir.path(), base, &["--writers", "2"]);
+    wait_reports(&mut up);
+    let (status, lines) = up.interrupt();
+    assert!(status.success(), "{lines:#?}");
     assert!(
-        lines
-            .iter()
-            .any(|l| l.contains("primary stopped cleanly at 00000002-")),
-        "restartable from the same directory: {lines:#?}"
+        lines.iter().any(|l| l.starts_with("primary epoch 2")),
+        "{lines:#?}"
     );
 }

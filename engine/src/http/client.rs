@@ -8,6 +8,7 @@
 //! only grows.
 
 use super::api::{self, BOOKMARK_HEADER, Body, Response, Statement};
+use super::auth::ApiToken;
 use crate::session::Constraint;
 use crate::value::Value;
 use parking_lot::Mutex;
@@ -37,23 +38,38 @@ pub(crate) struct RawAnswer {
     pub retry_after_s: Option<u32>,
 }
 
+/// One query request, as the client sends it and a replica forwards it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Request<'a> {
+    pub database: &'a str,
+    /// `x-d1-bookmark`.
+    pub bookmark: Option<&'a str>,
+    /// `Authorization`, as the client sent it.
+    pub authorization: Option<&'a str>,
+    pub payload: &'a [u8],
+}
+
 /// POSTs a query body to a node's endpoint (the client's request and a
 /// replica's forward are the same request).
 pub(crate) fn post_query(
     agent: &ureq::Agent,
     base_url: &str,
-    database: &str,
-    header: Option<&str>,
-    payload: &[u8],
+    request: &Request<'_>,
     max_answer_bytes: u64,
 ) -> Result<RawAnswer, ureq::Error> {
     let mut req = agent
-        .post(format!("{base_url}/v1/databases/{database}/query"))
+        .post(format!(
+            "{base_url}/v1/databases/{}/query",
+            request.database
+        ))
         .header("content-type", "application/json");
-    if let Some(h) = header {
+    if let Some(h) = request.bookmark {
         req = req.header(BOOKMARK_HEADER, h);
     }
-    let mut resp = req.send(payload)?;
+    if let Some(a) = request.authorization {
+        req = req.header("authorization", a);
+    }
+    let mut resp = req.send(request.payload)?;
     let status = resp.status().as_u16();
     let bookmark = resp
         .headers()
@@ -122,6 +138,9 @@ pub struct Client {
     region: String,
     database: String,
     agent: ureq::Agent,
+    /// Sent as `Authorization: Bearer <token>` (its `Debug` hides the
+    /// secret).
+    token: Option<ApiToken>,
 }
 
 impl Client {
@@ -132,7 +151,14 @@ impl Client {
             region: preferred_region.to_string(),
             database: database.to_string(),
             agent,
+            token: None,
         }
+    }
+
+    /// The same client, sending `token` with every request.
+    pub fn with_token(mut self, token: &ApiToken) -> Client {
+        self.token = Some(token.clone());
+        self
     }
 
     /// Starts a session: `first-primary`, `first-unconstrained` or a
@@ -167,15 +193,15 @@ impl Client {
     pub fn send(&self, url: &str, header: Option<&str>, body: &Body) -> Result<Reply, ClientError> {
         let payload = serde_json::to_vec(&api::encode_body(body))
             .map_err(|e| ClientError::Decode(e.to_string()))?;
-        let raw = post_query(
-            &self.agent,
-            url,
-            &self.database,
-            header,
-            &payload,
-            256 << 20,
-        )
-        .map_err(|e| ClientError::Transport(e.to_string()))?;
+        let authorization = self.token.as_ref().map(ApiToken::bearer);
+        let request = Request {
+            database: &self.database,
+            bookmark: header,
+            authorization: authorization.as_deref(),
+            payload: &payload,
+        };
+        let raw = post_query(&self.agent, url, &request, 256 << 20)
+            .map_err(|e| ClientError::Transport(e.to_string()))?;
         let (status, bookmark, bytes) = (raw.status, raw.bookmark, raw.body);
         let response: Response =
             serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(e.to_string()))?;

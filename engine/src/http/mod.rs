@@ -2,6 +2,9 @@
 //! nodes.
 //!
 //! - [`api`]: the D1-shaped request and response format.
+//! - [`auth`]: API tokens (`Authorization: Bearer wrt_...`), what they
+//!   grant, and the check every request passes first.
+//! - [`token_store`]: the file of token hashes a node checks against.
 //! - [`server`]: a node's endpoint (`POST /v1/databases/{name}/query`,
 //!   `GET /metrics`), with write forwarding and read fallback on replicas.
 //! - [`metrics`]: the Prometheus exposition.
@@ -10,6 +13,8 @@
 //!   carries its bookmark across requests.
 
 pub mod api;
+pub mod auth;
 pub mod client;
 pub mod metrics;
 pub mod server;
+pub mod token_store;

@@ -10,20 +10,30 @@
 //!   bookmark; past that it is forwarded and served by the primary, and its
 //!   meta says so.
 //!
-//! A forwarded request carries the session's bookmark; the primary's
-//! answer (status, body and bookmark) is relayed as it is.
+//! A forwarded request carries the session's bookmark and the client's
+//! `Authorization` header; the primary's answer (status, body and
+//! bookmark) is relayed as it is.
+//!
+//! Every request is authenticated first ([`Auth`]), before its body is
+//! read: a query needs a token for its database (a read-only token runs
+//! only statements SQLite calls read-only), `/metrics` an all-databases
+//! token. A replica checks the token itself and the primary checks it
+//! again on a forwarded request, so a replica is no way around the
+//! primary's check.
 
 use super::api::{self, BOOKMARK_HEADER, Body, Response};
+use super::auth::{Auth, AuthError, Target};
 use super::metrics::{Metrics, ReplicaLag};
 use crate::database::Database;
 use crate::error::{QueryError, SessionError};
 use crate::execution::CancelToken;
 use crate::replication::ReplicatedReplica;
-use crate::session::{Constraint, QueryResult, Session};
+use crate::session::{Access, Constraint, QueryResult, Session};
 use axum::Router;
 use axum::extract::{Path, State};
+use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::routing::{get, post};
 use std::io;
 use std::net::SocketAddr;
@@ -41,6 +51,9 @@ pub mod codes {
     pub const SQL: u32 = 7500;
     pub const UNAVAILABLE: u32 = 7503;
     pub const INTERNAL: u32 = 7000;
+    /// Missing or invalid credentials (401), or a token that does not
+    /// grant the request (403): Cloudflare's "Authentication error".
+    pub const AUTH: u32 = 10000;
 }
 
 /// What a node serves.
@@ -83,6 +96,7 @@ impl Default for HttpConfig {
 pub struct Node {
     role: Role,
     config: HttpConfig,
+    auth: Auth,
     metrics: Metrics,
     agent: ureq::Agent,
     /// The last confirm lag seen, for the lag gauge between confirms.
@@ -146,6 +160,7 @@ fn too_large(limit: usize) -> String {
 /// A batch's error is answered as its failing statement's.
 fn query_error(e: &QueryError) -> (u16, u32) {
     match e {
+        QueryError::ReadOnlyAccess => (403, codes::AUTH),
         QueryError::Batch { source, .. } => query_error(source),
         QueryError::Sql { .. }
         | QueryError::ParameterCount { .. }
@@ -179,12 +194,42 @@ fn retry_after_s(e: &QueryError) -> Option<u32> {
     }
 }
 
+/// An authenticated caller: what its statements may do, and the
+/// credentials a forwarded request carries on. Only [`Node::authorize`]
+/// makes one.
+#[derive(Clone)]
+pub struct Caller {
+    access: Access,
+    authorization: Option<String>,
+}
+
+impl std::fmt::Debug for Caller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The credentials stay out of logs.
+        f.debug_struct("Caller")
+            .field("access", &self.access)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Caller {
+    pub fn access(&self) -> Access {
+        self.access
+    }
+}
+
+fn auth_answer(e: &AuthError) -> Answer {
+    Answer::error(e.status(), codes::AUTH, e.to_string())
+}
+
 impl Node {
-    pub fn new(role: Role, config: HttpConfig) -> Node {
+    /// A node answering as `role`, checking requests with `auth`.
+    pub fn new(role: Role, config: HttpConfig, auth: Auth) -> Node {
         let agent = super::client::agent(Duration::from_millis(config.forward_timeout_ms));
         Node {
             role,
             config,
+            auth,
             metrics: Metrics::default(),
             agent,
             last_lag_us: std::sync::atomic::AtomicU64::new(0),
@@ -211,20 +256,47 @@ impl Node {
         }
     }
 
-    /// Handles `POST /v1/databases/{name}/query`.
-    pub fn query(&self, name: &str, bookmark_header: Option<&str>, body: &[u8]) -> Answer {
-        self.query_cancellable(name, bookmark_header, body, &self.request_token())
+    /// Checks a request's `Authorization` header (raw bytes) for
+    /// `target`; a refusal (401/403) is counted and returned as the answer.
+    pub fn authorize(
+        &self,
+        authorization: Option<&[u8]>,
+        target: Target<'_>,
+    ) -> Result<Caller, Answer> {
+        match self.auth.check(authorization, target) {
+            Ok(access) => Ok(Caller {
+                access,
+                // Passed on as received (a node without authentication
+                // passes on whatever came, for the primary to judge).
+                authorization: authorization
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .map(str::to_string),
+            }),
+            Err(e) => Err(self.refuse(auth_answer(&e))),
+        }
+    }
+
+    /// Handles `POST /v1/databases/{name}/query` for an authorized caller.
+    pub fn query(
+        &self,
+        caller: &Caller,
+        name: &str,
+        bookmark_header: Option<&str>,
+        body: &[u8],
+    ) -> Answer {
+        self.query_cancellable(caller, name, bookmark_header, body, &self.request_token())
     }
 
     /// [`Node::query`], stopped early once `cancel` is cancelled.
     pub fn query_cancellable(
         &self,
+        caller: &Caller,
         name: &str,
         bookmark_header: Option<&str>,
         body: &[u8],
         cancel: &CancelToken,
     ) -> Answer {
-        let answer = self.query_inner(name, bookmark_header, body, cancel);
+        let answer = self.query_inner(caller, name, bookmark_header, body, cancel);
         if answer.status >= 400 {
             self.metrics.refused(answer.status);
         } else if let Some(served) = &answer.served {
@@ -242,6 +314,7 @@ impl Node {
 
     fn query_inner(
         &self,
+        caller: &Caller,
         name: &str,
         header: Option<&str>,
         body: &[u8],
@@ -266,26 +339,39 @@ impl Node {
             Err(e) => return Answer::error(400, codes::BAD_REQUEST, e.to_string()),
         };
         match &self.role {
-            Role::Primary(db) => self.run(db, constraint, &parsed, cancel).into_answer(),
+            Role::Primary(db) => self
+                .run(db, caller, constraint, &parsed, cancel)
+                .into_answer(),
             Role::Replica {
                 replica,
                 primary_url,
             } => {
+                let forward =
+                    |reason| self.forward(caller, primary_url, name, header, body, reason);
                 if constraint == Constraint::FirstPrimary {
-                    return self.forward(primary_url, name, header, body, "first-primary");
+                    return forward("first-primary");
                 }
                 if matches!(parsed, Body::Batch(_)) {
                     // An atomic batch runs where writes run.
-                    return self.forward(primary_url, name, header, body, "batch");
+                    return forward("batch");
                 }
-                match self.run(replica.replica().database(), constraint, &parsed, cancel) {
+                match self.run(
+                    replica.replica().database(),
+                    caller,
+                    constraint,
+                    &parsed,
+                    cancel,
+                ) {
                     Routed::Done(a) => a,
-                    Routed::Forward(Forward::Write) => {
-                        self.forward(primary_url, name, header, body, "write")
+                    // The engine called it a write: a read-only caller
+                    // is refused here (the primary would refuse it too).
+                    Routed::Forward(Forward::Write) if caller.access == Access::ReadOnly => {
+                        let e = QueryError::ReadOnlyAccess;
+                        let (status, code) = query_error(&e);
+                        Answer::error(status, code, e.to_string())
                     }
-                    Routed::Forward(Forward::Behind) => {
-                        self.forward(primary_url, name, header, body, "behind")
-                    }
+                    Routed::Forward(Forward::Write) => forward("write"),
+                    Routed::Forward(Forward::Behind) => forward("behind"),
                 }
             }
         }
@@ -294,12 +380,13 @@ impl Node {
     fn run(
         &self,
         db: &Database,
+        caller: &Caller,
         constraint: Constraint,
         body: &Body,
         cancel: &CancelToken,
     ) -> Routed {
         let session = match db.session(constraint) {
-            Ok(s) => s.cancel_with(cancel.clone()),
+            Ok(s) => s.with_access(caller.access).cancel_with(cancel.clone()),
             Err(e @ SessionError::FutureBookmark { .. })
             | Err(e @ SessionError::MalformedBookmark(_)) => {
                 return Routed::Done(Answer::error(400, codes::BOOKMARK, e.to_string()));
@@ -323,6 +410,7 @@ impl Node {
 
     fn forward(
         &self,
+        caller: &Caller,
         primary_url: &str,
         name: &str,
         header: Option<&str>,
@@ -330,7 +418,13 @@ impl Node {
         reason: &'static str,
     ) -> Answer {
         self.metrics.forwarded(reason);
-        match super::client::post_query(&self.agent, primary_url, name, header, body, 64 << 20) {
+        let request = super::client::Request {
+            database: name,
+            bookmark: header,
+            authorization: caller.authorization.as_deref(),
+            payload: body,
+        };
+        match super::client::post_query(&self.agent, primary_url, &request, 64 << 20) {
             Ok(raw) => Answer {
                 status: raw.status,
                 bookmark: raw.bookmark,
@@ -499,6 +593,15 @@ async fn query_route(
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> impl IntoResponse {
+    // Authentication first: nothing of an unauthenticated request is
+    // read, not even its body.
+    let authorization = headers.get(AUTHORIZATION).map(HeaderValue::as_bytes);
+    // Cheap enough to run on the worker: a hash and a map lookup, and a
+    // stat of the store at most once a second.
+    let caller = match node.authorize(authorization, Target::Database(&name)) {
+        Ok(c) => c,
+        Err(answer) => return respond(answer),
+    };
     let header = headers
         .get(BOOKMARK_HEADER)
         .map(|v| v.to_str().map(str::to_string));
@@ -544,7 +647,7 @@ async fn query_route(
             let _cancel_on_drop = CancelOnDrop(token.clone());
             let n = Arc::clone(&node);
             tokio::task::spawn_blocking(move || {
-                n.query_cancellable(&name, header.as_deref(), &body, &token)
+                n.query_cancellable(&caller, &name, header.as_deref(), &body, &token)
             })
             .await
             .unwrap_or_else(|e| {
@@ -556,8 +659,19 @@ async fn query_route(
             })
         }
     };
+    respond(answer)
+}
+
+/// An answer as an HTTP response (JSON; a 401 names the scheme expected).
+fn respond(answer: Answer) -> (StatusCode, HeaderMap, Vec<u8>) {
     let mut out = HeaderMap::new();
     out.insert("content-type", HeaderValue::from_static("application/json"));
+    if answer.status == 401 {
+        out.insert(
+            WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"walrelay\""),
+        );
+    }
     if let Some(b) = answer.bookmark.and_then(|b| HeaderValue::from_str(&b).ok()) {
         out.insert(BOOKMARK_HEADER, b);
     }
@@ -591,12 +705,18 @@ fn is_length_limit(e: &axum::Error) -> bool {
     false
 }
 
-async fn metrics_route(State(node): State<Arc<Node>>) -> impl IntoResponse {
+/// `GET /metrics`: node-wide, so it needs an all-databases token (of
+/// either permission).
+async fn metrics_route(State(node): State<Arc<Node>>, headers: HeaderMap) -> HttpResponse {
+    let authorization = headers.get(AUTHORIZATION).map(HeaderValue::as_bytes);
+    if let Err(answer) = node.authorize(authorization, Target::Metrics) {
+        return respond(answer).into_response();
+    }
     let n = Arc::clone(&node);
     let text = tokio::task::spawn_blocking(move || n.metrics_text())
         .await
         .unwrap_or_default();
-    ([("content-type", "text/plain; version=0.0.4")], text)
+    ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
 
 /// Serves `node` on `addr` from a thread of its own (a small tokio

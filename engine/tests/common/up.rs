@@ -43,14 +43,23 @@ impl Up {
             .args(extra)
             .env("RUST_BACKTRACE", "0")
             .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .process_group(0)
             .spawn()
             .expect("spawn walrelay up");
-        let out = child.stdout.take().expect("stdout");
+        // Both streams, line by line, into one channel.
         let (tx, rx) = mpsc::channel();
+        let out = child.stdout.take().expect("stdout");
+        let err = child.stderr.take().expect("stderr");
+        let tx2 = tx.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
                 let _ = tx.send(line);
+            }
+        });
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx2.send(line);
             }
         });
         Up {
@@ -101,13 +110,20 @@ impl Up {
         }
     }
 
-    /// POSTs a D1 query body to node `i`.
+    /// POSTs a D1 query body to node `i` with the admin token (when `up`
+    /// wrote one).
     pub fn query(&self, i: u16, bookmark: &str, body: &Json) -> Reply {
+        self.query_as(i, bookmark, body, self.token().as_deref())
+    }
+
+    /// POSTs a D1 query body to node `i` with `token` (None: no
+    /// credentials).
+    pub fn query_as(&self, i: u16, bookmark: &str, body: &Json, token: Option<&str>) -> Reply {
         let mut req = self
             .agent
             .post(format!("{}/v1/databases/main/query", self.http(i)))
             .header("x-d1-bookmark", bookmark);
-        if let Some(t) = self.token() {
+        if let Some(t) = token {
             req = req.header("authorization", &format!("Bearer {t}"));
         }
         match req.send_json(body) {
@@ -147,16 +163,41 @@ impl Up {
 
     /// What a terminal's Ctrl-C does: SIGINT to `up`'s process group. Returns
     /// the exit status and every line printed.
-    pub fn interrupt(mut self) -> (ExitStatus, Vec<String>) {
+    pub fn interrupt(self) -> (ExitStatus, Vec<String>) {
+        let (status, lines, _) = self.interrupt_timed();
+        (status, lines)
+    }
+
+    /// As [`Up::interrupt`], also returning how long `up` took to exit.
+    pub fn interrupt_timed(mut self) -> (ExitStatus, Vec<String>, Duration) {
         let mut child = self.child.take().expect("running");
+        let sent = Instant::now();
         // SAFETY: kill(2) with SIGINT on the process group our child leads.
         unsafe {
             libc::kill(-(child.id() as libc::pid_t), libc::SIGINT);
         }
-        let status = child.wait().expect("wait");
-        std::thread::sleep(Duration::from_millis(100));
+        // Bounded: a hang is a failure, not a stuck test.
+        let deadline = sent + Duration::from_secs(60);
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("wait") {
+                break s;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                panic!("up did not stop within 60 s of Ctrl-C: {:#?}", self.seen);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let took = sent.elapsed();
+        std::thread::sleep(Duration::from_millis(200));
         self.seen.extend(self.lines.try_iter());
-        (status, std::mem::take(&mut self.seen))
+        (status, std::mem::take(&mut self.seen), took)
+    }
+
+    /// Every line printed so far.
+    pub fn drain(&mut self) -> &[String] {
+        self.seen.extend(self.lines.try_iter());
+        &self.seen
     }
 }
 
