@@ -5,6 +5,12 @@
 //! replica simply exit (their state is crash-safe); a primary stops its
 //! workload, waits for every commit to be confirmed and writes its stop
 //! marker so the next start continues the log.
+//!
+//! Replication is authenticated: follower, primary and replica each need
+//! `--cluster-key FILE` (the same key on every process of a cluster), or
+//! `--insecure-replication` to run the replication ports open, which is
+//! said on stderr at every start. `up` creates `<dir>/cluster.key` if it is
+//! missing and hands it to every process.
 
 use anyhow::{Context, Result, bail};
 use std::net::SocketAddr;
@@ -19,8 +25,8 @@ use walrelay_engine::replication::{
     PrimaryConfig, ReplicaConfig, ReplicatedPrimary, ReplicatedReplica, database_path,
 };
 use walrelay_engine::{Constraint, ReplicaOptions, Value};
-use walrelay_replicator::DatabaseId;
 use walrelay_replicator::net::Backend;
+use walrelay_replicator::{ClusterKey, DatabaseId};
 use walrelay_replicator::node::follower::{FollowerNode, FollowerNodeConfig};
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -63,6 +69,45 @@ fn backend_name(b: Backend) -> &'static str {
     }
 }
 
+/// How a process authenticates its replication connections.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ReplicationAuthArgs {
+    /// The cluster key file (64 hex digits, mode 0600) every replication
+    /// connection is authenticated with; every process of a cluster needs
+    /// the same one.
+    #[arg(
+        long,
+        value_name = "FILE",
+        required_unless_present = "insecure_replication",
+        conflicts_with = "insecure_replication"
+    )]
+    pub cluster_key: Option<PathBuf>,
+    /// Run the replication ports unauthenticated: anyone who can reach them
+    /// can read the whole log, fence the primary and forge records.
+    #[arg(long)]
+    pub insecure_replication: bool,
+}
+
+impl ReplicationAuthArgs {
+    /// The key to run with (None only under `--insecure-replication`, which
+    /// is warned about on stderr).
+    pub fn key(&self, process: &str) -> Result<Option<ClusterKey>> {
+        match &self.cluster_key {
+            Some(path) => Ok(Some(ClusterKey::load(path)?)),
+            None if self.insecure_replication => {
+                eprintln!(
+                    "walrelay {process}: WARNING: --insecure-replication: replication connections are not authenticated; anyone who can reach this process's replication ports can read the whole log, fence the primary and forge records"
+                );
+                Ok(None)
+            }
+            None => bail!("--cluster-key FILE is required (or --insecure-replication)"),
+        }
+    }
+}
+
+/// The name of the key file `up` keeps in its data directory.
+pub const CLUSTER_KEY_FILE: &str = "cluster.key";
+
 /// A parsed address list (an alias, so clap does not treat `Vec` as
 /// "repeat the flag" and takes the whole comma-separated list at once).
 pub type Addrs = Vec<SocketAddr>;
@@ -82,6 +127,8 @@ pub struct FollowerArgs {
     /// Transport: auto, std or io_uring.
     #[arg(long, default_value = "auto", value_parser = backend)]
     pub net: Backend,
+    #[command(flatten)]
+    pub auth: ReplicationAuthArgs,
 }
 
 pub fn follower(a: FollowerArgs) -> Result<()> {
@@ -91,8 +138,10 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
         peers,
         database,
         net,
+        auth,
     } = a;
     install_stop_handler();
+    let auth = auth.key("follower")?;
     let node = FollowerNode::start(FollowerNodeConfig {
         database: DatabaseId(database),
         listen,
@@ -100,6 +149,7 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
         peers,
         segment_bytes: 64 << 20,
         backend: net,
+        auth,
         catch_up_batch_bytes: walrelay_replicator::node::follower::CATCH_UP_BATCH_BYTES,
     })
     .with_context(|| format!("starting follower in {}", dir.display()))?;
@@ -161,12 +211,15 @@ pub struct PrimaryArgs {
     /// The database's name in the HTTP API's paths.
     #[arg(long, default_value = "main")]
     pub database_name: String,
+    #[command(flatten)]
+    pub auth: ReplicationAuthArgs,
 }
 
 pub fn primary(a: PrimaryArgs) -> Result<()> {
     install_stop_handler();
+    let auth = a.auth.key("primary")?;
     std::fs::create_dir_all(&a.dir)?;
-    let mut config = PrimaryConfig::new(database_path(&a.dir), a.followers.clone());
+    let mut config = PrimaryConfig::new(database_path(&a.dir), a.followers.clone(), auth);
     config.database = DatabaseId(a.database);
     if let Some(w) = a.write_quorum {
         config.write_quorum = w;
@@ -327,10 +380,13 @@ pub struct ReplicaArgs {
     /// Injected replication delay (testing).
     #[arg(long, default_value_t = 0)]
     pub delay_ms: u64,
+    #[command(flatten)]
+    pub auth: ReplicationAuthArgs,
 }
 
 pub fn replica(a: ReplicaArgs) -> Result<()> {
     install_stop_handler();
+    let auth = a.auth.key("replica")?;
     let (dir, leader) = (a.dir.clone(), a.leader);
     std::fs::create_dir_all(&dir)?;
     let r = Arc::new(
@@ -340,6 +396,7 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
             leader,
             followers: a.followers.clone(),
             backend: a.net,
+            auth,
             options: ReplicaOptions {
                 region: a.region.clone(),
                 max_wait_ms: a.max_wait_ms,
@@ -482,14 +539,20 @@ pub fn up(a: UpArgs) -> Result<()> {
         None => std::env::temp_dir().join(format!("walrelay-up-{}", std::process::id())),
     };
     std::fs::create_dir_all(&dir)?;
+    let key_file = dir.join(CLUSTER_KEY_FILE);
+    ClusterKey::load_or_create(&key_file)?;
+    let key_arg = |args: &mut Vec<String>| {
+        args.extend(["--cluster-key".into(), key_file.display().to_string()]);
+    };
     let exe = std::env::current_exe()?;
     let follower_addrs = addrs(a.base_port + 1, a.followers);
     let primary_addr = SocketAddr::from(([127, 0, 0, 1], a.base_port));
     println!(
-        "walrelay up: 1 primary, {} followers, {} replicas in {} (Ctrl-C stops)",
+        "walrelay up: 1 primary, {} followers, {} replicas in {} (Ctrl-C stops); replication authenticated with {}",
         a.followers,
         a.replicas,
-        dir.display()
+        dir.display(),
+        key_file.display()
     );
     println!(
         "  try: curl -s -X POST http://127.0.0.1:{}/v1/databases/main/query -H 'x-d1-bookmark: first-unconstrained' -d '{{\"sql\":\"SELECT count(*) FROM events\"}}'",
@@ -524,7 +587,7 @@ pub fn up(a: UpArgs) -> Result<()> {
             .filter(|p| *p != addr)
             .copied()
             .collect();
-        others.push(spawn(vec![
+        let mut args = vec![
             "follower".into(),
             "--listen".into(),
             addr.to_string(),
@@ -534,7 +597,9 @@ pub fn up(a: UpArgs) -> Result<()> {
             join(&peers),
             "--net".into(),
             backend_name(a.net).into(),
-        ])?);
+        ];
+        key_arg(&mut args);
+        others.push(spawn(args)?);
     }
     // HTTP: the primary on base+10, replicas on base+11...
     let http = |i: u16| SocketAddr::from(([127, 0, 0, 1], a.base_port + 10 + i));
@@ -557,9 +622,10 @@ pub fn up(a: UpArgs) -> Result<()> {
     if a.seconds > 0 {
         primary_args.extend(["--seconds".into(), a.seconds.to_string()]);
     }
+    key_arg(&mut primary_args);
     let mut primary = spawn(primary_args)?;
     for i in 0..a.replicas {
-        others.push(spawn(vec![
+        let mut args = vec![
             "replica".into(),
             "--http".into(),
             http(1 + i as u16).to_string(),
@@ -575,7 +641,9 @@ pub fn up(a: UpArgs) -> Result<()> {
             join(&follower_addrs),
             "--net".into(),
             backend_name(a.net).into(),
-        ])?);
+        ];
+        key_arg(&mut args);
+        others.push(spawn(args)?);
     }
     // The primary ends the run (its --seconds, or a signal); the rest
     // follow it down.

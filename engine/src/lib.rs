@@ -76,5 +76,5 @@ pub use limits::Limits;
 pub use replica::{Replica, ReplicaFeed, ReplicaOptions, pair};
 pub use session::{Constraint, Meta, QueryResult, RawResult, Session, Statement};
 pub use value::{Row, Value};
-pub use walrelay_replicator::{Bookmark, BookmarkParseError, Epoch, Sequence};
+pub use walrelay_replicator::{Bookmark, BookmarkParseError, ClusterKey, Epoch, Sequence};
 pub use walrelay_vfs::{Appended, ApplyError, CaptureStats, CapturedTransaction, PageNo, PageSet};

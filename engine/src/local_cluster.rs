@@ -1,7 +1,8 @@
 //! A whole cluster in one process, each node with its HTTP endpoint on
 //! loopback: five followers, a primary and replicas in named regions. For
 //! tests, benchmarks and embedding; `walrelay up` runs the same roles as
-//! separate processes.
+//! separate processes. Replication is authenticated with a fresh cluster
+//! key (held in memory only).
 
 use crate::http::client::{Client, NodeInfo};
 use crate::http::server::{HttpConfig, HttpServer, Node, Role, serve};
@@ -12,7 +13,7 @@ use crate::replication::{
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use walrelay_replicator::DatabaseId;
+use walrelay_replicator::{ClusterKey, DatabaseId};
 use walrelay_replicator::net::Backend;
 use walrelay_replicator::node::follower::{FollowerNode, FollowerNodeConfig};
 
@@ -79,6 +80,7 @@ impl LocalCluster {
     /// Starts everything under `dir`.
     pub fn start(dir: &Path, config: LocalClusterConfig) -> Result<LocalCluster, PrimaryError> {
         let io = |e: std::io::Error| PrimaryError::Replication(e.to_string());
+        let key = ClusterKey::generate().map_err(|e| PrimaryError::Replication(e.to_string()))?;
         let followers = (0..config.followers)
             .map(|i| {
                 FollowerNode::start(FollowerNodeConfig {
@@ -88,13 +90,14 @@ impl LocalCluster {
                     peers: vec![],
                     segment_bytes: 16 << 20,
                     backend: Backend::Auto,
+                    auth: Some(key.clone()),
                     catch_up_batch_bytes: walrelay_replicator::node::follower::CATCH_UP_BATCH_BYTES,
                 })
                 .map_err(|e| PrimaryError::Replication(e.to_string()))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let addrs: Vec<SocketAddr> = followers.iter().map(|f| f.addr()).collect();
-        let mut pc = PrimaryConfig::new(dir.join("primary.db"), addrs.clone());
+        let mut pc = PrimaryConfig::new(dir.join("primary.db"), addrs.clone(), Some(key.clone()));
         pc.listen = Some(any_port());
         pc.options.region = config.primary_region.clone();
         let primary = Arc::new(ReplicatedPrimary::start(pc)?);
@@ -120,6 +123,7 @@ impl LocalCluster {
                 })?,
                 followers: addrs.clone(),
                 backend: Backend::Auto,
+                auth: Some(key.clone()),
                 options: ReplicaOptions {
                     region: region.clone(),
                     max_wait_ms: config.replica_max_wait_ms,

@@ -3,7 +3,10 @@
 //! test sees each write's outcome directly). Followers and the replica are
 //! killed with SIGKILL and restarted; a follower's segment tail is
 //! corrupted. At the end, every acknowledged write must be in at least W
-//! followers' logs, and the replica must match the primary.
+//! followers' logs, and the replica must match the primary. Replication is
+//! authenticated with one cluster key throughout.
+
+mod common;
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -88,6 +91,7 @@ impl Drop for Proc {
 
 struct Follower {
     net: String,
+    key_file: PathBuf,
     addr: SocketAddr,
     dir: PathBuf,
     peers: Vec<SocketAddr>,
@@ -113,6 +117,8 @@ impl Follower {
             join(&self.peers),
             "--net".into(),
             self.net.clone(),
+            "--cluster-key".into(),
+            self.key_file.display().to_string(),
         ]);
         let line = p.wait_line("follower listening", |l| l.contains("listening"));
         assert!(
@@ -226,9 +232,11 @@ fn over_std_sockets_the_quorum_survives_follower_and_replica_kills_and_a_corrupt
 fn scenario(net: &str) {
     let root = tempfile::tempdir().expect("tempdir");
     let addrs: Vec<SocketAddr> = (0..N).map(|_| free_port()).collect();
+    let (key_file, key) = common::cluster_key_file(root.path());
     let mut followers: Vec<Follower> = (0..N)
         .map(|i| Follower {
             net: net.to_string(),
+            key_file: key_file.clone(),
             addr: addrs[i],
             dir: root.path().join(format!("f{i}")),
             peers: addrs.iter().filter(|a| **a != addrs[i]).copied().collect(),
@@ -238,7 +246,7 @@ fn scenario(net: &str) {
     for f in &mut followers {
         f.start();
     }
-    let mut config = PrimaryConfig::new(root.path().join("primary.db"), addrs.clone());
+    let mut config = PrimaryConfig::new(root.path().join("primary.db"), addrs.clone(), Some(key.clone()));
     config.write_quorum = W;
     config.listen = Some(free_port());
     config.confirm_timeout_ms = 1_500;
@@ -255,6 +263,8 @@ fn scenario(net: &str) {
         join(&addrs),
         "--net".into(),
         net.to_string(),
+        "--cluster-key".into(),
+        key_file.display().to_string(),
     ];
     let mut replica = Proc::spawn(&replica_args);
     replica.wait_line("replica start", |l| l.contains("following"));
@@ -265,6 +275,7 @@ fn scenario(net: &str) {
         leader: primary.replica_addr().expect("listening"),
         followers: addrs.clone(),
         backend: config_backend(net),
+        auth: Some(key),
         options: ReplicaOptions::default(),
         delay_ms: 0,
     })

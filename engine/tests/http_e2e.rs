@@ -8,7 +8,10 @@
 //! The cluster is five `walrelay follower` processes, a `walrelay primary`
 //! and two `walrelay replica` processes (region-a, region-b), each serving
 //! HTTP; everything the test does goes through HTTP, built by hand so the
-//! wire format is what is tested.
+//! wire format is what is tested. Replication is authenticated with one
+//! cluster key.
+
+mod common;
 
 use serde_json::{Value as Json, json};
 use std::collections::BTreeMap;
@@ -165,6 +168,8 @@ impl Cluster {
         let root = dir.path();
         let path = |p: &str| root.join(p).display().to_string();
         let follower_addrs: Vec<SocketAddr> = (0..FOLLOWERS).map(|_| free_port()).collect();
+        let (key_file, _) = common::cluster_key_file(root);
+        let key_file = key_file.display().to_string();
         let followers = follower_addrs
             .iter()
             .enumerate()
@@ -184,6 +189,8 @@ impl Cluster {
                         path(&format!("follower-{i}")),
                         "--peers".into(),
                         join(&peers),
+                        "--cluster-key".into(),
+                        key_file.clone(),
                     ],
                 );
                 p.wait_line("listening");
@@ -208,6 +215,8 @@ impl Cluster {
                 primary_http.to_string(),
                 "--region".into(),
                 "primary-region".into(),
+                "--cluster-key".into(),
+                key_file.clone(),
             ],
         );
         // Printed once the HTTP server is bound and the replication
@@ -233,6 +242,8 @@ impl Cluster {
                     primary_url.clone(),
                     "--region".into(),
                     region.into(),
+                    "--cluster-key".into(),
+                    key_file.clone(),
                 ],
             );
             p.wait_line("replica HTTP at");

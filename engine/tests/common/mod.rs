@@ -1,8 +1,17 @@
 //! Shared test support: a recording sink, page-set replay, the logical-page
-//! oracle and the randomized workload generator.
+//! oracle, the randomized workload generator, and for tests with real
+//! processes: `walrelay` children ([`Proc`]), loopback ports and cluster
+//! key files.
 #![allow(dead_code)] // each test binary uses a different part
 
 use rand::rngs::SmallRng;
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -408,5 +417,158 @@ impl Workload {
             }
         }
         Ok(false)
+    }
+}
+
+// ---- processes, ports, keys ---------------------------------------------
+
+/// A loopback port nobody listens on right now (released before use, so
+/// another process could take it first; unlikely on loopback in a test).
+pub fn free_port() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+/// "a:1,b:2", as the `walrelay` address-list flags take it.
+pub fn join_addrs(addrs: &[SocketAddr]) -> String {
+    addrs
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Waits until `addr` accepts TCP connections.
+pub fn wait_accepting(addr: SocketAddr, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "{what} at {addr} never accepted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Creates a fresh cluster key file (mode 0600) in `dir`; returns its path
+/// and the key, for processes (`--cluster-key`) and in-process nodes alike.
+pub fn cluster_key_file(dir: &Path) -> (PathBuf, walrelay_engine::ClusterKey) {
+    let path = dir.join("cluster.key");
+    let key = walrelay_engine::ClusterKey::create(&path).expect("cluster key");
+    (path, key)
+}
+
+/// The `--cluster-key FILE` arguments.
+pub fn key_args(path: &Path) -> [String; 2] {
+    ["--cluster-key".into(), path.display().to_string()]
+}
+
+/// A `walrelay` child process whose stdout and stderr lines are collected
+/// (and drained, so a chatty process never blocks on a full pipe; stderr is
+/// echoed to the test's). Killed on drop, which unwinding runs too, and by
+/// the kernel if the test process dies.
+pub struct Proc {
+    pub name: String,
+    pub child: Child,
+    pub lines: Arc<Mutex<Vec<String>>>,
+    pub errors: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, args: &[String]) -> Proc {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_walrelay"));
+        command
+            .args(args)
+            .env("RUST_BACKTRACE", "0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: runs in the child between fork and exec and calls only
+        // prctl(2), which is async-signal-safe: if the test process is
+        // killed, the kernel kills the child rather than leave it holding
+        // ports.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = command.spawn().expect("spawn walrelay");
+        let collect = |stream: Box<dyn std::io::Read + Send>, echo: Option<String>| {
+            let sink = Arc::new(Mutex::new(Vec::new()));
+            let to = Arc::clone(&sink);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    if let Some(name) = &echo {
+                        eprintln!("[{name}] {line}");
+                    }
+                    to.lock().expect("lines").push(line);
+                }
+            });
+            sink
+        };
+        let lines = collect(Box::new(child.stdout.take().expect("stdout")), None);
+        let errors = collect(
+            Box::new(child.stderr.take().expect("stderr")),
+            Some(name.to_string()),
+        );
+        Proc {
+            name: name.to_string(),
+            child,
+            lines,
+            errors,
+        }
+    }
+
+    /// Waits for a stdout line containing `needle`; fails (with what the
+    /// process printed) if it exits or takes too long.
+    pub fn wait_line(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(l) = self
+                .lines
+                .lock()
+                .expect("lines")
+                .iter()
+                .find(|l| l.contains(needle))
+            {
+                return l.clone();
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "{} exited ({status}) before printing {needle:?}: {:#?} {:#?}",
+                    self.name,
+                    self.lines.lock().expect("lines"),
+                    self.errors.lock().expect("errors")
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} never printed {needle:?}: {:#?}",
+                self.name,
+                self.lines.lock().expect("lines")
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The stderr lines containing `needle` so far.
+    pub fn error_lines(&self, needle: &str) -> Vec<String> {
+        self.errors
+            .lock()
+            .expect("errors")
+            .iter()
+            .filter(|l| l.contains(needle))
+            .cloned()
+            .collect()
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
     }
 }
