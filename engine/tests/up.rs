@@ -1,7 +1,8 @@
 //! `walrelay up`, the README's main command: a local cluster of real
 //! processes that reports commit latency and confirm lag, and stops
 //! cleanly on Ctrl-C (SIGINT) — every process, with the primary's commits
-//! all confirmed — and starts again from the same directory.
+//! all confirmed — and starts again from the same directory, with the same
+//! cluster key.
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -102,9 +103,17 @@ fn up_runs_a_cluster_reports_latency_and_lag_and_stops_cleanly_on_ctrl_c() {
         "five followers and two replicas stop: {lines:#?}"
     );
     assert!(has("walrelay up: stopped"));
+    assert!(has("replication authenticated with"), "{lines:#?}");
+    let key_file = dir.path().join("cluster.key");
+    let mode = std::fs::metadata(&key_file).expect("up made a cluster key");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(mode.permissions().mode() & 0o777, 0o600);
+    let key = std::fs::read(&key_file).expect("key");
 
-    // Again from the same directory: the log continues in a new epoch.
+    // Again from the same directory: the log continues in a new epoch,
+    // with the same key.
     let lines = run_up(dir.path(), base);
+    assert_eq!(std::fs::read(&key_file).expect("key"), key);
     assert!(
         lines.iter().any(|l| l.starts_with("primary epoch 2")),
         "{lines:#?}"
