@@ -27,9 +27,9 @@ use walrelay_engine::replication::{
     PrimaryConfig, ReplicaConfig, ReplicatedPrimary, ReplicatedReplica,
 };
 use walrelay_engine::{Constraint, ReplicaOptions, Value};
-use walrelay_replicator::{ClusterKey, DatabaseId};
 use walrelay_replicator::net::Backend;
 use walrelay_replicator::node::follower::{FollowerNode, FollowerNodeConfig};
+use walrelay_replicator::{ClusterKey, DatabaseId};
 
 fn show(name: &str, p: &Percentiles) {
     println!(

@@ -182,7 +182,10 @@ fn main() {
 
     let open_commit = percentiles(&mut open_commit);
     let keyed_commit = percentiles(&mut keyed_commit);
-    println!("commit latency, 1 session ({} commits each):", rounds * per_round);
+    println!(
+        "commit latency, 1 session ({} commits each):",
+        rounds * per_round
+    );
     show("  open (auth: None)", &open_commit);
     show("  authenticated (cluster key)", &keyed_commit);
     let r = keyed_commit.ratio_to(&open_commit);

@@ -26,8 +26,8 @@ use walrelay_engine::replication::{
 };
 use walrelay_engine::{Constraint, ReplicaOptions, Value};
 use walrelay_replicator::net::Backend;
-use walrelay_replicator::{ClusterKey, DatabaseId};
 use walrelay_replicator::node::follower::{FollowerNode, FollowerNodeConfig};
+use walrelay_replicator::{ClusterKey, DatabaseId};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 

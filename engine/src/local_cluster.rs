@@ -13,9 +13,9 @@ use crate::replication::{
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use walrelay_replicator::{ClusterKey, DatabaseId};
 use walrelay_replicator::net::Backend;
 use walrelay_replicator::node::follower::{FollowerNode, FollowerNodeConfig};
+use walrelay_replicator::{ClusterKey, DatabaseId};
 
 /// How to build a local cluster.
 #[derive(Debug, Clone)]

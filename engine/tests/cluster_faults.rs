@@ -246,7 +246,11 @@ fn scenario(net: &str) {
     for f in &mut followers {
         f.start();
     }
-    let mut config = PrimaryConfig::new(root.path().join("primary.db"), addrs.clone(), Some(key.clone()));
+    let mut config = PrimaryConfig::new(
+        root.path().join("primary.db"),
+        addrs.clone(),
+        Some(key.clone()),
+    );
     config.write_quorum = W;
     config.listen = Some(free_port());
     config.confirm_timeout_ms = 1_500;

@@ -190,7 +190,8 @@ fn rogue_scenario(net: &str) {
     let dirs: Vec<PathBuf> = (0..N).map(|i| root.path().join(format!("f{i}"))).collect();
     let mut followers: Vec<Proc> = (0..N)
         .map(|i| {
-            let peers: Vec<SocketAddr> = addrs.iter().filter(|a| **a != addrs[i]).copied().collect();
+            let peers: Vec<SocketAddr> =
+                addrs.iter().filter(|a| **a != addrs[i]).copied().collect();
             let mut args = follower_args(addrs[i], &dirs[i], &peers, net);
             args.extend(key_args(&key_file));
             start_follower(&format!("follower {i}"), args, addrs[i])
@@ -271,7 +272,10 @@ fn rogue_scenario(net: &str) {
     let ok_before_attacks = {
         let started = Instant::now();
         while ok.load(Ordering::Relaxed) < 5 {
-            assert!(started.elapsed() < Duration::from_secs(30), "the writer never got going");
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the writer never got going"
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
         ok.load(Ordering::Relaxed)
@@ -335,7 +339,8 @@ fn rogue_scenario(net: &str) {
         .into_iter()
         .flat_map(|how| attacks.iter().map(move |a| (how, a.clone())))
         .map(|(how, (what, addr, messages))| {
-            let got = std::thread::spawn(move || attack(addr, how, &messages, Duration::from_secs(5)));
+            let got =
+                std::thread::spawn(move || attack(addr, how, &messages, Duration::from_secs(5)));
             (how, what, addr, got)
         })
         .collect();
@@ -361,7 +366,10 @@ fn rogue_scenario(net: &str) {
     assert!(last > writer_last);
     let deadline = Instant::now() + Duration::from_secs(30);
     while replica_confirmed(&replica).is_none_or(|c| c < last) {
-        assert!(Instant::now() < deadline, "the replica never reached {last}");
+        assert!(
+            Instant::now() < deadline,
+            "the replica never reached {last}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 
@@ -371,7 +379,11 @@ fn rogue_scenario(net: &str) {
     assert_eq!(status.confirmed, last, "confirmed is the real last write");
     assert!(status.streaming_followers >= W);
     for (i, dir) in dirs.iter().enumerate() {
-        assert_eq!(epoch_file::load(dir).expect("epoch"), epoch, "follower {i} was fenced");
+        assert_eq!(
+            epoch_file::load(dir).expect("epoch"),
+            epoch,
+            "follower {i} was fenced"
+        );
     }
     // Two attempts at the replica port per rogue kind.
     assert!(
@@ -403,12 +415,14 @@ fn rogue_scenario(net: &str) {
             "follower {i} holds the forged record"
         );
         let has_last = records.iter().any(|r| {
-            walrelay_replicator::Encoded::decode(r)
-                .is_ok_and(|(e, _)| e.bookmark == last)
+            walrelay_replicator::Encoded::decode(r).is_ok_and(|(e, _)| e.bookmark == last)
         });
         holding_last += usize::from(has_last);
     }
-    assert!(holding_last >= W, "the last write is in {holding_last} logs");
+    assert!(
+        holding_last >= W,
+        "the last write is in {holding_last} logs"
+    );
     eprintln!("{count} rogue attempts refused; {ok_during} writes committed meanwhile");
 }
 
@@ -424,7 +438,9 @@ fn an_open_follower_is_fenced_forged_and_read_by_the_same_rogue() {
     args.push("--insecure-replication".into());
     let follower = start_follower("open follower", args, addr);
     assert!(
-        !follower.error_lines("WARNING: --insecure-replication").is_empty(),
+        !follower
+            .error_lines("WARNING: --insecure-replication")
+            .is_empty(),
         "the open port is warned about"
     );
 
@@ -483,6 +499,9 @@ fn processes_refuse_to_start_without_a_key_or_with_an_exposed_one() {
     let mut both = key_args(&key_file).to_vec();
     both.push("--insecure-replication".into());
     let out = run(&both);
-    assert!(!out.status.success(), "a key and --insecure-replication conflict");
+    assert!(
+        !out.status.success(),
+        "a key and --insecure-replication conflict"
+    );
     assert!(!dir.exists(), "a refused start leaves nothing behind");
 }

@@ -58,10 +58,10 @@ pub mod wire;
 pub use bookmark::{Bookmark, BookmarkParseError, Epoch, Sequence};
 pub use follower::{Follower, FollowerAction, FollowerEvent};
 pub use ids::{DatabaseId, DatabaseIdParseError};
-pub use net::{ClusterKey, KeyFileError};
 pub use leader::{
     CloseReason, Leader, LeaderAction, LeaderConfig, LeaderError, LeaderEvent, PeerId,
 };
+pub use net::{ClusterKey, KeyFileError};
 pub use quorum::{FollowerId, QuorumError, QuorumTracker};
 pub use record::{Encoded, Record, RecordError};
 pub use segments::{IoBackend, Recovery, SegmentError, SegmentLog};

@@ -5,17 +5,17 @@
 #![allow(dead_code)] // each test binary uses a different part
 
 use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::FileExt;
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use rand::{Rng, SeedableRng};
-use std::os::unix::fs::FileExt;
-use std::path::Path;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 use walrelay_engine::{
     Bookmark, CapturedTransaction, CheckpointMode, Database, PageSet, QueryError, Session,
     TransactionSink, Value,

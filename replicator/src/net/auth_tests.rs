@@ -86,7 +86,10 @@ fn a_dialer_that_guesses_its_proof_is_refused() {
     s.read_exact(&mut challenge).expect("challenge");
     // Reflect the acceptor's own proof back: the role byte differs.
     s.write_all(&challenge[8 + NONCE_BYTES..]).expect("proof");
-    assert!(matches!(server.join().expect("thread"), Err(AuthError::BadProof)));
+    assert!(matches!(
+        server.join().expect("thread"),
+        Err(AuthError::BadProof)
+    ));
 }
 
 #[test]
@@ -106,7 +109,10 @@ fn a_peer_speaking_the_bare_wire_format_is_refused() {
     .to_vec();
     frame.resize(HELLO_BYTES, 0);
     s.write_all(&frame).expect("write");
-    assert!(matches!(server.join().expect("thread"), Err(AuthError::BadMagic)));
+    assert!(matches!(
+        server.join().expect("thread"),
+        Err(AuthError::BadMagic)
+    ));
 }
 
 fn sealed_pair() -> (Sealer, Opener, Arc<Auth>) {

@@ -182,15 +182,17 @@ mod tests {
         let path = dir.path().join("cluster.key");
         for bad in [&b""[..], b"00", &[b'g'; 64], &[b'0'; 65], &[b'0'; 63]] {
             std::fs::write(&path, bad).expect("write");
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-                .expect("chmod");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
             assert!(
                 matches!(ClusterKey::load(&path), Err(KeyFileError::Malformed { .. })),
                 "{bad:?}"
             );
         }
         std::fs::write(&path, [b'A'; 64]).expect("write");
-        assert_eq!(ClusterKey::load(&path).expect("upper case").bytes(), &[0xaa; 32]);
+        assert_eq!(
+            ClusterKey::load(&path).expect("upper case").bytes(),
+            &[0xaa; 32]
+        );
     }
 
     #[test]

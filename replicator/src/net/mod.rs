@@ -180,10 +180,7 @@ impl Drop for Slot {
 pub(crate) fn accept_in_background(
     listener: std::net::TcpListener,
     auth: Arc<Auth>,
-    on_stream: impl Fn(std::net::TcpStream, SocketAddr, Option<Session>) -> bool
-    + Send
-    + Sync
-    + 'static,
+    on_stream: impl Fn(std::net::TcpStream, SocketAddr, Option<Session>) -> bool + Send + Sync + 'static,
 ) -> io::Result<()> {
     let on_stream = Arc::new(on_stream);
     let stop = Arc::new(AtomicBool::new(false));
@@ -258,11 +255,13 @@ pub fn open(
         Backend::Std => Ok(std_transport(handler, auth)),
         Backend::Auto if forced_std => Ok(std_transport(handler, auth)),
         #[cfg(target_os = "linux")]
-        Backend::Auto => match uring_net::UringTransport::new(Arc::clone(&handler), Arc::clone(&auth)) {
-            Ok(t) => Ok(Arc::new(t)),
-            // Refused by the kernel (sysctl, seccomp, too old): run portable.
-            Err(_) => Ok(std_transport(handler, auth)),
-        },
+        Backend::Auto => {
+            match uring_net::UringTransport::new(Arc::clone(&handler), Arc::clone(&auth)) {
+                Ok(t) => Ok(Arc::new(t)),
+                // Refused by the kernel (sysctl, seccomp, too old): run portable.
+                Err(_) => Ok(std_transport(handler, auth)),
+            }
+        }
         #[cfg(target_os = "linux")]
         Backend::IoUring => Ok(Arc::new(uring_net::UringTransport::new(handler, auth)?)),
         #[cfg(not(target_os = "linux"))]

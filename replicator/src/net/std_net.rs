@@ -84,7 +84,11 @@ impl StdTransport {
 impl Shared {
     /// Registers a connected (and, under a key, authenticated) stream;
     /// returns its id.
-    fn register(self: &Arc<Self>, stream: TcpStream, session: Option<Session>) -> io::Result<ConnId> {
+    fn register(
+        self: &Arc<Self>,
+        stream: TcpStream,
+        session: Option<Session>,
+    ) -> io::Result<ConnId> {
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
         let conn = self.next.fetch_add(1, Ordering::Relaxed);
@@ -199,7 +203,10 @@ fn write_loop(state: &ConnState, mut stream: TcpStream, mut seal: Option<Sealer>
         };
         let queued: u64 = batch.iter().flatten().map(|p| p.len() as u64).sum();
         let tags: Vec<Bytes> = match &mut seal {
-            Some(seal) => batch.iter().map(|[h, b]| seal.seal(&[&h[..], &b[..]])).collect(),
+            Some(seal) => batch
+                .iter()
+                .map(|[h, b]| seal.seal(&[&h[..], &b[..]]))
+                .collect(),
             None => Vec::new(),
         };
         let mut parts: Vec<&[u8]> = Vec::with_capacity(batch.len() * 3);
@@ -242,14 +249,14 @@ impl Transport for StdTransport {
     fn connect(&self, addr: SocketAddr, tag: u64) {
         let shared = Arc::clone(&self.shared);
         let auth = Arc::clone(&shared.auth);
-        let spawned = super::dial_in_background(addr, CONNECT_TIMEOUT, auth, move |dialed| match dialed
-            .and_then(|(s, session)| shared.register(s, session))
-        {
-            Ok(conn) => {
-                shared.handler.connected(conn, tag);
-                shared.start_reader(conn);
+        let spawned = super::dial_in_background(addr, CONNECT_TIMEOUT, auth, move |dialed| {
+            match dialed.and_then(|(s, session)| shared.register(s, session)) {
+                Ok(conn) => {
+                    shared.handler.connected(conn, tag);
+                    shared.start_reader(conn);
+                }
+                Err(e) => shared.handler.connect_failed(tag, e),
             }
-            Err(e) => shared.handler.connect_failed(tag, e),
         });
         if let Err(e) = spawned {
             self.shared.handler.connect_failed(tag, e);

@@ -288,14 +288,14 @@ impl Transport for UringTransport {
     fn connect(&self, addr: SocketAddr, tag: u64) {
         let shared = Arc::clone(&self.shared);
         let auth = Arc::clone(&shared.auth);
-        let spawned = super::dial_in_background(addr, CONNECT_TIMEOUT, auth, move |dialed| match dialed
-            .and_then(|(s, session)| shared.register(s, session))
-        {
-            Ok(conn) => {
-                shared.handler.connected(conn, tag);
-                shared.start(conn);
+        let spawned = super::dial_in_background(addr, CONNECT_TIMEOUT, auth, move |dialed| {
+            match dialed.and_then(|(s, session)| shared.register(s, session)) {
+                Ok(conn) => {
+                    shared.handler.connected(conn, tag);
+                    shared.start(conn);
+                }
+                Err(e) => shared.handler.connect_failed(tag, e),
             }
-            Err(e) => shared.handler.connect_failed(tag, e),
         });
         if let Err(e) = spawned {
             let _ = self.shared.post(Cmd::ConnectFailed(tag, e));
@@ -710,7 +710,10 @@ impl Ring {
             return self.fail(id, Some(why));
         }
         // The tag is a small buffer of its own after the shared record.
-        let tag = conn.seal.as_mut().map(|s| s.seal(&[&parts[0][..], &parts[1][..]]));
+        let tag = conn
+            .seal
+            .as_mut()
+            .map(|s| s.seal(&[&parts[0][..], &parts[1][..]]));
         conn.queued += n + tag.as_ref().map_or(0, |t| t.len() as u64);
         conn.queue
             .extend(parts.into_iter().chain(tag).filter(|p| !p.is_empty()));
@@ -1085,7 +1088,10 @@ mod tests {
     #[test]
     fn a_large_claimed_frame_allocates_only_what_arrives_on_either_transport() {
         let (tx, _rx) = mpsc::channel();
-        let std_server = crate::net::std_net::StdTransport::new(Arc::new(Collect(Mutex::new(tx))), Auth::new(None));
+        let std_server = crate::net::std_net::StdTransport::new(
+            Arc::new(Collect(Mutex::new(tx))),
+            Auth::new(None),
+        );
         let mut servers: Vec<Box<dyn Transport>> = vec![Box::new(std_server)];
         if let Some((uring, _)) = transport() {
             servers.push(Box::new(uring));
