@@ -13,13 +13,11 @@
 
 mod common;
 
+use common::{Proc, free_port, join_addrs, wait_accepting};
+
 use serde_json::{Value as Json, json};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 const FOLLOWERS: usize = 5;
@@ -29,123 +27,6 @@ const FOLLOWERS: usize = 5;
 fn iterations() -> usize {
     let soak = std::env::var("WALRELAY_SOAK").is_ok_and(|v| !v.is_empty() && v != "0");
     if soak { 10_000 } else { 1_000 }
-}
-
-/// A port nobody listens on right now (it is released before use, so
-/// another process could take it first; unlikely on loopback in a test).
-fn free_port() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
-
-fn join(addrs: &[SocketAddr]) -> String {
-    addrs
-        .iter()
-        .map(|a| a.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// A `walrelay` child process whose stdout lines are collected (and
-/// drained, so a chatty process never blocks on a full pipe). Killed on
-/// drop, which unwinding runs too.
-struct Proc {
-    name: String,
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Proc {
-    fn spawn(name: &str, args: &[String]) -> Proc {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_walrelay"));
-        command
-            .args(args)
-            .env("RUST_BACKTRACE", "0")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        // SAFETY: runs in the child between fork and exec and calls only
-        // prctl(2), which is async-signal-safe. It covers what Drop cannot:
-        // if the test process itself is killed, the kernel kills the child
-        // rather than leaving it holding ports.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("spawn walrelay");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let out = child.stdout.take().expect("stdout");
-        let sink = Arc::clone(&lines);
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                sink.lock().expect("lines").push(line);
-            }
-        });
-        Proc {
-            name: name.to_string(),
-            child,
-            lines,
-        }
-    }
-
-    /// Waits for a line containing `needle`; fails (with what the process
-    /// printed) if it exits or takes too long.
-    fn wait_line(&mut self, needle: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(l) = self
-                .lines
-                .lock()
-                .expect("lines")
-                .iter()
-                .find(|l| l.contains(needle))
-            {
-                return l.clone();
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "{} exited ({status}) before printing {needle:?}: {:#?}",
-                    self.name,
-                    self.lines.lock().expect("lines")
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} never printed {needle:?}: {:#?}",
-                self.name,
-                self.lines.lock().expect("lines")
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn assert_running(&mut self) {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            panic!(
-                "{} exited ({status}): {:#?}",
-                self.name,
-                self.lines.lock().expect("lines")
-            );
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill(); // SIGKILL
-        let _ = self.child.wait();
-    }
-}
-
-fn wait_accepting(addr: SocketAddr, who: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(addr).is_err() {
-        assert!(Instant::now() < deadline, "{who} never accepted on {addr}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// The processes and their HTTP URLs.
@@ -188,7 +69,7 @@ impl Cluster {
                         "--dir".into(),
                         path(&format!("follower-{i}")),
                         "--peers".into(),
-                        join(&peers),
+                        join_addrs(&peers),
                         "--cluster-key".into(),
                         key_file.clone(),
                     ],
@@ -208,7 +89,7 @@ impl Cluster {
                 "--dir".into(),
                 path("primary"),
                 "--followers".into(),
-                join(&follower_addrs),
+                join_addrs(&follower_addrs),
                 "--listen".into(),
                 primary_listen.to_string(),
                 "--http".into(),
@@ -235,7 +116,7 @@ impl Cluster {
                     "--leader".into(),
                     primary_listen.to_string(),
                     "--followers".into(),
-                    join(&follower_addrs),
+                    join_addrs(&follower_addrs),
                     "--http".into(),
                     http.to_string(),
                     "--primary-http".into(),

@@ -561,6 +561,26 @@ impl Proc {
             .collect()
     }
 
+    /// Fails (with what it printed) if the process has exited.
+    pub fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!(
+                "{} exited ({status}): {:#?}",
+                self.name,
+                self.lines.lock().expect("lines")
+            );
+        }
+    }
+
+    /// SIGINT (a clean stop), then waits for the exit.
+    pub fn interrupt(&mut self) {
+        // SAFETY: kill(2) with SIGINT on our own unreaped child.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGINT);
+        }
+        let _ = self.child.wait();
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill(); // SIGKILL
         let _ = self.child.wait();
