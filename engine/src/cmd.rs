@@ -312,21 +312,23 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
             let st = primary.status();
             if l.is_empty() {
                 println!(
-                    "primary confirmed={} followers_streaming={} commits/s=0 failed={}",
+                    "primary confirmed={} followers_streaming={} commits/s=0 failed={} auth_refused={}",
                     st.confirmed,
                     st.streaming_followers,
-                    failures.load(Ordering::Relaxed)
+                    failures.load(Ordering::Relaxed),
+                    primary.leader().auth_refusals()
                 );
             } else {
                 l.sort_unstable();
                 println!(
-                    "primary confirmed={} followers_streaming={} commits/s={} commit_p50_us={} commit_p99_us={} failed={}",
+                    "primary confirmed={} followers_streaming={} commits/s={} commit_p50_us={} commit_p99_us={} failed={} auth_refused={}",
                     st.confirmed,
                     st.streaming_followers,
                     l.len(),
                     l[l.len() / 2],
                     l[(l.len() * 99 / 100).min(l.len() - 1)],
-                    failures.load(Ordering::Relaxed)
+                    failures.load(Ordering::Relaxed),
+                    primary.leader().auth_refusals()
                 );
             }
         }

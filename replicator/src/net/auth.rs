@@ -210,6 +210,11 @@ impl Auth {
         self.run(stream, peer, false, "connection from")
     }
 
+    /// Accepted connections in their handshake now.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Acquire)
+    }
+
     /// Takes one of the pending-handshake slots; false (and counted) when
     /// all are taken. [`Auth::release`] gives it back.
     pub(crate) fn reserve(&self, peer: SocketAddr) -> bool {

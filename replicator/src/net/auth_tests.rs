@@ -254,24 +254,39 @@ impl NetHandler for Collect {
     }
 }
 
+type Side = (Box<dyn Transport>, mpsc::Receiver<Ev>);
+
 /// Both transports (io_uring where the kernel allows it), with `key`.
-fn transports(key: Option<ClusterKey>) -> Vec<(Box<dyn Transport>, mpsc::Receiver<Ev>)> {
-    let mut out: Vec<(Box<dyn Transport>, mpsc::Receiver<Ev>)> = Vec::new();
+fn transports(key: Option<ClusterKey>) -> Vec<Side> {
+    transports_with_auth(key)
+        .into_iter()
+        .map(|(t, rx, _)| (t, rx))
+        .collect()
+}
+
+/// As [`transports`], with each one's [`Auth`].
+fn transports_with_auth(
+    key: Option<ClusterKey>,
+) -> Vec<(Box<dyn Transport>, mpsc::Receiver<Ev>, Arc<Auth>)> {
+    let mut out: Vec<(Box<dyn Transport>, mpsc::Receiver<Ev>, Arc<Auth>)> = Vec::new();
     let (tx, rx) = mpsc::channel();
     let handler = Arc::new(Collect(Mutex::new(tx)));
+    let auth = Auth::new(key.clone());
     out.push((
         Box::new(crate::net::std_net::StdTransport::new(
             handler,
-            Auth::new(key.clone()),
+            Arc::clone(&auth),
         )),
         rx,
+        auth,
     ));
     #[cfg(target_os = "linux")]
     {
         let (tx, rx) = mpsc::channel();
         let handler = Arc::new(Collect(Mutex::new(tx)));
-        match crate::net::uring_net::UringTransport::new(handler, Auth::new(key)) {
-            Ok(t) => out.push((Box::new(t), rx)),
+        let auth = Auth::new(key);
+        match crate::net::uring_net::UringTransport::new(handler, Arc::clone(&auth)) {
+            Ok(t) => out.push((Box::new(t), rx, auth)),
             Err(e) => eprintln!("io_uring unavailable ({e}): only std tested"),
         }
     }
@@ -406,4 +421,67 @@ fn an_unkeyed_transport_cannot_talk_to_a_keyed_one() {
             quiet(&server_rx);
         }
     }
+}
+
+#[test]
+fn past_the_pending_handshake_bound_connections_close_at_once_and_slots_come_back() {
+    for (server, server_rx, auth) in transports_with_auth(Some(key(1))) {
+        let addr = server.listen(local()).expect("listen");
+        // Silent peers fill every slot (each held until its deadline).
+        let silent: Vec<TcpStream> = (0..MAX_PENDING_HANDSHAKES)
+            .map(|_| TcpStream::connect(addr).expect("connect"))
+            .collect();
+        // Make sure the accept loop has taken every one of them.
+        let deadline = Instant::now() + WAIT;
+        while auth.pending() < MAX_PENDING_HANDSHAKES {
+            assert!(
+                Instant::now() < deadline,
+                "the silent peers were not all accepted"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // One more: closed at once, long before the handshake deadline.
+        let started = Instant::now();
+        let mut extra = TcpStream::connect(addr).expect("connect");
+        extra.set_read_timeout(Some(WAIT)).expect("timeout");
+        let mut buf = [0u8; 1];
+        let n = extra.read(&mut buf).unwrap_or(0);
+        assert_eq!(n, 0, "{}", server.backend());
+        assert!(
+            started.elapsed() < HANDSHAKE_TIMEOUT,
+            "{}",
+            server.backend()
+        );
+        wait_refusals(&*server, 1);
+        // The silent ones go away (or would time out) and give their slots
+        // back: a keyed peer gets through again.
+        drop(silent);
+        let (client, client_rx) = transports(Some(key(1))).remove(0);
+        client.connect(addr, 9);
+        let Ev::Up(_) = next(&client_rx) else {
+            panic!("{}: no slot came back", server.backend());
+        };
+        assert!(matches!(next(&server_rx), Ev::Up(_)));
+    }
+}
+
+#[test]
+fn a_silent_peer_is_refused_at_the_handshake_deadline() {
+    let (server, _rx) = transports(Some(key(1))).remove(0);
+    let addr = server.listen(local()).expect("listen");
+    let started = Instant::now();
+    let mut silent = TcpStream::connect(addr).expect("connect");
+    silent.set_read_timeout(Some(WAIT)).expect("timeout");
+    let mut buf = [0u8; 1];
+    assert_eq!(
+        silent.read(&mut buf).unwrap_or(0),
+        0,
+        "closed, nothing sent"
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited >= HANDSHAKE_TIMEOUT / 2 && waited < WAIT,
+        "{waited:?}"
+    );
+    wait_refusals(&*server, 1);
 }
