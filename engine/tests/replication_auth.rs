@@ -59,6 +59,7 @@ fn read_all(stream: &mut TcpStream, quiet: Duration) -> Vec<u8> {
     let mut buf = [0u8; 64 * 1024];
     loop {
         match stream.read(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Ok(0) | Err(_) => return got,
             Ok(n) => got.extend_from_slice(&buf[..n]),
         }
