@@ -255,6 +255,8 @@ impl NetHandler for Collect {
 }
 
 type Side = (Box<dyn Transport>, mpsc::Receiver<Ev>);
+/// A transport, its events and its authentication.
+type KeyedSide = (Box<dyn Transport>, mpsc::Receiver<Ev>, Arc<Auth>);
 
 /// Both transports (io_uring where the kernel allows it), with `key`.
 fn transports(key: Option<ClusterKey>) -> Vec<Side> {
@@ -265,10 +267,8 @@ fn transports(key: Option<ClusterKey>) -> Vec<Side> {
 }
 
 /// As [`transports`], with each one's [`Auth`].
-fn transports_with_auth(
-    key: Option<ClusterKey>,
-) -> Vec<(Box<dyn Transport>, mpsc::Receiver<Ev>, Arc<Auth>)> {
-    let mut out: Vec<(Box<dyn Transport>, mpsc::Receiver<Ev>, Arc<Auth>)> = Vec::new();
+fn transports_with_auth(key: Option<ClusterKey>) -> Vec<KeyedSide> {
+    let mut out: Vec<KeyedSide> = Vec::new();
     let (tx, rx) = mpsc::channel();
     let handler = Arc::new(Collect(Mutex::new(tx)));
     let auth = Auth::new(key.clone());
