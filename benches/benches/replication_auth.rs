@@ -151,7 +151,7 @@ fn main() {
         Some(ClusterKey::generate().expect("cluster key")),
     );
     println!(
-        "transport {} / follower storage, N={n} W={}",
+        "transport {}, W={} of N={n}, one replica each",
         keyed.primary.leader().backend(),
         n / 2 + 1
     );
