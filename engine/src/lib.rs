@@ -31,7 +31,9 @@
 //!   confirmed by a quorum of followers; later writes commit meanwhile.
 //! - [`replication`] binds a database to the replicator:
 //!   `ReplicatedPrimary` (commits go to W of N followers, results wait at
-//!   the gate) and `ReplicatedReplica` (a replica fed over the network).
+//!   the gate) and `ReplicatedReplica` (a replica fed over the network),
+//!   each authenticating its replication connections with a
+//!   [`ClusterKey`] unless configured with `auth: None`.
 //!   [`http`] is a node's D1-shaped HTTP face with replica write forwarding
 //!   and a session client; [`local_cluster`] runs a whole cluster in one
 //!   process.
