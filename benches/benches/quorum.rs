@@ -9,6 +9,9 @@
 //! - throughput with 1 and 16 concurrent sessions (group commit);
 //! - confirm lag: the leader's quorum instant to the replica's visibility.
 //!
+//! Replication is authenticated with a cluster key, as `walrelay up` runs
+//! it (the `replication_auth` bench compares with and without).
+//!
 //! `cargo bench -p walrelay-benches --bench quorum` (full run);
 //! `-- --test` runs a few iterations only (CI).
 
@@ -24,9 +27,9 @@ use walrelay_engine::replication::{
     PrimaryConfig, ReplicaConfig, ReplicatedPrimary, ReplicatedReplica,
 };
 use walrelay_engine::{Constraint, ReplicaOptions, Value};
-use walrelay_replicator::DatabaseId;
 use walrelay_replicator::net::Backend;
 use walrelay_replicator::node::follower::{FollowerNode, FollowerNodeConfig};
+use walrelay_replicator::{ClusterKey, DatabaseId};
 
 fn show(name: &str, p: &Percentiles) {
     println!(
@@ -58,6 +61,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
+    let key = Some(ClusterKey::generate().expect("cluster key"));
     let followers: Vec<FollowerNode> = (0..n)
         .map(|i| {
             FollowerNode::start(FollowerNodeConfig {
@@ -67,13 +71,14 @@ fn main() {
                 peers: vec![],
                 segment_bytes: 64 << 20,
                 backend: Backend::Auto,
+                auth: key.clone(),
                 catch_up_batch_bytes: walrelay_replicator::node::follower::CATCH_UP_BATCH_BYTES,
             })
             .expect("follower")
         })
         .collect();
     let addrs: Vec<SocketAddr> = followers.iter().map(|f| f.addr()).collect();
-    let mut config = PrimaryConfig::new(root.path().join("primary.db"), addrs.clone());
+    let mut config = PrimaryConfig::new(root.path().join("primary.db"), addrs.clone(), key.clone());
     config.listen = Some("127.0.0.1:0".parse().expect("addr"));
     let primary = Arc::new(ReplicatedPrimary::start(config).expect("primary"));
     let replica = ReplicatedReplica::start(ReplicaConfig {
@@ -82,6 +87,7 @@ fn main() {
         leader: primary.replica_addr().expect("listening"),
         followers: addrs,
         backend: Backend::Auto,
+        auth: key,
         options: ReplicaOptions {
             durable: false,
             ..ReplicaOptions::default()

@@ -5,6 +5,12 @@
 //! replica simply exit (their state is crash-safe); a primary stops its
 //! workload, waits for every commit to be confirmed and writes its stop
 //! marker so the next start continues the log.
+//!
+//! Replication is authenticated: follower, primary and replica each need
+//! `--cluster-key FILE` (the same key on every process of a cluster), or
+//! `--insecure-replication` to run the replication ports open, which is
+//! said on stderr at every start. `up` creates `<dir>/cluster.key` if it is
+//! missing and hands it to every process.
 
 use anyhow::{Context, Result, bail};
 use std::net::SocketAddr;
@@ -21,9 +27,9 @@ use walrelay_engine::replication::{
     PrimaryConfig, ReplicaConfig, ReplicatedPrimary, ReplicatedReplica, database_path,
 };
 use walrelay_engine::{Constraint, ReplicaOptions, Value};
-use walrelay_replicator::DatabaseId;
 use walrelay_replicator::net::Backend;
 use walrelay_replicator::node::follower::{FollowerNode, FollowerNodeConfig};
+use walrelay_replicator::{ClusterKey, DatabaseId};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -65,6 +71,45 @@ fn backend_name(b: Backend) -> &'static str {
     }
 }
 
+/// How a process authenticates its replication connections.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ReplicationAuthArgs {
+    /// The cluster key file (64 hex digits, mode 0600) every replication
+    /// connection is authenticated with; every process of a cluster needs
+    /// the same one.
+    #[arg(
+        long,
+        value_name = "FILE",
+        required_unless_present = "insecure_replication",
+        conflicts_with = "insecure_replication"
+    )]
+    pub cluster_key: Option<PathBuf>,
+    /// Run the replication ports unauthenticated: anyone who can reach them
+    /// can read the whole log, fence the primary and forge records.
+    #[arg(long)]
+    pub insecure_replication: bool,
+}
+
+impl ReplicationAuthArgs {
+    /// The key to run with (None only under `--insecure-replication`, which
+    /// is warned about on stderr).
+    pub fn key(&self, process: &str) -> Result<Option<ClusterKey>> {
+        match &self.cluster_key {
+            Some(path) => Ok(Some(ClusterKey::load(path)?)),
+            None if self.insecure_replication => {
+                eprintln!(
+                    "walrelay {process}: WARNING: --insecure-replication: replication connections are not authenticated; anyone who can reach this process's replication ports can read the whole log, fence the primary and forge records"
+                );
+                Ok(None)
+            }
+            None => bail!("--cluster-key FILE is required (or --insecure-replication)"),
+        }
+    }
+}
+
+/// The name of the key file `up` keeps in its data directory.
+pub const CLUSTER_KEY_FILE: &str = "cluster.key";
+
 /// A parsed address list (an alias, so clap does not treat `Vec` as
 /// "repeat the flag" and takes the whole comma-separated list at once).
 pub type Addrs = Vec<SocketAddr>;
@@ -84,6 +129,8 @@ pub struct FollowerArgs {
     /// Transport: auto, std or io_uring.
     #[arg(long, default_value = "auto", value_parser = backend)]
     pub net: Backend,
+    #[command(flatten)]
+    pub auth: ReplicationAuthArgs,
 }
 
 pub fn follower(a: FollowerArgs) -> Result<()> {
@@ -93,8 +140,10 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
         peers,
         database,
         net,
+        auth,
     } = a;
     install_stop_handler();
+    let auth = auth.key("follower")?;
     let node = FollowerNode::start(FollowerNodeConfig {
         database: DatabaseId(database),
         listen,
@@ -102,6 +151,7 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
         peers,
         segment_bytes: 64 << 20,
         backend: net,
+        auth,
         catch_up_batch_bytes: walrelay_replicator::node::follower::CATCH_UP_BATCH_BYTES,
     })
     .with_context(|| format!("starting follower in {}", dir.display()))?;
@@ -170,6 +220,8 @@ pub struct PrimaryArgs {
 
     #[command(flatten)]
     pub auth: AuthArgs,
+    #[command(flatten)]
+    pub replication_auth: ReplicationAuthArgs,
 }
 
 /// How a node's HTTP API authenticates: one of the two is required with
@@ -226,8 +278,9 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
         .http
         .map(|addr| http_auth(&a.auth, "primary", addr))
         .transpose()?;
+    let cluster_key = a.replication_auth.key("primary")?;
     std::fs::create_dir_all(&a.dir)?;
-    let mut config = PrimaryConfig::new(database_path(&a.dir), a.followers.clone());
+    let mut config = PrimaryConfig::new(database_path(&a.dir), a.followers.clone(), cluster_key);
     config.database = DatabaseId(a.database);
     if let Some(w) = a.write_quorum {
         config.write_quorum = w;
@@ -324,21 +377,23 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
             let st = primary.status();
             if l.is_empty() {
                 println!(
-                    "primary confirmed={} followers_streaming={} commits/s=0 failed={}",
+                    "primary confirmed={} followers_streaming={} commits/s=0 failed={} auth_refused={}",
                     st.confirmed,
                     st.streaming_followers,
-                    failures.load(Ordering::Relaxed)
+                    failures.load(Ordering::Relaxed),
+                    primary.leader().auth_refusals()
                 );
             } else {
                 l.sort_unstable();
                 println!(
-                    "primary confirmed={} followers_streaming={} commits/s={} commit_p50_us={} commit_p99_us={} failed={}",
+                    "primary confirmed={} followers_streaming={} commits/s={} commit_p50_us={} commit_p99_us={} failed={} auth_refused={}",
                     st.confirmed,
                     st.streaming_followers,
                     l.len(),
                     l[l.len() / 2],
                     l[(l.len() * 99 / 100).min(l.len() - 1)],
-                    failures.load(Ordering::Relaxed)
+                    failures.load(Ordering::Relaxed),
+                    primary.leader().auth_refusals()
                 );
             }
         }
@@ -403,10 +458,13 @@ pub struct ReplicaArgs {
     pub delay_ms: u64,
     #[command(flatten)]
     pub auth: AuthArgs,
+    #[command(flatten)]
+    pub replication_auth: ReplicationAuthArgs,
 }
 
 pub fn replica(a: ReplicaArgs) -> Result<()> {
     install_stop_handler();
+    let cluster_key = a.replication_auth.key("replica")?;
     let (dir, leader) = (a.dir.clone(), a.leader);
     // Checked before anything starts: a bad store stops the start.
     let auth = match (a.http, &a.primary_http) {
@@ -422,6 +480,7 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
             leader,
             followers: a.followers.clone(),
             backend: a.net,
+            auth: cluster_key,
             options: ReplicaOptions {
                 region: a.region.clone(),
                 max_wait_ms: a.max_wait_ms,
@@ -575,14 +634,20 @@ pub fn up(a: UpArgs) -> Result<()> {
         None => std::env::temp_dir().join(format!("walrelay-up-{}", std::process::id())),
     };
     std::fs::create_dir_all(&dir)?;
+    let key_file = dir.join(CLUSTER_KEY_FILE);
+    ClusterKey::load_or_create(&key_file)?;
+    let key_arg = |args: &mut Vec<String>| {
+        args.extend(["--cluster-key".into(), key_file.display().to_string()]);
+    };
     let exe = std::env::current_exe()?;
     let follower_addrs = addrs(a.base_port + 1, a.followers);
     let primary_addr = SocketAddr::from(([127, 0, 0, 1], a.base_port));
     println!(
-        "walrelay up: 1 primary, {} followers, {} replicas in {} (Ctrl-C stops)",
+        "walrelay up: 1 primary, {} followers, {} replicas in {} (Ctrl-C stops); replication authenticated with {}",
         a.followers,
         a.replicas,
-        dir.display()
+        dir.display(),
+        key_file.display()
     );
     let auth_flags = crate::token_cmd::up_auth(&dir, a.insecure)?;
     let auth_header = if a.insecure {
@@ -626,7 +691,7 @@ pub fn up(a: UpArgs) -> Result<()> {
             .filter(|p| *p != addr)
             .copied()
             .collect();
-        others.push(spawn(vec![
+        let mut args = vec![
             "follower".into(),
             "--listen".into(),
             addr.to_string(),
@@ -636,7 +701,9 @@ pub fn up(a: UpArgs) -> Result<()> {
             join(&peers),
             "--net".into(),
             backend_name(a.net).into(),
-        ])?);
+        ];
+        key_arg(&mut args);
+        others.push(spawn(args)?);
     }
     // HTTP: the primary on base+10, replicas on base+11...
     let http = |i: u16| SocketAddr::from(([127, 0, 0, 1], a.base_port + 10 + i));
@@ -661,6 +728,7 @@ pub fn up(a: UpArgs) -> Result<()> {
     if a.seconds > 0 {
         primary_args.extend(["--seconds".into(), a.seconds.to_string()]);
     }
+    key_arg(&mut primary_args);
     primary_args.extend(auth_flags.iter().cloned());
     let mut primary = spawn(primary_args)?;
     for i in 0..a.replicas {
@@ -681,6 +749,7 @@ pub fn up(a: UpArgs) -> Result<()> {
             "--net".into(),
             backend_name(a.net).into(),
         ];
+        key_arg(&mut args);
         args.extend(auth_flags.iter().cloned());
         others.push(spawn(args)?);
     }

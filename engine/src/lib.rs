@@ -35,9 +35,12 @@
 //!   confirmed by a quorum of followers; later writes commit meanwhile.
 //! - [`replication`] binds a database to the replicator:
 //!   `ReplicatedPrimary` (commits go to W of N followers, results wait at
-//!   the gate) and `ReplicatedReplica` (a replica fed over the network).
+//!   the gate) and `ReplicatedReplica` (a replica fed over the network),
+//!   each authenticating its replication connections with a
+//!   [`ClusterKey`] unless configured with `auth: None`.
 //!   [`http`] is a node's D1-shaped HTTP face with bearer-token
-//!   authentication, replica write forwarding and a session client; [`local_cluster`] runs a whole cluster in one
+//!   authentication, replica write forwarding and a session client;
+//!   [`local_cluster`] runs a whole cluster in one
 //!   process.
 //! - Clients' SQL runs in a sandbox like D1's (refusals: [`Refusal`]):
 //!   no ATTACH, only D1's pragmas, no raw pages or extensions, settings
@@ -99,5 +102,5 @@ pub use replica::{Replica, ReplicaFeed, ReplicaOptions, pair};
 pub use sandbox::Refusal;
 pub use session::{Access, Constraint, Meta, QueryResult, RawResult, Session, Statement};
 pub use value::{Row, Value};
-pub use walrelay_replicator::{Bookmark, BookmarkParseError, Epoch, Sequence};
+pub use walrelay_replicator::{Bookmark, BookmarkParseError, ClusterKey, Epoch, Sequence};
 pub use walrelay_vfs::{Appended, ApplyError, CaptureStats, CapturedTransaction, PageNo, PageSet};

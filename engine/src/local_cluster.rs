@@ -6,6 +6,8 @@
 //! Authentication is on unless the config says `insecure`: the cluster
 //! keeps a token store at `<dir>/tokens` with one admin token (all
 //! databases, read-write), which [`LocalCluster::client`] sends.
+//! Replication is always authenticated, with a fresh cluster key held in
+//! memory only.
 
 use crate::http::auth::{ApiToken, Auth, Permission, Scope};
 use crate::http::client::{Client, NodeInfo};
@@ -18,9 +20,9 @@ use crate::replication::{
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use walrelay_replicator::DatabaseId;
 use walrelay_replicator::net::Backend;
 use walrelay_replicator::node::follower::{FollowerNode, FollowerNodeConfig};
+use walrelay_replicator::{ClusterKey, DatabaseId};
 
 /// How to build a local cluster.
 #[derive(Debug, Clone)]
@@ -114,6 +116,7 @@ impl LocalCluster {
             let store = Arc::new(TokenStore::open(&path)?);
             (Auth::Tokens(store), Some((path, admin)))
         };
+        let key = ClusterKey::generate().map_err(|e| PrimaryError::Replication(e.to_string()))?;
         let followers = (0..config.followers)
             .map(|i| {
                 FollowerNode::start(FollowerNodeConfig {
@@ -123,13 +126,14 @@ impl LocalCluster {
                     peers: vec![],
                     segment_bytes: 16 << 20,
                     backend: Backend::Auto,
+                    auth: Some(key.clone()),
                     catch_up_batch_bytes: walrelay_replicator::node::follower::CATCH_UP_BATCH_BYTES,
                 })
                 .map_err(|e| PrimaryError::Replication(e.to_string()))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let addrs: Vec<SocketAddr> = followers.iter().map(|f| f.addr()).collect();
-        let mut pc = PrimaryConfig::new(dir.join("primary.db"), addrs.clone());
+        let mut pc = PrimaryConfig::new(dir.join("primary.db"), addrs.clone(), Some(key.clone()));
         pc.listen = Some(any_port());
         pc.options.region = config.primary_region.clone();
         pc.options.limits = config.limits;
@@ -157,6 +161,7 @@ impl LocalCluster {
                 })?,
                 followers: addrs.clone(),
                 backend: Backend::Auto,
+                auth: Some(key.clone()),
                 options: ReplicaOptions {
                     region: region.clone(),
                     max_wait_ms: config.replica_max_wait_ms,

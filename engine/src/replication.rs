@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use walrelay_replicator::net::Backend;
 use walrelay_replicator::node::leader::{ConfirmError, LeaderNode, LeaderNodeConfig, LeaderStatus};
 use walrelay_replicator::node::replica::{Applier, ReplicaNode, ReplicaNodeConfig};
-use walrelay_replicator::{Bookmark, DatabaseId, Encoded, Record, Sequence, record};
+use walrelay_replicator::{Bookmark, ClusterKey, DatabaseId, Encoded, Record, Sequence, record};
 use walrelay_vfs::{CapturedTransaction, PageNo, PageSet};
 
 /// How to run a replicated primary.
@@ -39,13 +39,24 @@ pub struct PrimaryConfig {
     /// Committed-but-unconfirmed bytes past which new writes wait.
     pub max_unconfirmed_bytes: usize,
     pub backend: Backend,
+    /// The cluster key every replication connection (to the followers and
+    /// from replicas) is authenticated with; None leaves them open.
+    pub auth: Option<ClusterKey>,
     pub options: Options,
 }
 
 impl PrimaryConfig {
-    pub fn new(path: impl Into<PathBuf>, followers: Vec<SocketAddr>) -> PrimaryConfig {
+    /// Defaults for everything but what must be chosen: the followers and
+    /// whether replication is authenticated (`auth`: None leaves the ports
+    /// open to anyone who can reach them).
+    pub fn new(
+        path: impl Into<PathBuf>,
+        followers: Vec<SocketAddr>,
+        auth: Option<ClusterKey>,
+    ) -> PrimaryConfig {
         PrimaryConfig {
             database: DatabaseId(1),
+            auth,
             path: path.into(),
             write_quorum: followers.len() / 2 + 1,
             followers,
@@ -279,6 +290,7 @@ impl ReplicatedPrimary {
             heartbeat_interval_ms: 50,
             redial_interval_ms: 100,
             backend: config.backend,
+            auth: config.auth.clone(),
         })
         .map_err(|e| PrimaryError::Replication(e.to_string()))?;
         let _ = link.leader.set(leader.clone());
@@ -371,6 +383,8 @@ pub struct ReplicaConfig {
     pub leader: SocketAddr,
     pub followers: Vec<SocketAddr>,
     pub backend: Backend,
+    /// The cluster key (None: unauthenticated replication).
+    pub auth: Option<ClusterKey>,
     pub options: ReplicaOptions,
     /// Injected replication delay (ms), for consistency tests. 0: none.
     pub delay_ms: u64,
@@ -401,6 +415,7 @@ impl ReplicatedReplica {
                 start: replica.confirmed(),
                 redial_interval_ms: 100,
                 backend: config.backend,
+                auth: config.auth,
                 delay_ms: config.delay_ms,
             },
             Arc::new(replica.clone()) as Arc<dyn Applier>,

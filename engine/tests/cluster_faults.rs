@@ -3,13 +3,15 @@
 //! test sees each write's outcome directly). Followers and the replica are
 //! killed with SIGKILL and restarted; a follower's segment tail is
 //! corrupted. At the end, every acknowledged write must be in at least W
-//! followers' logs, and the replica must match the primary.
+//! followers' logs, and the replica must match the primary. Replication is
+//! authenticated with one cluster key throughout.
 
-use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+mod common;
+
+use common::{Proc, free_port, join_addrs, wait_accepting};
+
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use walrelay_engine::replication::{
     PrimaryConfig, ReplicaConfig, ReplicatedPrimary, ReplicatedReplica, database_path,
@@ -20,111 +22,40 @@ use walrelay_replicator::SegmentLog;
 const N: usize = 5;
 const W: usize = 3;
 
-fn free_port() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
-
-/// A child process whose stdout lines are collected.
-struct Proc {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Proc {
-    fn spawn(args: &[String]) -> Proc {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_walrelay"))
-            .args(args)
-            .env("RUST_BACKTRACE", "0")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn walrelay");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let out = child.stdout.take().expect("stdout");
-        let sink = Arc::clone(&lines);
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { return };
-                sink.lock().expect("lines").push(line);
-            }
-        });
-        Proc { child, lines }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill(); // SIGKILL
-        let _ = self.child.wait();
-    }
-
-    fn interrupt(&mut self) {
-        // SAFETY: kill(2) with SIGINT on our own unreaped child.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGINT);
-        }
-        let _ = self.child.wait();
-    }
-
-    fn wait_line(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Some(l) = self.lines.lock().expect("lines").iter().find(|l| pred(l)) {
-                return l.clone();
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        panic!(
-            "no line for {what}; got {:?}",
-            self.lines.lock().expect("lines")
-        );
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 struct Follower {
     net: String,
+    key_file: PathBuf,
     addr: SocketAddr,
     dir: PathBuf,
     peers: Vec<SocketAddr>,
     proc: Option<Proc>,
 }
 
-fn join(a: &[SocketAddr]) -> String {
-    a.iter()
-        .map(|a| a.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 impl Follower {
     fn start(&mut self) {
-        let p = Proc::spawn(&[
-            "follower".into(),
-            "--listen".into(),
-            self.addr.to_string(),
-            "--dir".into(),
-            self.dir.display().to_string(),
-            "--peers".into(),
-            join(&self.peers),
-            "--net".into(),
-            self.net.clone(),
-        ]);
-        let line = p.wait_line("follower listening", |l| l.contains("listening"));
+        let mut p = Proc::spawn(
+            "follower",
+            &[
+                "follower".into(),
+                "--listen".into(),
+                self.addr.to_string(),
+                "--dir".into(),
+                self.dir.display().to_string(),
+                "--peers".into(),
+                join_addrs(&self.peers),
+                "--net".into(),
+                self.net.clone(),
+                "--cluster-key".into(),
+                self.key_file.display().to_string(),
+            ],
+        );
+        let line = p.wait_line("listening");
         assert!(
             line.contains(&format!("transport {}", self.net)),
             "wrong transport: {line}"
         );
         // Listening is printed after bind; make sure it accepts.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(self.addr).is_err() {
-            assert!(Instant::now() < deadline, "follower never accepted");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_accepting(self.addr, "a follower");
         self.proc = Some(p);
     }
 
@@ -226,9 +157,11 @@ fn over_std_sockets_the_quorum_survives_follower_and_replica_kills_and_a_corrupt
 fn scenario(net: &str) {
     let root = tempfile::tempdir().expect("tempdir");
     let addrs: Vec<SocketAddr> = (0..N).map(|_| free_port()).collect();
+    let (key_file, key) = common::cluster_key_file(root.path());
     let mut followers: Vec<Follower> = (0..N)
         .map(|i| Follower {
             net: net.to_string(),
+            key_file: key_file.clone(),
             addr: addrs[i],
             dir: root.path().join(format!("f{i}")),
             peers: addrs.iter().filter(|a| **a != addrs[i]).copied().collect(),
@@ -238,7 +171,11 @@ fn scenario(net: &str) {
     for f in &mut followers {
         f.start();
     }
-    let mut config = PrimaryConfig::new(root.path().join("primary.db"), addrs.clone());
+    let mut config = PrimaryConfig::new(
+        root.path().join("primary.db"),
+        addrs.clone(),
+        Some(key.clone()),
+    );
     config.write_quorum = W;
     config.listen = Some(free_port());
     config.confirm_timeout_ms = 1_500;
@@ -252,12 +189,14 @@ fn scenario(net: &str) {
         "--leader".into(),
         primary.replica_addr().expect("listening").to_string(),
         "--followers".into(),
-        join(&addrs),
+        join_addrs(&addrs),
         "--net".into(),
         net.to_string(),
+        "--cluster-key".into(),
+        key_file.display().to_string(),
     ];
-    let mut replica = Proc::spawn(&replica_args);
-    replica.wait_line("replica start", |l| l.contains("following"));
+    let mut replica = Proc::spawn("replica", &replica_args);
+    replica.wait_line("following");
     // A second replica in this process, to read from during the outage.
     let local_replica = ReplicatedReplica::start(ReplicaConfig {
         database: walrelay_replicator::DatabaseId(1),
@@ -265,6 +204,7 @@ fn scenario(net: &str) {
         leader: primary.replica_addr().expect("listening"),
         followers: addrs.clone(),
         backend: config_backend(net),
+        auth: Some(key),
         options: ReplicaOptions::default(),
         delay_ms: 0,
     })
@@ -342,7 +282,7 @@ fn scenario(net: &str) {
     for _ in 0..20 {
         write(&primary, &mut acked).expect("replica down changes nothing");
     }
-    replica = Proc::spawn(&replica_args);
+    replica = Proc::spawn("replica", &replica_args);
 
     // Corrupt a follower's tail: detected, cut, fetched again.
     followers[3].kill();
@@ -350,9 +290,9 @@ fn scenario(net: &str) {
     followers[3].start();
     let line = followers[3]
         .proc
-        .as_ref()
+        .as_mut()
         .expect("running")
-        .wait_line("recovery", |l| l.contains("listening"));
+        .wait_line("listening");
     assert!(
         !line.contains(" 0 torn bytes cut"),
         "corruption not detected: {line}"

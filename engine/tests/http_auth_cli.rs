@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Proc, free_port, join, wait_accepting};
+use common::{Proc, free_port, join_addrs, wait_accepting};
 use std::path::Path;
 use walrelay_engine::http::auth::{ApiToken, Grant, Permission, Scope};
 use walrelay_engine::http::client::{Client, NodeInfo};
@@ -105,7 +105,9 @@ fn token_create_prints_a_token_once_and_stores_only_its_hash_and_revoke_removes_
 fn refused_start(role: &str, dir: &Path, extra: &[&str]) -> String {
     let d = dir.join(role).display().to_string();
     let http = free_port().to_string();
-    let mut args = vec![role, "--dir", &d, "--http", &http];
+    // Replication runs unauthenticated here so that only the HTTP API's
+    // authentication decides.
+    let mut args = vec![role, "--dir", &d, "--http", &http, "--insecure-replication"];
     let unreachable = "127.0.0.1:1".to_string();
     let primary_url = "http://127.0.0.1:1".to_string();
     match role {
@@ -149,23 +151,23 @@ fn a_node_with_neither_tokens_nor_insecure_or_with_a_bad_store_refuses_to_start(
 #[test]
 fn an_insecure_primary_serves_without_a_token_and_warns() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (followers, addrs) = common::spawn_followers(dir.path(), 3);
+    let (key, _) = common::cluster_key_file(dir.path());
+    let (followers, addrs) = common::spawn_followers(dir.path(), 3, &key);
     let http = free_port();
-    let mut primary = Proc::spawn(
-        "primary",
-        &[
-            "primary".into(),
-            "--dir".into(),
-            dir.path().join("primary").display().to_string(),
-            "--followers".into(),
-            join(&addrs),
-            "--listen".into(),
-            free_port().to_string(),
-            "--http".into(),
-            http.to_string(),
-            "--insecure".into(),
-        ],
-    );
+    let mut args = vec![
+        "primary".into(),
+        "--dir".into(),
+        dir.path().join("primary").display().to_string(),
+        "--followers".into(),
+        join_addrs(&addrs),
+        "--listen".into(),
+        free_port().to_string(),
+        "--http".into(),
+        http.to_string(),
+        "--insecure".into(),
+    ];
+    args.extend(common::key_args(&key));
+    let mut primary = Proc::spawn("primary", &args);
     primary.wait_line("primary epoch");
     wait_accepting(http, "the primary's HTTP");
     let warning = primary.wait_line("WARNING");

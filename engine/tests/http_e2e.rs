@@ -8,11 +8,13 @@
 //! The cluster is five `walrelay follower` processes, a `walrelay primary`
 //! and two `walrelay replica` processes (region-a, region-b), each serving
 //! HTTP; everything the test does goes through HTTP, built by hand so the
-//! wire format is what is tested.
+//! wire format is what is tested. Replication is authenticated with one
+//! cluster key.
 
 mod common;
 
-use common::{Proc, free_port, join, wait_accepting};
+use common::{Proc, free_port, join_addrs, wait_accepting};
+
 use serde_json::{Value as Json, json};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -54,7 +56,9 @@ impl Cluster {
         let tokens = root.join("tokens");
         let admin = token_store::create(&tokens, Scope::All, Permission::ReadWrite)
             .expect("mint the test's token");
-        let (followers, follower_addrs) = common::spawn_followers(root, FOLLOWERS);
+        let (key_file, _) = common::cluster_key_file(root);
+        let (followers, follower_addrs) = common::spawn_followers(root, FOLLOWERS, &key_file);
+        let key_file = key_file.display().to_string();
 
         let (primary_listen, primary_http) = (free_port(), free_port());
         let primary_url = format!("http://{primary_http}");
@@ -65,7 +69,7 @@ impl Cluster {
                 "--dir".into(),
                 path("primary"),
                 "--followers".into(),
-                join(&follower_addrs),
+                join_addrs(&follower_addrs),
                 "--listen".into(),
                 primary_listen.to_string(),
                 "--http".into(),
@@ -74,6 +78,8 @@ impl Cluster {
                 "primary-region".into(),
                 "--tokens".into(),
                 tokens.display().to_string(),
+                "--cluster-key".into(),
+                key_file.clone(),
             ],
         );
         // Printed once the HTTP server is bound and the replication
@@ -92,7 +98,7 @@ impl Cluster {
                     "--leader".into(),
                     primary_listen.to_string(),
                     "--followers".into(),
-                    join(&follower_addrs),
+                    join_addrs(&follower_addrs),
                     "--http".into(),
                     http.to_string(),
                     "--primary-http".into(),
@@ -101,6 +107,8 @@ impl Cluster {
                     region.into(),
                     "--tokens".into(),
                     tokens.display().to_string(),
+                    "--cluster-key".into(),
+                    key_file.clone(),
                 ],
             );
             p.wait_line("replica HTTP at");

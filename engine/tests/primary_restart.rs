@@ -5,10 +5,14 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 use walrelay_engine::replication::{PrimaryConfig, ReplicatedPrimary};
-use walrelay_engine::{Constraint, QueryError};
+use walrelay_engine::{ClusterKey, Constraint, QueryError};
 use walrelay_replicator::DatabaseId;
 use walrelay_replicator::net::Backend;
 use walrelay_replicator::node::follower::{CATCH_UP_BATCH_BYTES, FollowerNode, FollowerNodeConfig};
+
+fn key() -> Option<ClusterKey> {
+    Some(ClusterKey::from_bytes([0x33; 32]))
+}
 
 fn followers(dir: &std::path::Path) -> Vec<FollowerNode> {
     (0..3)
@@ -20,6 +24,7 @@ fn followers(dir: &std::path::Path) -> Vec<FollowerNode> {
                 peers: vec![],
                 segment_bytes: 1 << 20,
                 backend: Backend::Auto,
+                auth: key(),
                 catch_up_batch_bytes: CATCH_UP_BATCH_BYTES,
             })
             .expect("follower")
@@ -28,7 +33,7 @@ fn followers(dir: &std::path::Path) -> Vec<FollowerNode> {
 }
 
 fn start(path: &std::path::Path, addrs: &[SocketAddr]) -> ReplicatedPrimary {
-    let mut c = PrimaryConfig::new(path, addrs.to_vec());
+    let mut c = PrimaryConfig::new(path, addrs.to_vec(), key());
     c.confirm_timeout_ms = 5_000;
     ReplicatedPrimary::start(c).expect("primary")
 }

@@ -23,7 +23,9 @@
 //! - Storage: the follower's [`segments`] log (preallocated segments, group
 //!   fdatasync through io_uring where available, torn-tail recovery).
 //! - Transports ([`net`]): io_uring on Linux, a portable std fallback,
-//!   chosen at run time, behind one contract.
+//!   chosen at run time, behind one contract; with a [`ClusterKey`] every
+//!   connection is mutually authenticated and every frame tagged
+//!   ([`net::auth`]).
 //! - Runtimes ([`node`]): a core on a transport and storage, one per role.
 //!
 //! # Guarantees
@@ -59,6 +61,7 @@ pub use ids::{DatabaseId, DatabaseIdParseError};
 pub use leader::{
     CloseReason, Leader, LeaderAction, LeaderConfig, LeaderError, LeaderEvent, PeerId,
 };
+pub use net::{ClusterKey, KeyFileError};
 pub use quorum::{FollowerId, QuorumError, QuorumTracker};
 pub use record::{Encoded, Record, RecordError};
 pub use segments::{IoBackend, Recovery, SegmentError, SegmentLog};

@@ -25,6 +25,10 @@
 //! A frame's length is checked against [`MAX_FRAME_BYTES`] before anything
 //! is allocated; fixed-size bodies must have exactly their size. An Append's
 //! record decodes as slices of the input buffer (no copy of page images).
+//!
+//! On an authenticated connection, an auth handshake comes before the first
+//! frame and a tag follows every frame; both formats live in
+//! [`crate::net::auth`].
 
 use crate::bookmark::{Bookmark, Epoch};
 use crate::ids::DatabaseId;

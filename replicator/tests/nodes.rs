@@ -1,5 +1,6 @@
 //! The runtimes over real loopback sockets and segment files, in one
-//! process: a leader, five followers and a replica subscriber.
+//! process: a leader, five followers and a replica subscriber, every
+//! connection authenticated with one cluster key.
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -9,9 +10,13 @@ use walrelay_replicator::net::Backend;
 use walrelay_replicator::node::follower::{FollowerNode, FollowerNodeConfig};
 use walrelay_replicator::node::leader::{LeaderNode, LeaderNodeConfig};
 use walrelay_replicator::node::replica::{Applier, ReplicaNode, ReplicaNodeConfig};
-use walrelay_replicator::{Bookmark, DatabaseId, Encoded, Epoch, Record, Sequence};
+use walrelay_replicator::{Bookmark, ClusterKey, DatabaseId, Encoded, Epoch, Record, Sequence};
 
 const DB: DatabaseId = DatabaseId(5);
+
+fn key() -> Option<ClusterKey> {
+    Some(ClusterKey::from_bytes([0x5a; 32]))
+}
 
 fn b(s: u64) -> Bookmark {
     Bookmark::new(Epoch(1), Sequence(s))
@@ -83,6 +88,7 @@ fn three_of_five_reach_the_replica(backend: Backend) {
                 peers: vec![],
                 segment_bytes: 1 << 20,
                 backend,
+                auth: key(),
                 catch_up_batch_bytes: walrelay_replicator::node::follower::CATCH_UP_BATCH_BYTES,
             })
             .expect("follower")
@@ -99,6 +105,7 @@ fn three_of_five_reach_the_replica(backend: Backend) {
         heartbeat_interval_ms: 5,
         redial_interval_ms: 20,
         backend,
+        auth: key(),
     })
     .expect("leader");
     let memory = Arc::new(Memory::default());
@@ -110,6 +117,7 @@ fn three_of_five_reach_the_replica(backend: Backend) {
             start: Bookmark::ZERO,
             redial_interval_ms: 20,
             backend,
+            auth: key(),
             delay_ms: 0,
         },
         Arc::clone(&memory) as Arc<dyn Applier>,
@@ -150,6 +158,7 @@ fn peers_behind_the_leaders_tail_catch_up_from_followers_then_stream_skipping_a_
             peers,
             segment_bytes: 1 << 20,
             backend,
+            auth: key(),
             // Small batches: a catch-up takes many requests.
             catch_up_batch_bytes: 64 << 10,
         })
@@ -172,6 +181,7 @@ fn peers_behind_the_leaders_tail_catch_up_from_followers_then_stream_skipping_a_
         heartbeat_interval_ms: 5,
         redial_interval_ms: 20,
         backend,
+        auth: key(),
     })
     .expect("leader");
     for s in 1..=200 {
@@ -205,6 +215,7 @@ fn peers_behind_the_leaders_tail_catch_up_from_followers_then_stream_skipping_a_
             start: Bookmark::ZERO,
             redial_interval_ms: 20,
             backend,
+            auth: key(),
             delay_ms: 0,
         },
         Arc::clone(&memory) as Arc<dyn Applier>,

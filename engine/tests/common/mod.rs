@@ -1,20 +1,20 @@
 //! Shared test support: a recording sink, page-set replay, the logical-page
-//! oracle, the randomized workload generator, `walrelay` child processes
-//! and free ports, and a local cluster's credentials.
+//! oracle, the randomized workload generator, a local cluster's
+//! credentials, and for tests with real processes ([`procs`]): `walrelay`
+//! children, loopback ports and cluster key files.
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod procs;
 pub mod up;
+
+#[allow(unused_imports)] // not every test binary runs processes
+pub use procs::*;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::FileExt;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Mutex;
 use walrelay_engine::local_cluster::LocalCluster;
 use walrelay_engine::{
     Bookmark, CapturedTransaction, CheckpointMode, Database, PageSet, QueryError, Session,
@@ -44,175 +44,6 @@ impl Recorder {
     pub fn since(&self, from: usize) -> Vec<(Bookmark, CapturedTransaction)> {
         self.txns.lock().expect("recorder lock")[from..].to_vec()
     }
-}
-
-/// A port nobody listens on right now (it is released before use, so
-/// another process could take it first; unlikely on loopback in a test).
-pub fn free_port() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
-
-pub fn join(addrs: &[SocketAddr]) -> String {
-    addrs
-        .iter()
-        .map(|a| a.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// A `walrelay` child process whose stdout and stderr lines are collected
-/// (and drained, so a chatty process never blocks on a full pipe). Killed
-/// on drop, which unwinding runs too.
-pub struct Proc {
-    name: String,
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Proc {
-    pub fn spawn(name: &str, args: &[String]) -> Proc {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_walrelay"));
-        command
-            .args(args)
-            .env("RUST_BACKTRACE", "0")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        // SAFETY: runs in the child between fork and exec and calls only
-        // prctl(2), which is async-signal-safe. It covers what Drop cannot:
-        // if the test process itself is killed, the kernel kills the child
-        // rather than leaving it holding ports.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("spawn walrelay");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let out = child.stdout.take().expect("stdout");
-        let err = child.stderr.take().expect("stderr");
-        fn drain(from: impl std::io::Read + Send + 'static, sink: Arc<Mutex<Vec<String>>>) {
-            std::thread::spawn(move || {
-                for line in BufReader::new(from).lines().map_while(Result::ok) {
-                    sink.lock().expect("lines").push(line);
-                }
-            });
-        }
-        drain(out, Arc::clone(&lines));
-        drain(err, Arc::clone(&lines));
-        Proc {
-            name: name.to_string(),
-            child,
-            lines,
-        }
-    }
-
-    /// Waits for a line containing `needle`; fails (with what the process
-    /// printed) if it exits or takes too long.
-    pub fn wait_line(&mut self, needle: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(l) = self
-                .lines
-                .lock()
-                .expect("lines")
-                .iter()
-                .find(|l| l.contains(needle))
-            {
-                return l.clone();
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "{} exited ({status}) before printing {needle:?}: {:#?}",
-                    self.name,
-                    self.lines.lock().expect("lines")
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} never printed {needle:?}: {:#?}",
-                self.name,
-                self.lines.lock().expect("lines")
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Every line printed so far (stdout and stderr).
-    pub fn lines(&self) -> Vec<String> {
-        self.lines.lock().expect("lines").clone()
-    }
-
-    /// Waits for the process to exit (within 30 s); its status.
-    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                // Let the readers take the last lines.
-                std::thread::sleep(Duration::from_millis(100));
-                return status;
-            }
-            assert!(Instant::now() < deadline, "{} did not exit", self.name);
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    pub fn assert_running(&mut self) {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            panic!(
-                "{} exited ({status}): {:#?}",
-                self.name,
-                self.lines.lock().expect("lines")
-            );
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill(); // SIGKILL
-        let _ = self.child.wait();
-    }
-}
-
-pub fn wait_accepting(addr: SocketAddr, who: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(addr).is_err() {
-        assert!(Instant::now() < deadline, "{who} never accepted on {addr}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// Starts `n` `walrelay follower` processes under `root`, each knowing
-/// the others as peers, and waits until each accepts connections.
-pub fn spawn_followers(root: &Path, n: usize) -> (Vec<Proc>, Vec<SocketAddr>) {
-    let addrs: Vec<SocketAddr> = (0..n).map(|_| free_port()).collect();
-    let procs = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, addr)| {
-            let peers: Vec<SocketAddr> = addrs.iter().filter(|p| *p != addr).copied().collect();
-            let mut p = Proc::spawn(
-                &format!("follower {i}"),
-                &[
-                    "follower".into(),
-                    "--listen".into(),
-                    addr.to_string(),
-                    "--dir".into(),
-                    root.join(format!("follower-{i}")).display().to_string(),
-                    "--peers".into(),
-                    join(&peers),
-                ],
-            );
-            p.wait_line("listening");
-            wait_accepting(*addr, "a follower");
-            p
-        })
-        .collect();
-    (procs, addrs)
 }
 
 /// `Authorization: Bearer <token>` for a local cluster's admin token.

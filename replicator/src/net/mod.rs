@@ -17,16 +17,29 @@
 //!
 //! Sizes are checked before allocation: a frame longer than
 //! [`crate::wire::MAX_FRAME_BYTES`] closes its connection.
+//!
+//! With a [`ClusterKey`] ([`open`]'s `key`), every connection is
+//! authenticated before the handler hears of it, and every frame after
+//! that carries a tag ([`auth`] holds that format). A connection whose
+//! handshake or any tag fails is closed; no message of it reaches the
+//! handler, and the refusal is counted ([`Transport::auth_refusals`]).
 
+pub mod auth;
+pub mod cluster_key;
 pub mod std_net;
 #[cfg(target_os = "linux")]
 pub mod uring_net;
 
+pub use auth::Auth;
+pub use cluster_key::{ClusterKey, KeyFileError};
+
 use crate::wire::{FRAME_HEADER_BYTES, MAX_FRAME_BYTES, Message};
-use bytes::{Bytes, BytesMut};
+use auth::{Opener, Session, TAG_BYTES};
+use bytes::{Buf, Bytes, BytesMut};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A connection, unique for the transport's lifetime.
 pub type ConnId = u64;
@@ -65,6 +78,8 @@ pub trait Transport: Send + Sync {
     fn close(&self, conn: ConnId);
     /// "std" or "io_uring".
     fn backend(&self) -> &'static str;
+    /// Connections and frames refused by authentication so far.
+    fn auth_refusals(&self) -> u64;
 }
 
 /// A write that makes no progress this long closes its connection.
@@ -78,8 +93,11 @@ const READ_CHUNK: usize = 256 * 1024;
 /// transports' readers); returns whether any was handed over and whether
 /// the stream is still sound. A frame's length is checked against
 /// [`MAX_FRAME_BYTES`] first, and the buffer grows only as bytes arrive.
+/// With an `opener` every frame must be followed by its valid tag before it
+/// is even decoded.
 pub(crate) fn split_frames(
     buf: &mut BytesMut,
+    mut opener: Option<&mut Opener>,
     mut deliver: impl FnMut(Message),
 ) -> (bool, io::Result<()>) {
     let mut handed = false;
@@ -95,12 +113,20 @@ pub(crate) fn split_frames(
             );
             return (handed, Err(e));
         }
-        if (buf.len() as u64) < len {
+        let tag = if opener.is_some() { TAG_BYTES } else { 0 };
+        if (buf.len() as u64) < len + tag as u64 {
             // Grow only as bytes arrive: a header alone must not make
             // this side allocate the size it claims.
             return (handed, Ok(()));
         }
+        if let Some(o) = opener.as_deref_mut() {
+            let (frame, rest) = buf.split_at(len as usize);
+            if let Err(e) = o.open(frame, &rest[..TAG_BYTES]) {
+                return (handed, Err(io::Error::new(io::ErrorKind::InvalidData, e)));
+            }
+        }
         let frame: Bytes = buf.split_to(len as usize).freeze();
+        buf.advance(tag);
         match Message::decode(&frame) {
             Ok((message, _)) => {
                 deliver(message);
@@ -115,31 +141,57 @@ pub(crate) fn split_frames(
 }
 
 /// Dials `addr` on a short-lived thread, so a slow connect never stalls
-/// the caller, and hands the outcome to `then` there. Errs only if the
-/// thread cannot be started (`then` is then never called).
+/// the caller, authenticates it with `auth` there, and hands the outcome
+/// to `then`. Errs only if the thread cannot be started (`then` is then
+/// never called).
 pub(crate) fn dial_in_background(
     addr: SocketAddr,
     timeout: std::time::Duration,
-    then: impl FnOnce(io::Result<std::net::TcpStream>) + Send + 'static,
+    auth: Arc<Auth>,
+    then: impl FnOnce(io::Result<(std::net::TcpStream, Option<Session>)>) + Send + 'static,
 ) -> io::Result<()> {
     std::thread::Builder::new()
         .name("walrelay-dial".into())
-        .spawn(move || then(std::net::TcpStream::connect_timeout(&addr, timeout)))
+        .spawn(move || {
+            let dialed = std::net::TcpStream::connect_timeout(&addr, timeout).and_then(|mut s| {
+                let session = auth.dial(&mut s, addr).map_err(io::Error::other)?;
+                Ok((s, session))
+            });
+            then(dialed)
+        })
         .map(|_| ())
 }
 
+/// A pending-handshake slot, given back when dropped.
+struct Slot(Arc<Auth>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
 /// Accepts on `listener` from a thread of its own and hands each stream,
-/// with its peer's address, to `on_stream`, which returns false to stop
-/// accepting.
+/// with its peer's address and, under a key, its session, to `on_stream`,
+/// which returns false to stop accepting. Under a key each handshake runs
+/// on a thread of its own (at most [`auth::MAX_PENDING_HANDSHAKES`] at
+/// once), so a silent peer cannot hold up the others; a stream whose
+/// handshake fails is closed without `on_stream` hearing of it.
 pub(crate) fn accept_in_background(
     listener: std::net::TcpListener,
-    mut on_stream: impl FnMut(std::net::TcpStream, SocketAddr) -> bool + Send + 'static,
+    auth: Arc<Auth>,
+    on_stream: impl Fn(std::net::TcpStream, SocketAddr, Option<Session>) -> bool + Send + Sync + 'static,
 ) -> io::Result<()> {
+    let on_stream = Arc::new(on_stream);
+    let stop = Arc::new(AtomicBool::new(false));
     std::thread::Builder::new()
         .name("walrelay-accept".into())
         .spawn(move || {
             for stream in listener.incoming() {
-                let Ok(stream) = stream else {
+                if stop.load(Ordering::Acquire) {
+                    return;
+                }
+                let Ok(mut stream) = stream else {
                     // Out of descriptors (or similar): back off rather than
                     // spin on the same error.
                     std::thread::sleep(std::time::Duration::from_millis(10));
@@ -148,9 +200,29 @@ pub(crate) fn accept_in_background(
                 let from = stream
                     .peer_addr()
                     .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-                if !on_stream(stream, from) {
-                    return;
+                if !auth.enabled() {
+                    if !on_stream(stream, from, None) {
+                        return;
+                    }
+                    continue;
                 }
+                if !auth.reserve(from) {
+                    continue; // dropped: closed
+                }
+                let slot = Slot(Arc::clone(&auth));
+                let (on_stream, stop) = (Arc::clone(&on_stream), Arc::clone(&stop));
+                // A failed spawn drops the closure, the slot and the stream.
+                let _ = std::thread::Builder::new()
+                    .name("walrelay-auth".into())
+                    .spawn(move || {
+                        let session = slot.0.accept(&mut stream, from);
+                        drop(slot);
+                        if let Ok(session) = session
+                            && !on_stream(stream, from, session)
+                        {
+                            stop.store(true, Ordering::Release);
+                        }
+                    });
             }
         })
         .map(|_| ())
@@ -166,22 +238,34 @@ pub enum Backend {
 }
 
 /// Opens a transport delivering to `handler`. `Auto` picks io_uring when
-/// it is available and std otherwise; `WALRELAY_NET=std` forces std.
-pub fn open(backend: Backend, handler: Arc<dyn NetHandler>) -> io::Result<Arc<dyn Transport>> {
+/// it is available and std otherwise; `WALRELAY_NET=std` forces std. With
+/// a `key` every connection is authenticated ([`auth`]); None runs the
+/// replication ports open to anyone who can reach them.
+pub fn open(
+    backend: Backend,
+    handler: Arc<dyn NetHandler>,
+    key: Option<ClusterKey>,
+) -> io::Result<Arc<dyn Transport>> {
     let forced_std = std::env::var("WALRELAY_NET").is_ok_and(|v| v == "std");
+    let auth = Auth::new(key);
+    let std_transport = |handler, auth| -> Arc<dyn Transport> {
+        Arc::new(std_net::StdTransport::new(handler, auth))
+    };
     match backend {
-        Backend::Std => Ok(Arc::new(std_net::StdTransport::new(handler))),
-        Backend::Auto if forced_std => Ok(Arc::new(std_net::StdTransport::new(handler))),
+        Backend::Std => Ok(std_transport(handler, auth)),
+        Backend::Auto if forced_std => Ok(std_transport(handler, auth)),
         #[cfg(target_os = "linux")]
-        Backend::Auto => match uring_net::UringTransport::new(Arc::clone(&handler)) {
-            Ok(t) => Ok(Arc::new(t)),
-            // Refused by the kernel (sysctl, seccomp, too old): run portable.
-            Err(_) => Ok(Arc::new(std_net::StdTransport::new(handler))),
-        },
+        Backend::Auto => {
+            match uring_net::UringTransport::new(Arc::clone(&handler), Arc::clone(&auth)) {
+                Ok(t) => Ok(Arc::new(t)),
+                // Refused by the kernel (sysctl, seccomp, too old): run portable.
+                Err(_) => Ok(std_transport(handler, auth)),
+            }
+        }
         #[cfg(target_os = "linux")]
-        Backend::IoUring => Ok(Arc::new(uring_net::UringTransport::new(handler)?)),
+        Backend::IoUring => Ok(Arc::new(uring_net::UringTransport::new(handler, auth)?)),
         #[cfg(not(target_os = "linux"))]
-        Backend::Auto => Ok(Arc::new(std_net::StdTransport::new(handler))),
+        Backend::Auto => Ok(std_transport(handler, auth)),
         #[cfg(not(target_os = "linux"))]
         Backend::IoUring => Err(io::Error::new(
             io::ErrorKind::Unsupported,

@@ -5,6 +5,7 @@
 //! vectored writes. A queue over [`MAX_QUEUED_BYTES`] or a write stuck for
 //! [`WRITE_TIMEOUT`] closes the connection.
 
+use super::auth::{Auth, Opener, Sealer, Session};
 use super::{
     CONNECT_TIMEOUT, ConnId, MAX_QUEUED_BYTES, NetHandler, READ_CHUNK, Transport, WRITE_TIMEOUT,
 };
@@ -20,7 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// What waits to be written to one peer.
 #[derive(Default)]
 struct Outbox {
-    queue: std::collections::VecDeque<Bytes>,
+    /// Frames, each as a header and a (possibly empty) shared body.
+    queue: std::collections::VecDeque<[Bytes; 2]>,
     bytes: u64,
     /// `close` was called: write what is queued, then shut down.
     closing: bool,
@@ -32,6 +34,8 @@ struct ConnState {
     stream: TcpStream,
     out: Mutex<Outbox>,
     ready: parking_lot::Condvar,
+    /// The authenticated session, until the reader and writer take it.
+    session: Mutex<Option<Session>>,
 }
 
 impl ConnState {
@@ -44,6 +48,7 @@ impl ConnState {
 
 struct Shared {
     handler: Arc<dyn NetHandler>,
+    auth: Arc<Auth>,
     next: AtomicU64,
     conns: Mutex<HashMap<ConnId, Arc<ConnState>>>,
 }
@@ -62,10 +67,13 @@ impl std::fmt::Debug for StdTransport {
 }
 
 impl StdTransport {
-    pub fn new(handler: Arc<dyn NetHandler>) -> StdTransport {
+    /// A transport authenticating its connections with `auth`'s key, if
+    /// it has one.
+    pub fn new(handler: Arc<dyn NetHandler>, auth: Arc<Auth>) -> StdTransport {
         StdTransport {
             shared: Arc::new(Shared {
                 handler,
+                auth,
                 next: AtomicU64::new(1),
                 conns: Mutex::new(HashMap::new()),
             }),
@@ -74,8 +82,13 @@ impl StdTransport {
 }
 
 impl Shared {
-    /// Registers a connected stream and starts its reader; returns its id.
-    fn register(self: &Arc<Self>, stream: TcpStream) -> io::Result<ConnId> {
+    /// Registers a connected (and, under a key, authenticated) stream;
+    /// returns its id.
+    fn register(
+        self: &Arc<Self>,
+        stream: TcpStream,
+        session: Option<Session>,
+    ) -> io::Result<ConnId> {
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
         let conn = self.next.fetch_add(1, Ordering::Relaxed);
@@ -85,6 +98,7 @@ impl Shared {
                 stream,
                 out: Mutex::new(Outbox::default()),
                 ready: parking_lot::Condvar::new(),
+                session: Mutex::new(session),
             }),
         );
         Ok(conn)
@@ -102,10 +116,14 @@ impl Shared {
                 return;
             }
         };
+        let (seal, open) = match state.session.lock().take() {
+            Some(s) => (Some(s.seal), Some(s.open)),
+            None => (None, None),
+        };
         let out = Arc::clone(&state);
         let spawned = std::thread::Builder::new()
             .name(format!("walrelay-net-w{conn}"))
-            .spawn(move || write_loop(&out, writer));
+            .spawn(move || write_loop(&out, writer, seal));
         if let Err(e) = spawned {
             self.drop_conn(conn, Some(e.to_string()));
             return;
@@ -114,7 +132,10 @@ impl Shared {
         let spawned = std::thread::Builder::new()
             .name(format!("walrelay-net-{conn}"))
             .spawn(move || {
-                let error = shared.read_loop(conn, reader).err().map(|e| e.to_string());
+                let error = shared
+                    .read_loop(conn, reader, open)
+                    .err()
+                    .map(|e| e.to_string());
                 shared.drop_conn(conn, error);
             });
         if let Err(e) = spawned {
@@ -122,11 +143,18 @@ impl Shared {
         }
     }
 
-    fn read_loop(&self, conn: ConnId, mut stream: TcpStream) -> io::Result<()> {
+    fn read_loop(
+        &self,
+        conn: ConnId,
+        mut stream: TcpStream,
+        mut open: Option<Opener>,
+    ) -> io::Result<()> {
         let mut buf = BytesMut::with_capacity(READ_CHUNK);
         let mut scratch = vec![0u8; READ_CHUNK];
         loop {
-            let (handed, sound) = super::split_frames(&mut buf, |m| self.handler.message(conn, m));
+            let (handed, sound) = super::split_frames(&mut buf, open.as_mut(), |m| {
+                self.handler.message(conn, m);
+            });
             if handed {
                 self.handler.drained(conn);
             }
@@ -153,10 +181,11 @@ impl Shared {
 }
 
 /// Drains one connection's outbox until it is closed or fails; the reader
-/// then sees the shutdown and reports `closed`.
-fn write_loop(state: &ConnState, mut stream: TcpStream) {
+/// then sees the shutdown and reports `closed`. Under a key each frame is
+/// tagged here, in the order it goes out, and its tag written after it.
+fn write_loop(state: &ConnState, mut stream: TcpStream, mut seal: Option<Sealer>) {
     loop {
-        let batch: Vec<Bytes> = {
+        let batch: Vec<[Bytes; 2]> = {
             let mut out = state.out.lock();
             while out.queue.is_empty() && !out.closing && !out.dead {
                 state.ready.wait(&mut out);
@@ -172,14 +201,30 @@ fn write_loop(state: &ConnState, mut stream: TcpStream) {
             }
             out.queue.drain(..).collect()
         };
-        let parts: Vec<&[u8]> = batch.iter().map(|b| &b[..]).collect();
-        let written: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let queued: u64 = batch.iter().flatten().map(|p| p.len() as u64).sum();
+        let tags: Vec<Bytes> = match &mut seal {
+            Some(seal) => batch
+                .iter()
+                .map(|[h, b]| seal.seal(&[&h[..], &b[..]]))
+                .collect(),
+            None => Vec::new(),
+        };
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(batch.len() * 3);
+        for (i, [head, body]) in batch.iter().enumerate() {
+            parts.push(head);
+            if !body.is_empty() {
+                parts.push(body);
+            }
+            if let Some(tag) = tags.get(i) {
+                parts.push(tag);
+            }
+        }
         if write_all_vectored(&mut stream, &parts).is_err() {
             state.kill();
             return;
         }
         let mut out = state.out.lock();
-        out.bytes = out.bytes.saturating_sub(written);
+        out.bytes = out.bytes.saturating_sub(queued);
     }
 }
 
@@ -188,8 +233,9 @@ impl Transport for StdTransport {
         let listener = TcpListener::bind(addr)?;
         let bound = listener.local_addr()?;
         let shared = Arc::clone(&self.shared);
-        super::accept_in_background(listener, move |stream, from| {
-            if let Ok(conn) = shared.register(stream) {
+        let auth = Arc::clone(&shared.auth);
+        super::accept_in_background(listener, auth, move |stream, from, session| {
+            if let Ok(conn) = shared.register(stream, session) {
                 // Announce before reading, so the handler knows the
                 // connection before its first message.
                 shared.handler.accepted(conn, from);
@@ -202,14 +248,15 @@ impl Transport for StdTransport {
 
     fn connect(&self, addr: SocketAddr, tag: u64) {
         let shared = Arc::clone(&self.shared);
-        let spawned = super::dial_in_background(addr, CONNECT_TIMEOUT, move |stream| match stream
-            .and_then(|s| shared.register(s))
-        {
-            Ok(conn) => {
-                shared.handler.connected(conn, tag);
-                shared.start_reader(conn);
+        let auth = Arc::clone(&shared.auth);
+        let spawned = super::dial_in_background(addr, CONNECT_TIMEOUT, auth, move |dialed| {
+            match dialed.and_then(|(s, session)| shared.register(s, session)) {
+                Ok(conn) => {
+                    shared.handler.connected(conn, tag);
+                    shared.start_reader(conn);
+                }
+                Err(e) => shared.handler.connect_failed(tag, e),
             }
-            Err(e) => shared.handler.connect_failed(tag, e),
         });
         if let Err(e) = spawned {
             self.shared.handler.connect_failed(tag, e);
@@ -220,13 +267,13 @@ impl Transport for StdTransport {
         let Some(state) = self.shared.conns.lock().get(&conn).cloned() else {
             return;
         };
-        let parts = match message {
+        let frame = match message {
             Message::Append(record) => {
                 let (head, body) = encode_append(&record.bytes);
-                vec![head, body]
+                [head, body]
             }
             other => match other.encode() {
-                Ok(frame) => vec![frame],
+                Ok(frame) => [frame, Bytes::new()],
                 Err(_) => {
                     // Never called for a message this side cannot encode;
                     // drop the connection rather than send half a stream.
@@ -235,7 +282,7 @@ impl Transport for StdTransport {
                 }
             },
         };
-        let n: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let n: u64 = frame.iter().map(|p| p.len() as u64).sum();
         let mut out = state.out.lock();
         if out.dead || out.closing {
             return;
@@ -249,7 +296,7 @@ impl Transport for StdTransport {
             return;
         }
         out.bytes += n;
-        out.queue.extend(parts);
+        out.queue.push_back(frame);
         drop(out);
         state.ready.notify_one();
     }
@@ -264,6 +311,10 @@ impl Transport for StdTransport {
 
     fn backend(&self) -> &'static str {
         "std"
+    }
+
+    fn auth_refusals(&self) -> u64 {
+        self.shared.auth.refusals()
     }
 }
 
@@ -320,7 +371,7 @@ mod tests {
     #[test]
     fn a_peer_that_stops_reading_is_closed_and_sends_only_ever_queue() {
         let (tx, rx) = mpsc::channel();
-        let client = StdTransport::new(Arc::new(Collect(Mutex::new(tx))));
+        let client = StdTransport::new(Arc::new(Collect(Mutex::new(tx))), Auth::new(None));
         let listener = TcpListener::bind("127.0.0.1:0").expect("listen");
         client.connect(listener.local_addr().expect("addr"), 1);
         let (_peer, _) = listener.accept().expect("accept"); // never reads
@@ -349,11 +400,11 @@ mod tests {
     #[test]
     fn messages_cross_a_connection_in_order_with_appends_intact() {
         let (tx, rx) = mpsc::channel();
-        let server = StdTransport::new(Arc::new(Collect(Mutex::new(tx.clone()))));
+        let server = StdTransport::new(Arc::new(Collect(Mutex::new(tx.clone()))), Auth::new(None));
         let addr = server
             .listen("127.0.0.1:0".parse().expect("addr"))
             .expect("listen");
-        let client = StdTransport::new(Arc::new(Collect(Mutex::new(tx))));
+        let client = StdTransport::new(Arc::new(Collect(Mutex::new(tx))), Auth::new(None));
         client.connect(addr, 7);
         let (conn, first) = rx.recv().expect("connected");
         assert!(first.is_none());

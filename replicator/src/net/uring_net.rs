@@ -27,6 +27,7 @@
 //! once every request has completed, and leaked otherwise (a fatal ring
 //! error, a panicking handler).
 
+use super::auth::{Auth, Opener, Sealer, Session};
 use super::{CONNECT_TIMEOUT, MAX_QUEUED_BYTES, READ_CHUNK, WRITE_TIMEOUT};
 use super::{ConnId, NetHandler, Transport};
 use crate::wire::{Message, encode_append};
@@ -106,9 +107,10 @@ impl MsgHdr {
 
 /// What other threads ask of the ring thread.
 enum Cmd {
-    /// A connected socket; writes may start, reads wait for `Start` (the
-    /// handler learns of the connection first).
-    Add(ConnId, TcpStream),
+    /// A connected (and, under a key, authenticated) socket; writes may
+    /// start, reads wait for `Start` (the handler learns of the connection
+    /// first).
+    Add(ConnId, TcpStream, Option<Session>),
     Start(ConnId),
     /// A frame in one or two parts (header + shared record); may be empty.
     Send(ConnId, Bytes, Bytes),
@@ -130,6 +132,7 @@ struct Inbox {
 
 struct Shared {
     handler: Arc<dyn NetHandler>,
+    auth: Arc<Auth>,
     next: AtomicU64,
     inbox: Mutex<Inbox>,
     /// Write end of the wake-up pair (non-blocking).
@@ -164,10 +167,10 @@ impl Shared {
         let _ = (&self.waker).write(&[1]);
     }
 
-    fn register(&self, stream: TcpStream) -> io::Result<ConnId> {
+    fn register(&self, stream: TcpStream, session: Option<Session>) -> io::Result<ConnId> {
         stream.set_nodelay(true)?;
         let conn = self.next.fetch_add(1, Ordering::Relaxed);
-        self.post(Cmd::Add(conn, stream))
+        self.post(Cmd::Add(conn, stream, session))
             .map_err(io::Error::other)?;
         Ok(conn)
     }
@@ -196,8 +199,9 @@ impl std::fmt::Debug for UringTransport {
 impl UringTransport {
     /// Sets up the ring and starts its thread. Fails where io_uring is
     /// unusable (the `io_uring_disabled` sysctl, seccomp, a kernel before
-    /// 5.6), so the caller can fall back to the std transport.
-    pub fn new(handler: Arc<dyn NetHandler>) -> io::Result<UringTransport> {
+    /// 5.6), so the caller can fall back to the std transport. Connections
+    /// are authenticated with `auth`'s key, if it has one.
+    pub fn new(handler: Arc<dyn NetHandler>, auth: Arc<Auth>) -> io::Result<UringTransport> {
         let ring = IoUring::new(RING_ENTRIES)?;
         // Without NODROP an overflowing completion queue loses completions,
         // and with them the knowledge that a buffer is free again.
@@ -226,6 +230,7 @@ impl UringTransport {
         waker.set_nonblocking(true)?;
         let shared = Arc::new(Shared {
             handler,
+            auth,
             next: AtomicU64::new(1),
             inbox: Mutex::new(Inbox {
                 cmds: Vec::new(),
@@ -262,10 +267,11 @@ impl Transport for UringTransport {
         let listener = TcpListener::bind(addr)?;
         let bound = listener.local_addr()?;
         let shared = Arc::clone(&self.shared);
+        let auth = Arc::clone(&shared.auth);
         // Blocking accepts; the thread ends at the first connection after
         // the transport stopped.
-        super::accept_in_background(listener, move |stream, from| {
-            match shared.register(stream) {
+        super::accept_in_background(listener, auth, move |stream, from, session| {
+            match shared.register(stream, session) {
                 Ok(conn) => {
                     // Announce before reading, so the handler knows the
                     // connection before its first message.
@@ -281,14 +287,15 @@ impl Transport for UringTransport {
 
     fn connect(&self, addr: SocketAddr, tag: u64) {
         let shared = Arc::clone(&self.shared);
-        let spawned = super::dial_in_background(addr, CONNECT_TIMEOUT, move |stream| match stream
-            .and_then(|s| shared.register(s))
-        {
-            Ok(conn) => {
-                shared.handler.connected(conn, tag);
-                shared.start(conn);
+        let auth = Arc::clone(&shared.auth);
+        let spawned = super::dial_in_background(addr, CONNECT_TIMEOUT, auth, move |dialed| {
+            match dialed.and_then(|(s, session)| shared.register(s, session)) {
+                Ok(conn) => {
+                    shared.handler.connected(conn, tag);
+                    shared.start(conn);
+                }
+                Err(e) => shared.handler.connect_failed(tag, e),
             }
-            Err(e) => shared.handler.connect_failed(tag, e),
         });
         if let Err(e) = spawned {
             let _ = self.shared.post(Cmd::ConnectFailed(tag, e));
@@ -316,6 +323,10 @@ impl Transport for UringTransport {
     fn backend(&self) -> &'static str {
         "io_uring"
     }
+
+    fn auth_refusals(&self) -> u64 {
+        self.shared.auth.refusals()
+    }
 }
 
 /// One connection, as the ring thread sees it. Boxed: requests point into
@@ -340,11 +351,21 @@ struct Conn {
     msg: MsgHdr,
     sending: bool,
     sent_at: Instant,
+    /// Under a key: tags what is queued (in queue order) and checks what
+    /// arrives.
+    seal: Option<Sealer>,
+    open: Option<Opener>,
 }
 
 impl Conn {
-    fn new(stream: TcpStream) -> Box<Conn> {
+    fn new(stream: TcpStream, session: Option<Session>) -> Box<Conn> {
+        let (seal, open) = match session {
+            Some(s) => (Some(s.seal), Some(s.open)),
+            None => (None, None),
+        };
         Box::new(Conn {
+            seal,
+            open,
             stream,
             started: false,
             closing: false,
@@ -491,8 +512,8 @@ impl Ring {
 
     fn command(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Add(id, stream) => {
-                self.conns.insert(id, Conn::new(stream));
+            Cmd::Add(id, stream, session) => {
+                self.conns.insert(id, Conn::new(stream, session));
             }
             Cmd::Start(id) => {
                 let Some(conn) = self.conns.get_mut(&id) else {
@@ -663,7 +684,9 @@ impl Ring {
             conn.rbuf.clear(); // closed by us: nothing more is delivered
             return self.arm_recv(id);
         }
-        let (handed, sound) = super::split_frames(&mut conn.rbuf, |m| handler.message(id, m));
+        let (handed, sound) = super::split_frames(&mut conn.rbuf, conn.open.as_mut(), |m| {
+            handler.message(id, m);
+        });
         if handed {
             // Even before a bad frame: what was handed over gets its sync.
             handler.drained(id);
@@ -686,9 +709,14 @@ impl Ring {
             let why = format!("over {MAX_QUEUED_BYTES} bytes queued: the peer is not keeping up");
             return self.fail(id, Some(why));
         }
-        conn.queued += n;
+        // The tag is a small buffer of its own after the shared record.
+        let tag = conn
+            .seal
+            .as_mut()
+            .map(|s| s.seal(&[&parts[0][..], &parts[1][..]]));
+        conn.queued += n + tag.as_ref().map_or(0, |t| t.len() as u64);
         conn.queue
-            .extend(parts.into_iter().filter(|p| !p.is_empty()));
+            .extend(parts.into_iter().chain(tag).filter(|p| !p.is_empty()));
         if !conn.sending {
             self.dirty.push(id);
         }
@@ -832,8 +860,8 @@ impl Ring {
         // and their poster reports them.
         for cmd in cmds {
             match cmd {
-                Cmd::Add(id, stream) => {
-                    self.conns.insert(id, Conn::new(stream));
+                Cmd::Add(id, stream, session) => {
+                    self.conns.insert(id, Conn::new(stream, session));
                 }
                 Cmd::Start(id) => {
                     if let Some(conn) = self.conns.get_mut(&id) {
@@ -963,7 +991,7 @@ mod tests {
     /// A transport and its events, or None where io_uring is unavailable.
     fn transport() -> Option<(UringTransport, Events)> {
         let (tx, rx) = mpsc::channel();
-        match UringTransport::new(Arc::new(Collect(Mutex::new(tx)))) {
+        match UringTransport::new(Arc::new(Collect(Mutex::new(tx))), Auth::new(None)) {
             Ok(t) => Some((t, rx)),
             Err(e) => {
                 eprintln!("io_uring unavailable ({e}): skipped");
@@ -1060,7 +1088,10 @@ mod tests {
     #[test]
     fn a_large_claimed_frame_allocates_only_what_arrives_on_either_transport() {
         let (tx, _rx) = mpsc::channel();
-        let std_server = crate::net::std_net::StdTransport::new(Arc::new(Collect(Mutex::new(tx))));
+        let std_server = crate::net::std_net::StdTransport::new(
+            Arc::new(Collect(Mutex::new(tx))),
+            Auth::new(None),
+        );
         let mut servers: Vec<Box<dyn Transport>> = vec![Box::new(std_server)];
         if let Some((uring, _)) = transport() {
             servers.push(Box::new(uring));

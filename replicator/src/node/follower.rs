@@ -12,7 +12,7 @@ use crate::epoch_file;
 use crate::follower::{Follower, FollowerAction, FollowerEvent};
 use crate::ids::DatabaseId;
 use crate::leader::PeerId;
-use crate::net::{Backend, ConnId, NetHandler, Transport};
+use crate::net::{Backend, ClusterKey, ConnId, NetHandler, Transport};
 use crate::segments::{Recovery, SegmentLog};
 use crate::wire::Message;
 use parking_lot::Mutex;
@@ -31,6 +31,10 @@ pub struct FollowerNodeConfig {
     pub peers: Vec<SocketAddr>,
     pub segment_bytes: u64,
     pub backend: Backend,
+    /// The cluster key every replication connection is authenticated
+    /// with; None runs this node's connections unauthenticated (anyone who
+    /// can reach its ports can read and write the log).
+    pub auth: Option<ClusterKey>,
     /// Bytes of records served per catch-up request
     /// ([`CATCH_UP_BATCH_BYTES`] by default).
     pub catch_up_batch_bytes: usize,
@@ -104,6 +108,7 @@ impl FollowerNode {
         let transport = super::open_transport(
             state.config.backend,
             Arc::clone(&state) as Arc<dyn NetHandler>,
+            state.config.auth.clone(),
             &state.transport,
         )?;
         let addr = transport
@@ -133,6 +138,11 @@ impl FollowerNode {
     /// The transport: "std" or "io_uring".
     pub fn backend(&self) -> &'static str {
         self.state.transport().backend()
+    }
+
+    /// Replication connections (or frames) refused by authentication.
+    pub fn auth_refusals(&self) -> u64 {
+        self.state.transport().auth_refusals()
     }
     /// Why the follower stopped taking records (a storage failure), if it
     /// did. It then refuses everything: a process supervisor should

@@ -11,7 +11,7 @@ use super::NodeError;
 use crate::bookmark::{Bookmark, Epoch};
 use crate::ids::DatabaseId;
 use crate::leader::{Leader, LeaderAction, LeaderConfig, LeaderError, LeaderEvent, PeerId};
-use crate::net::{Backend, ConnId, NetHandler, Transport};
+use crate::net::{Backend, ClusterKey, ConnId, NetHandler, Transport};
 use crate::record::Encoded;
 use crate::wire::Message;
 use parking_lot::{Condvar, Mutex};
@@ -37,6 +37,10 @@ pub struct LeaderNodeConfig {
     pub heartbeat_interval_ms: u64,
     pub redial_interval_ms: u64,
     pub backend: Backend,
+    /// The cluster key every replication connection is authenticated
+    /// with; None runs this node's connections unauthenticated (anyone who
+    /// can reach its ports can read and write the log).
+    pub auth: Option<ClusterKey>,
 }
 
 /// Why a write's confirmation did not arrive.
@@ -134,6 +138,7 @@ impl LeaderNode {
         let transport = super::open_transport(
             state.config.backend,
             Arc::clone(&state) as Arc<dyn NetHandler>,
+            state.config.auth.clone(),
             &state.transport,
         )?;
         let replica_addr = match state.config.listen {
@@ -163,6 +168,11 @@ impl LeaderNode {
 
     pub fn backend(&self) -> &'static str {
         self.state.transport().backend()
+    }
+
+    /// Replication connections (or frames) refused by authentication.
+    pub fn auth_refusals(&self) -> u64 {
+        self.state.transport().auth_refusals()
     }
 
     /// Fans out the next committed record (its `previous` must be the last

@@ -14,18 +14,20 @@ pub mod leader;
 pub mod replica;
 
 use crate::leader::LeaderError;
-use crate::net::{self, Backend, NetHandler, Transport};
+use crate::net::{self, Backend, ClusterKey, NetHandler, Transport};
 use std::sync::{Arc, OnceLock};
 
-/// Opens a transport delivering to `handler` and publishes it in `slot`
-/// before returning, so it is there before any connection (listening comes
-/// after) can reach the handler.
+/// Opens a transport delivering to `handler` (authenticating every
+/// connection with `key`, if given) and publishes it in `slot` before
+/// returning, so it is there before any connection (listening comes after)
+/// can reach the handler.
 fn open_transport(
     backend: Backend,
     handler: Arc<dyn NetHandler>,
+    key: Option<ClusterKey>,
     slot: &OnceLock<Arc<dyn Transport>>,
 ) -> Result<Arc<dyn Transport>, NodeError> {
-    let transport = net::open(backend, handler).map_err(|e| NodeError::Io(e.to_string()))?;
+    let transport = net::open(backend, handler, key).map_err(|e| NodeError::Io(e.to_string()))?;
     let _ = slot.set(Arc::clone(&transport));
     Ok(transport)
 }

@@ -6,7 +6,7 @@
 use super::NodeError;
 use crate::bookmark::Bookmark;
 use crate::ids::DatabaseId;
-use crate::net::{Backend, ConnId, NetHandler, Transport};
+use crate::net::{Backend, ClusterKey, ConnId, NetHandler, Transport};
 use crate::record::Encoded;
 use crate::subscriber::{Source, Subscriber, SubscriberAction, SubscriberEvent};
 use crate::wire::Message;
@@ -43,6 +43,10 @@ pub struct ReplicaNodeConfig {
     pub start: Bookmark,
     pub redial_interval_ms: u64,
     pub backend: Backend,
+    /// The cluster key every replication connection is authenticated
+    /// with; None runs this node's connections unauthenticated (anyone who
+    /// can reach its ports can read and write the log).
+    pub auth: Option<ClusterKey>,
     /// Injected replication delay: every message is held this long before
     /// it is acted on (tests of session consistency under lag). 0: none.
     pub delay_ms: u64,
@@ -116,6 +120,7 @@ impl ReplicaNode {
         super::open_transport(
             state.config.backend,
             Arc::clone(&state) as Arc<dyn NetHandler>,
+            state.config.auth.clone(),
             &state.transport,
         )?;
         state.dial();
@@ -132,6 +137,11 @@ impl ReplicaNode {
                 .map_err(|e| NodeError::Io(e.to_string()))?;
         }
         Ok(ReplicaNode { state })
+    }
+
+    /// Replication connections (or frames) refused by authentication.
+    pub fn auth_refusals(&self) -> u64 {
+        self.state.transport().auth_refusals()
     }
 
     pub fn confirmed(&self) -> Bookmark {

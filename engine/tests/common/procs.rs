@@ -1,0 +1,232 @@
+//! Real `walrelay` processes in tests: children whose output is collected,
+//! loopback ports, and the cluster key files their replication ports
+//! authenticate with.
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A loopback port nobody listens on right now (released before use, so
+/// another process could take it first; unlikely on loopback in a test).
+pub fn free_port() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+/// "a:1,b:2", as the `walrelay` address-list flags take it.
+pub fn join_addrs(addrs: &[SocketAddr]) -> String {
+    addrs
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Waits until `addr` accepts TCP connections.
+pub fn wait_accepting(addr: SocketAddr, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "{what} at {addr} never accepted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Creates a fresh cluster key file (mode 0600) in `dir`; returns its path
+/// and the key, for processes (`--cluster-key`) and in-process nodes alike.
+pub fn cluster_key_file(dir: &Path) -> (PathBuf, walrelay_engine::ClusterKey) {
+    let path = dir.join("cluster.key");
+    let key = walrelay_engine::ClusterKey::create(&path).expect("cluster key");
+    (path, key)
+}
+
+/// The `--cluster-key FILE` arguments.
+pub fn key_args(path: &Path) -> [String; 2] {
+    ["--cluster-key".into(), path.display().to_string()]
+}
+
+/// A `walrelay` child process whose output is collected (and drained, so
+/// a chatty process never blocks on a full pipe): `lines` holds stdout and
+/// stderr, `errors` stderr alone (also echoed to the test's). Killed on
+/// drop, which unwinding runs too, and by the kernel if the test process
+/// dies.
+pub struct Proc {
+    pub name: String,
+    pub child: Child,
+    pub lines: Arc<Mutex<Vec<String>>>,
+    pub errors: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, args: &[String]) -> Proc {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_walrelay"));
+        command
+            .args(args)
+            .env("RUST_BACKTRACE", "0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: runs in the child between fork and exec and calls only
+        // prctl(2), which is async-signal-safe: if the test process is
+        // killed, the kernel kills the child rather than leave it holding
+        // ports.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = command.spawn().expect("spawn walrelay");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let collect = |stream: Box<dyn std::io::Read + Send>,
+                       also: Option<(String, Arc<Mutex<Vec<String>>>)>| {
+            let all = Arc::clone(&lines);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    if let Some((name, errors)) = &also {
+                        eprintln!("[{name}] {line}");
+                        errors.lock().expect("errors").push(line.clone());
+                    }
+                    all.lock().expect("lines").push(line);
+                }
+            });
+        };
+        collect(Box::new(child.stdout.take().expect("stdout")), None);
+        collect(
+            Box::new(child.stderr.take().expect("stderr")),
+            Some((name.to_string(), Arc::clone(&errors))),
+        );
+        Proc {
+            name: name.to_string(),
+            child,
+            lines,
+            errors,
+        }
+    }
+
+    /// Waits for a line (stdout or stderr) containing `needle`; fails (with
+    /// what the process printed) if it exits or takes too long.
+    pub fn wait_line(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(l) = self
+                .lines
+                .lock()
+                .expect("lines")
+                .iter()
+                .find(|l| l.contains(needle))
+            {
+                return l.clone();
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "{} exited ({status}) before printing {needle:?}: {:#?}",
+                    self.name,
+                    self.lines.lock().expect("lines")
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} never printed {needle:?}: {:#?}",
+                self.name,
+                self.lines.lock().expect("lines")
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Every line printed so far (stdout and stderr).
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().expect("lines").clone()
+    }
+
+    /// The stderr lines containing `needle` so far.
+    pub fn error_lines(&self, needle: &str) -> Vec<String> {
+        self.errors
+            .lock()
+            .expect("errors")
+            .iter()
+            .filter(|l| l.contains(needle))
+            .cloned()
+            .collect()
+    }
+
+    /// Waits for the process to exit (within 30 s); its status.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                // Let the readers take the last lines.
+                std::thread::sleep(Duration::from_millis(100));
+                return status;
+            }
+            assert!(Instant::now() < deadline, "{} did not exit", self.name);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Fails (with what it printed) if the process has exited.
+    pub fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!(
+                "{} exited ({status}): {:#?}",
+                self.name,
+                self.lines.lock().expect("lines")
+            );
+        }
+    }
+
+    /// SIGINT (a clean stop), then waits for the exit.
+    pub fn interrupt(&mut self) {
+        // SAFETY: kill(2) with SIGINT on our own unreaped child.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGINT);
+        }
+        let _ = self.child.wait();
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Starts `n` `walrelay follower` processes under `root`, each knowing the
+/// others as peers and authenticating with the key file `key`, and waits
+/// until each accepts connections.
+pub fn spawn_followers(root: &Path, n: usize, key: &Path) -> (Vec<Proc>, Vec<SocketAddr>) {
+    let addrs: Vec<SocketAddr> = (0..n).map(|_| free_port()).collect();
+    let procs = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| {
+            let peers: Vec<SocketAddr> = addrs.iter().filter(|p| *p != addr).copied().collect();
+            let mut args = vec![
+                "follower".into(),
+                "--listen".into(),
+                addr.to_string(),
+                "--dir".into(),
+                root.join(format!("follower-{i}")).display().to_string(),
+                "--peers".into(),
+                join_addrs(&peers),
+            ];
+            args.extend(key_args(key));
+            let mut p = Proc::spawn(&format!("follower {i}"), &args);
+            p.wait_line("listening");
+            wait_accepting(*addr, "a follower");
+            p
+        })
+        .collect();
+    (procs, addrs)
+}

@@ -1,0 +1,364 @@
+//! Authentication of replication connections: the one module that reads
+//! or writes the auth handshake and the tag after every frame.
+//!
+//! Every process of a cluster holds the same [`ClusterKey`] `K`. A
+//! connection starts with a mutual challenge-response; only once both
+//! sides proved they know `K` does the transport report the connection
+//! (`accepted` / `connected`), so no message from a peer without the key
+//! ever reaches a protocol core. After it, every frame in each direction
+//! carries a tag over a per-direction sequence number.
+//!
+//! ```text
+//! handshake (before any frame)
+//!  dialer -> acceptor   HELLO      40 bytes
+//!    0  magic  "WRLAUTH1" (8)
+//!    8  n_d    the dialer's random nonce (32)
+//!  acceptor -> dialer   CHALLENGE  72 bytes
+//!    0  magic  "WRLAUTH1" (8)
+//!    8  n_a    the acceptor's random nonce (32)
+//!   40  proof  keyed_hash(P, 0x02 ‖ n_d ‖ n_a) (32)
+//!  dialer -> acceptor   PROOF      32 bytes
+//!    0  proof  keyed_hash(P, 0x01 ‖ n_d ‖ n_a) (32)
+//!
+//!  P    = derive_key("walrelay replication v1 handshake proof", K)
+//!  K_da = derive_key("walrelay replication v1 dialer to acceptor", K ‖ n_d ‖ n_a)
+//!  K_ad = derive_key("walrelay replication v1 acceptor to dialer", K ‖ n_d ‖ n_a)
+//!
+//! authenticated stream, each direction (K_da dialer -> acceptor, K_ad back)
+//!  0    frame  exactly as in `wire` (length u32, version, kind, body)
+//!  len  tag    keyed_hash(K_dir, seq u64 BE ‖ frame) (32)
+//!  seq: 0 for the direction's first frame, then +1 per frame
+//! ```
+//!
+//! keyed_hash and derive_key are BLAKE3's keyed and key-derivation modes;
+//! tags are compared in constant time. The role byte keeps a proof from
+//! being reflected back as the other side's; fresh nonces on both sides
+//! keep it from being replayed; the session keys bind every tag to this
+//! connection (no splicing between connections) and the sequence number to
+//! its place in the stream (no replay, reordering or dropped frame goes
+//! unnoticed). Nothing is encrypted: see papers/security.md.
+//!
+//! The handshake runs on the accepting or dialing thread with blocking
+//! reads bounded by [`HANDSHAKE_TIMEOUT`]; at most [`MAX_PENDING_HANDSHAKES`]
+//! accepted connections are in their handshake at once per transport (more
+//! are closed at once). Every refusal is counted ([`Auth::refusals`]) and
+//! reported on stderr.
+
+use super::cluster_key::{ClusterKey, KeyFileError, random_bytes};
+use bytes::Bytes;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+pub const MAGIC: [u8; 8] = *b"WRLAUTH1";
+pub const NONCE_BYTES: usize = 32;
+/// The tag after every frame of an authenticated stream.
+pub const TAG_BYTES: usize = 32;
+pub const HELLO_BYTES: usize = MAGIC.len() + NONCE_BYTES;
+pub const CHALLENGE_BYTES: usize = MAGIC.len() + NONCE_BYTES + TAG_BYTES;
+pub const PROOF_BYTES: usize = TAG_BYTES;
+/// A handshake not done in this long is refused.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Accepted connections in their handshake at once, per transport.
+pub const MAX_PENDING_HANDSHAKES: usize = 64;
+
+const PROOF_CONTEXT: &str = "walrelay replication v1 handshake proof";
+const DIALER_TO_ACCEPTOR: &str = "walrelay replication v1 dialer to acceptor";
+const ACCEPTOR_TO_DIALER: &str = "walrelay replication v1 acceptor to dialer";
+const DIALER: u8 = 1;
+const ACCEPTOR: u8 = 2;
+
+/// Why a connection was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("handshake i/o: {0}")]
+    Io(#[from] io::Error),
+    #[error("the peer does not speak the auth handshake (wrong magic)")]
+    BadMagic,
+    #[error("the peer's proof is wrong: it does not hold the cluster key")]
+    BadProof,
+    #[error("frame {seq}: bad tag (forged, altered, replayed, reordered or truncated)")]
+    BadTag { seq: u64 },
+    #[error("more than {MAX_PENDING_HANDSHAKES} handshakes pending")]
+    TooManyPending,
+    #[error(transparent)]
+    Random(#[from] KeyFileError),
+}
+
+/// Tags the frames one side sends, in order.
+#[derive(Debug)]
+pub struct Sealer {
+    key: [u8; 32],
+    seq: u64,
+}
+
+impl Sealer {
+    /// The tag of the next frame, given as its parts in order (header and
+    /// shared record bytes: the frame is never copied to be tagged).
+    pub fn seal(&mut self, parts: &[&[u8]]) -> Bytes {
+        let mut h = blake3::Hasher::new_keyed(&self.key);
+        h.update(&self.seq.to_be_bytes());
+        for p in parts {
+            h.update(p);
+        }
+        self.seq += 1;
+        Bytes::copy_from_slice(h.finalize().as_bytes())
+    }
+}
+
+/// Checks the tags of the frames one side receives, in order.
+pub struct Opener {
+    key: [u8; 32],
+    seq: u64,
+    auth: Arc<Auth>,
+    peer: SocketAddr,
+}
+
+impl std::fmt::Debug for Opener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opener")
+            .field("seq", &self.seq)
+            .field("peer", &self.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Opener {
+    /// Checks `tag` for the next `frame` (constant time); a bad tag is
+    /// counted and reported as a refusal, and the stream is unusable after.
+    pub fn open(&mut self, frame: &[u8], tag: &[u8]) -> Result<(), AuthError> {
+        let mut h = blake3::Hasher::new_keyed(&self.key);
+        h.update(&self.seq.to_be_bytes());
+        h.update(frame);
+        // blake3::Hash's comparison with a slice is constant-time.
+        if h.finalize() != *tag {
+            let e = AuthError::BadTag { seq: self.seq };
+            self.auth.refused("frame from", self.peer, &e);
+            return Err(e);
+        }
+        self.seq += 1;
+        Ok(())
+    }
+}
+
+/// What an authenticated connection carries in its two directions.
+#[derive(Debug)]
+pub struct Session {
+    pub seal: Sealer,
+    pub open: Opener,
+}
+
+/// One transport's authentication: its key (None: connections are not
+/// authenticated) and its refusal count.
+pub struct Auth {
+    key: Option<ClusterKey>,
+    refused: AtomicU64,
+    pending: AtomicUsize,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Auth")
+            .field("authenticated", &self.key.is_some())
+            .field("refused", &self.refusals())
+            .finish()
+    }
+}
+
+impl Auth {
+    pub fn new(key: Option<ClusterKey>) -> Arc<Auth> {
+        Arc::new(Auth {
+            key,
+            refused: AtomicU64::new(0),
+            pending: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.key.is_some()
+    }
+
+    /// Connections (or frames) refused so far.
+    pub fn refusals(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn refused(&self, what: &str, peer: SocketAddr, e: &AuthError) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        eprintln!("walrelay: replication auth refused {what} {peer}: {e}");
+    }
+
+    /// Authenticates a freshly dialed stream (None without a key). A
+    /// refusal is counted and reported here.
+    pub fn dial(
+        self: &Arc<Self>,
+        stream: &mut TcpStream,
+        peer: SocketAddr,
+    ) -> Result<Option<Session>, AuthError> {
+        self.run(stream, peer, true, "connection to")
+    }
+
+    /// Authenticates a freshly accepted stream (None without a key). A
+    /// refusal is counted and reported here.
+    pub fn accept(
+        self: &Arc<Self>,
+        stream: &mut TcpStream,
+        peer: SocketAddr,
+    ) -> Result<Option<Session>, AuthError> {
+        self.run(stream, peer, false, "connection from")
+    }
+
+    /// Accepted connections in their handshake now.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    /// Takes one of the pending-handshake slots; false (and counted) when
+    /// all are taken. [`Auth::release`] gives it back.
+    pub(crate) fn reserve(&self, peer: SocketAddr) -> bool {
+        let taken = self.pending.fetch_add(1, Ordering::AcqRel);
+        if taken >= MAX_PENDING_HANDSHAKES {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            self.refused("connection from", peer, &AuthError::TooManyPending);
+            return false;
+        }
+        true
+    }
+
+    pub(crate) fn release(&self) {
+        self.pending.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn run(
+        self: &Arc<Self>,
+        stream: &mut TcpStream,
+        peer: SocketAddr,
+        dialer: bool,
+        what: &str,
+    ) -> Result<Option<Session>, AuthError> {
+        let Some(key) = &self.key else {
+            return Ok(None);
+        };
+        let result = (|| {
+            stream.set_nodelay(true)?;
+            stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+            stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
+            let keys = if dialer {
+                handshake_as_dialer(key, stream)?
+            } else {
+                handshake_as_acceptor(key, stream)?
+            };
+            stream.set_read_timeout(None)?;
+            stream.set_write_timeout(None)?;
+            Ok(keys)
+        })();
+        match result {
+            Ok(keys) => Ok(Some(Session {
+                seal: Sealer {
+                    key: keys.send,
+                    seq: 0,
+                },
+                open: Opener {
+                    key: keys.receive,
+                    seq: 0,
+                    auth: Arc::clone(self),
+                    peer,
+                },
+            })),
+            Err(e) => {
+                self.refused(what, peer, &e);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// One side's session keys.
+#[derive(Debug, PartialEq, Eq)]
+pub struct SessionKeys {
+    pub send: [u8; 32],
+    pub receive: [u8; 32],
+}
+
+fn nonce() -> Result<[u8; NONCE_BYTES], AuthError> {
+    let mut n = [0u8; NONCE_BYTES];
+    random_bytes(&mut n)?;
+    Ok(n)
+}
+
+fn proof(key: &ClusterKey, role: u8, n_d: &[u8], n_a: &[u8]) -> blake3::Hash {
+    let p = blake3::derive_key(PROOF_CONTEXT, key.bytes());
+    let mut h = blake3::Hasher::new_keyed(&p);
+    h.update(&[role]).update(n_d).update(n_a);
+    h.finalize()
+}
+
+fn session_key(context: &str, key: &ClusterKey, n_d: &[u8], n_a: &[u8]) -> [u8; 32] {
+    let mut material = Vec::with_capacity(ClusterKey::BYTES + 2 * NONCE_BYTES);
+    material.extend_from_slice(key.bytes());
+    material.extend_from_slice(n_d);
+    material.extend_from_slice(n_a);
+    blake3::derive_key(context, &material)
+}
+
+/// The dialer's half of the handshake over `io`.
+pub fn handshake_as_dialer(
+    key: &ClusterKey,
+    io: &mut (impl Read + Write),
+) -> Result<SessionKeys, AuthError> {
+    let n_d = nonce()?;
+    let mut hello = [0u8; HELLO_BYTES];
+    hello[..8].copy_from_slice(&MAGIC);
+    hello[8..].copy_from_slice(&n_d);
+    io.write_all(&hello)?;
+    let mut challenge = [0u8; CHALLENGE_BYTES];
+    io.read_exact(&mut challenge)?;
+    if challenge[..8] != MAGIC {
+        return Err(AuthError::BadMagic);
+    }
+    let n_a = &challenge[8..8 + NONCE_BYTES];
+    if proof(key, ACCEPTOR, &n_d, n_a) != challenge[8 + NONCE_BYTES..] {
+        return Err(AuthError::BadProof);
+    }
+    io.write_all(proof(key, DIALER, &n_d, n_a).as_bytes())?;
+    io.flush()?;
+    Ok(SessionKeys {
+        send: session_key(DIALER_TO_ACCEPTOR, key, &n_d, n_a),
+        receive: session_key(ACCEPTOR_TO_DIALER, key, &n_d, n_a),
+    })
+}
+
+/// The acceptor's half of the handshake over `io`.
+pub fn handshake_as_acceptor(
+    key: &ClusterKey,
+    io: &mut (impl Read + Write),
+) -> Result<SessionKeys, AuthError> {
+    let mut hello = [0u8; HELLO_BYTES];
+    io.read_exact(&mut hello)?;
+    if hello[..8] != MAGIC {
+        return Err(AuthError::BadMagic);
+    }
+    let n_d = &hello[8..];
+    let n_a = nonce()?;
+    let mut challenge = [0u8; CHALLENGE_BYTES];
+    challenge[..8].copy_from_slice(&MAGIC);
+    challenge[8..8 + NONCE_BYTES].copy_from_slice(&n_a);
+    challenge[8 + NONCE_BYTES..].copy_from_slice(proof(key, ACCEPTOR, n_d, &n_a).as_bytes());
+    io.write_all(&challenge)?;
+    io.flush()?;
+    let mut their = [0u8; PROOF_BYTES];
+    io.read_exact(&mut their)?;
+    if proof(key, DIALER, n_d, &n_a) != their {
+        return Err(AuthError::BadProof);
+    }
+    Ok(SessionKeys {
+        send: session_key(ACCEPTOR_TO_DIALER, key, n_d, &n_a),
+        receive: session_key(DIALER_TO_ACCEPTOR, key, n_d, &n_a),
+    })
+}
+
+#[cfg(test)]
+#[path = "auth_tests.rs"]
+mod tests;
