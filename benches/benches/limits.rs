@@ -120,7 +120,11 @@ fn main() {
         .run()
         .expect("create");
     let server = serve(
-        Arc::new(Node::new(Role::Primary(db.clone()), HttpConfig::default())),
+        Arc::new(Node::new(
+            Role::Primary(db.clone()),
+            HttpConfig::default(),
+            walrelay_engine::http::auth::Auth::Insecure,
+        )),
         "127.0.0.1:0".parse().expect("addr"),
     )
     .expect("serve");
