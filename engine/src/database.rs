@@ -622,6 +622,10 @@ impl Database {
             return QueryError::CaptureFailed(poisoned);
         }
         if p.attachment.take_refused_too_large() {
+            tracing::warn!(
+                limit_bytes = p.max_transaction_bytes,
+                "a write transaction over the size limit was refused before it committed"
+            );
             return QueryError::TransactionTooLarge {
                 limit_bytes: p.max_transaction_bytes,
             };

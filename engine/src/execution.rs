@@ -142,10 +142,15 @@ impl Watch {
             return e;
         }
         match self.fired.load(Ordering::Relaxed) {
-            FIRED_DEADLINE => QueryError::Timeout {
-                limit_ms: self.timeout_ms.load(Ordering::Relaxed),
-            },
-            FIRED_CANCELLED => QueryError::Cancelled,
+            FIRED_DEADLINE => {
+                let limit_ms = self.timeout_ms.load(Ordering::Relaxed);
+                tracing::info!(limit_ms, "a query ran past its time limit and was stopped");
+                QueryError::Timeout { limit_ms }
+            }
+            FIRED_CANCELLED => {
+                tracing::debug!("a query was cancelled (its client went away)");
+                QueryError::Cancelled
+            }
             FIRED_STOPPING => QueryError::Stopping,
             _ => e,
         }

@@ -192,7 +192,23 @@ fn tempfile_dir() -> Result<PathBuf> {
     Ok(d)
 }
 
+/// Node events (epochs, fencing, refusals, limits) go to stderr through
+/// `tracing`, at the level `WALRELAY_LOG` names (error, warn, info, debug,
+/// trace; info by default). Status lines stay on stdout.
+fn init_logs() {
+    let level = std::env::var("WALRELAY_LOG")
+        .ok()
+        .and_then(|v| v.parse::<tracing::Level>().ok())
+        .unwrap_or(tracing::Level::INFO);
+    tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+}
+
 fn main() -> Result<()> {
+    init_logs();
     match Cli::parse().command {
         Command::Demo { db, orders } => demo(db, orders),
         Command::Up(a) => cmd::up(a),

@@ -296,6 +296,11 @@ impl ReplicatedPrimary {
         let _ = link.leader.set(leader.clone());
         // Consumed: from here a crash must not find it.
         stop_marker::remove(&config.path)?;
+        tracing::info!(
+            epoch = db.epoch().0,
+            after = %start,
+            "primary started: a new epoch continues the log"
+        );
         Ok(ReplicatedPrimary {
             db,
             leader,
@@ -345,6 +350,7 @@ impl ReplicatedPrimary {
                     last
                 };
                 stop_marker::store(&self.path, mark)?;
+                tracing::info!(at = %mark, "primary stopped cleanly");
                 return Ok(mark);
             }
             if Instant::now() >= deadline {

@@ -143,6 +143,22 @@ impl Answer {
     }
 }
 
+/// Logs a refused request: credentials, size and server-side failures at
+/// WARN (an operator wants to see them), a client's own SQL errors at DEBUG.
+fn log_refusal(answer: &Answer) {
+    let message = serde_json::from_slice::<Response>(&answer.body)
+        .ok()
+        .and_then(|r| r.errors.into_iter().next())
+        .map(|e| format!("{} {}", e.code, e.message))
+        .unwrap_or_default();
+    match answer.status {
+        401 | 403 | 413 | 500.. => {
+            tracing::warn!(status = answer.status, "request refused: {message}")
+        }
+        _ => tracing::debug!(status = answer.status, "request refused: {message}"),
+    }
+}
+
 fn too_large(limit: usize) -> String {
     format!("request body exceeds the limit of {limit} bytes")
 }
@@ -298,6 +314,7 @@ impl Node {
     ) -> Answer {
         let answer = self.query_inner(caller, name, bookmark_header, body, cancel);
         if answer.status >= 400 {
+            log_refusal(&answer);
             self.metrics.refused(answer.status);
         } else if let Some(served) = &answer.served {
             for (by_primary, region) in served {
@@ -447,6 +464,7 @@ impl Node {
     /// Counts a refusal made before the request reached [`Node::query`]
     /// (the framework layer), and passes it through.
     fn refuse(&self, answer: Answer) -> Answer {
+        log_refusal(&answer);
         self.metrics.refused(answer.status);
         answer
     }

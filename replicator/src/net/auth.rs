@@ -187,7 +187,7 @@ impl Auth {
 
     pub(crate) fn refused(&self, what: &str, peer: SocketAddr, e: &AuthError) {
         self.refused.fetch_add(1, Ordering::Relaxed);
-        eprintln!("walrelay: replication auth refused {what} {peer}: {e}");
+        tracing::warn!(%peer, "replication auth refused {what} {peer}: {e}");
     }
 
     /// Authenticates a freshly dialed stream (None without a key). A

@@ -193,7 +193,9 @@ impl State {
         for action in actions {
             match action {
                 FollowerAction::PersistEpoch(e) => {
+                    tracing::info!(epoch = e.0, "follower accepts a new leader epoch");
                     if let Err(err) = epoch_file::store(&self.config.dir, e) {
+                        tracing::error!(epoch = e.0, %err, "follower could not persist its epoch");
                         core.broken = Some(err.to_string());
                         return;
                     }

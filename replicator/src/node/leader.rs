@@ -304,6 +304,10 @@ impl State {
                 }
                 LeaderAction::Close { peer, .. } => self.transport().close(peer.0),
                 LeaderAction::Fenced(e) => {
+                    tracing::warn!(
+                        epoch = e.0,
+                        "leader fenced: a follower has accepted a newer epoch"
+                    );
                     let mut w = self.watch.lock();
                     w.fenced = Some(e);
                     self.changed.notify_all();
