@@ -108,7 +108,7 @@ pub enum QueryError {
     Cancelled,
     #[error("the database is stopping and runs no more queries")]
     Stopping,
-    #[error("no {resource} came free within {waited_ms} ms; retry later")]
+    #[error("busy: waited {waited_ms} ms for {resource}; retry later")]
     Busy {
         resource: &'static str,
         waited_ms: u64,

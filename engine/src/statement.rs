@@ -15,12 +15,13 @@
 //!   UNIQUE violation against an unconfirmed row): errors wait at the gate
 //!   like results do.
 
-use crate::database::{Database, Output, Role};
+use crate::database::{Database, Output, PrimaryRole, Role};
 use crate::error::QueryError;
 use crate::execution::{CancelToken, check_start};
 use crate::pool::{Lease, Pooled};
 use crate::session::Access;
 use crate::value::{Row, Value};
+use parking_lot::MutexGuard;
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, StatementStatus};
 use std::sync::Arc;
@@ -243,6 +244,24 @@ impl Database {
         Duration::from_millis(self.inner.limits.pool_wait_ms)
     }
 
+    /// The primary's writer for one write or batch: admitted by the output
+    /// gate, waited for at most `pool_wait_ms`, and with any setting the
+    /// previous writer's client changed reset (the sandbox).
+    fn writer(&self) -> Result<(&PrimaryRole, MutexGuard<'_, Pooled>), QueryError> {
+        let Some(p) = self.primary() else {
+            return Err(QueryError::ReadOnlyReplica);
+        };
+        p.gate_admit()?;
+        let Some(w) = p.writer.try_lock_for(self.pool_wait()) else {
+            return Err(QueryError::Busy {
+                resource: "the writer",
+                waited_ms: self.inner.limits.pool_wait_ms,
+            });
+        };
+        crate::sandbox::reset_if_dirty(&w.conn).map_err(QueryError::sql)?;
+        Ok((p, w))
+    }
+
     /// Holds an error until the state it may reflect is confirmed, as a
     /// result would be: a read's at the latest bookmark once in-flight
     /// commits settle, a failed write's at the latest bookmark. If the
@@ -406,19 +425,8 @@ impl Database {
         if access == Access::ReadOnly {
             return Err(QueryError::ReadOnlyAccess);
         }
-        let Some(p) = self.primary() else {
-            return Err(QueryError::ReadOnlyReplica);
-        };
         let limits = self.inner.limits;
-        p.gate_admit()?;
-        let Some(w) = p.writer.try_lock_for(self.pool_wait()) else {
-            return Err(QueryError::Busy {
-                resource: "the writer",
-                waited_ms: limits.pool_wait_ms,
-            });
-        };
-        // The sandbox: settings the previous writer changed end here.
-        crate::sandbox::reset_if_dirty(&w.conn).map_err(QueryError::sql)?;
+        let (p, w) = self.writer()?;
         let r = {
             let _armed = w.watch.arm(limits.query_timeout_ms, cancel);
             run_statement(&w, sql, params, Prepare::Cached, limits.max_response_bytes)
@@ -465,19 +473,8 @@ impl Database {
         let started = Instant::now();
         check_start(&self.inner.stopping, cancel)?;
         self.check_capture()?;
-        let Some(p) = self.primary() else {
-            return Err(QueryError::ReadOnlyReplica);
-        };
         let limits = self.inner.limits;
-        p.gate_admit()?;
-        let Some(w) = p.writer.try_lock_for(self.pool_wait()) else {
-            return Err(QueryError::Busy {
-                resource: "the writer",
-                waited_ms: limits.pool_wait_ms,
-            });
-        };
-        // The sandbox: settings the previous writer changed end here.
-        crate::sandbox::reset_if_dirty(&w.conn).map_err(QueryError::sql)?;
+        let (p, w) = self.writer()?;
         let armed = w.watch.arm(limits.query_timeout_ms, cancel);
         if let Err(e) = w.conn.engine_exec("BEGIN IMMEDIATE") {
             drop(armed);

@@ -190,6 +190,7 @@ fn a_transaction_over_the_cap_is_refused_before_it_commits_and_changes_nothing_a
         let mut resp = agent
             .post(format!("{url}/v1/databases/main/query"))
             .header("x-d1-bookmark", "first-primary")
+            .header("authorization", common::admin_bearer(&c))
             .send_json(serde_json::json!({ "sql": big_insert(8, 1_000_000) }))
             .expect("request");
         assert_eq!(resp.status().as_u16(), 413, "{url}");

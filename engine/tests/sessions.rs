@@ -371,7 +371,7 @@ fn a_read_only_session_reads_and_its_writes_and_batches_with_a_write_are_refused
         "DELETE FROM t",
         "CREATE TABLE u(x)",
         "DROP TABLE t",
-        "PRAGMA user_version = 7",
+        "ALTER TABLE t ADD COLUMN w TEXT",
     ] {
         match ro.prepare(sql).run() {
             Err(QueryError::ReadOnlyAccess) => {}

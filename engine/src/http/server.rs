@@ -76,7 +76,11 @@ pub struct HttpConfig {
     pub region: String,
     /// Larger request bodies are refused with 413 before they are parsed.
     pub max_body_bytes: usize,
-    /// How long a forwarded request may take.
+    /// How long a forwarded request may take. It must cover what the
+    /// primary may legitimately spend: the query time limit, the wait at
+    /// the output gate and a large transaction's shipping; a shorter one
+    /// turns a slow write into an ambiguous 503 ("may or may not have
+    /// committed").
     pub forward_timeout_ms: u64,
 }
 
@@ -86,7 +90,9 @@ impl Default for HttpConfig {
             database: "main".into(),
             region: "local".into(),
             max_body_bytes: 1 << 20,
-            forward_timeout_ms: 10_000,
+            // Twice the default query time limit: room for the gate and
+            // for shipping a large transaction after the statement ran.
+            forward_timeout_ms: 2 * crate::Limits::default().query_timeout_ms,
         }
     }
 }
