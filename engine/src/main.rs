@@ -2,6 +2,7 @@
 
 mod cmd;
 mod token_cmd;
+mod up_cmd;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -39,7 +40,7 @@ enum Command {
     /// primary running a demo workload, durability followers and read
     /// replicas. Prints commit latency and confirm lag as it runs; Ctrl-C
     /// stops it cleanly.
-    Up(cmd::UpArgs),
+    Up(up_cmd::UpArgs),
     /// Run a durability follower.
     Follower(cmd::FollowerArgs),
     /// Run a primary replicating to W of N followers.
@@ -211,7 +212,7 @@ fn main() -> Result<()> {
     init_logs();
     match Cli::parse().command {
         Command::Demo { db, orders } => demo(db, orders),
-        Command::Up(a) => cmd::up(a),
+        Command::Up(a) => up_cmd::up(a),
         Command::Follower(a) => cmd::follower(a),
         Command::Primary(a) => cmd::primary(a),
         Command::Replica(a) => cmd::replica(a),
