@@ -24,6 +24,11 @@ use std::time::{Duration, Instant};
 /// VM instructions between two checks of the watch.
 pub(crate) const CHECK_EVERY_OPS: i32 = 1_000;
 
+/// A statement running longer than this yields its core at every check,
+/// so that short queries and woken writers do not queue behind CPU-bound
+/// long ones (it costs the long statement one `sched_yield` per check).
+pub(crate) const LONG_RUNNING_MS: u64 = 50;
+
 /// Cancels the statement or batch it was given to (D1 has no such handle;
 /// the HTTP server uses one per request and cancels it when the client
 /// goes away). Cheap to clone; every clone is the same token. A token made
@@ -70,6 +75,7 @@ const FIRED_STOPPING: u8 = 3;
 
 /// One execution's bounds.
 struct Armed {
+    started: Instant,
     deadline: Instant,
     cancel: Option<CancelToken>,
 }
@@ -108,14 +114,26 @@ impl Watch {
     fn check(&self) -> bool {
         // Only an armed execution stops: the engine's own statements
         // (ROLLBACK after a failure, COMMIT) run unarmed and always finish.
+        let mut long_running = false;
         let why = match &*self.armed.lock() {
             None => FIRED_NONE,
             Some(_) if self.stopping.load(Ordering::Relaxed) => FIRED_STOPPING,
             Some(a) if a.cancel.as_ref().is_some_and(CancelToken::is_cancelled) => FIRED_CANCELLED,
-            Some(a) if Instant::now() >= a.deadline => FIRED_DEADLINE,
-            Some(_) => FIRED_NONE,
+            Some(a) => {
+                let now = Instant::now();
+                if now >= a.deadline {
+                    FIRED_DEADLINE
+                } else {
+                    long_running =
+                        now.duration_since(a.started) >= Duration::from_millis(LONG_RUNNING_MS);
+                    FIRED_NONE
+                }
+            }
         };
         if why == FIRED_NONE {
+            if long_running {
+                std::thread::yield_now();
+            }
             return false;
         }
         self.fired.store(why, Ordering::Relaxed);
@@ -126,8 +144,10 @@ impl Watch {
     pub(crate) fn arm(&self, timeout_ms: u64, cancel: Option<&CancelToken>) -> ArmGuard<'_> {
         self.fired.store(FIRED_NONE, Ordering::Relaxed);
         self.timeout_ms.store(timeout_ms, Ordering::Relaxed);
+        let now = Instant::now();
         *self.armed.lock() = Some(Armed {
-            deadline: Instant::now() + Duration::from_millis(timeout_ms),
+            started: now,
+            deadline: now + Duration::from_millis(timeout_ms),
             cancel: cancel.cloned(),
         });
         ArmGuard { watch: self }

@@ -174,6 +174,14 @@ fn a_transaction_over_the_cap_is_refused_before_it_commits_and_changes_nothing_a
     let latest = c.primary.database().latest_bookmark();
     wait_replicas(&c, latest);
     let want = fingerprint(&s);
+    let pages = |c: &LocalCluster| {
+        let mut all = vec![c.primary.database().page_images().expect("primary pages")];
+        for r in &c.replicas {
+            all.push(r.replica().database().page_images().expect("replica pages"));
+        }
+        all
+    };
+    let pages_before = pages(&c);
     match s.prepare(big_insert(8, 1_000_000)).run() {
         Err(QueryError::TransactionTooLarge { limit_bytes }) => {
             assert_eq!(limit_bytes, 4 << 20)
@@ -218,6 +226,10 @@ fn a_transaction_over_the_cap_is_refused_before_it_commits_and_changes_nothing_a
             .expect("session");
         assert_eq!(fingerprint(&rs), want, "the replica is unchanged");
     }
+    assert!(
+        pages(&c) == pages_before,
+        "every page of the primary and the replicas is unchanged"
+    );
     assert!(c.primary.database().capture_stats().is_some());
     let after = s
         .prepare("INSERT INTO big VALUES (randomblob(100))")
