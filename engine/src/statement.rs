@@ -202,20 +202,6 @@ pub(crate) fn run_statement(
     Ok((columns, rows, Counts { rows_read, changes }))
 }
 
-/// Under read-only access, refuses a batch statement SQLite calls a write,
-/// before it runs: judged inside the batch's transaction, against the
-/// schema the statement would run on.
-fn refuse_write(conn: &Connection, sql: &str, access: Access) -> Result<(), QueryError> {
-    if access == Access::ReadWrite {
-        return Ok(());
-    }
-    if conn.prepare(sql).map_err(QueryError::sql)?.readonly() {
-        Ok(())
-    } else {
-        Err(QueryError::ReadOnlyAccess)
-    }
-}
-
 fn tx_control_refused() -> QueryError {
     QueryError::NotSupported(crate::error::REFUSED_STATEMENT.into())
 }
@@ -390,21 +376,7 @@ impl Database {
             }
             Err(e) => return Err(self.settle_error(e, true)),
         };
-        let bookmark = match &self.inner.role {
-            Role::Primary(p) => {
-                // Any transaction this read could have seen has its
-                // bookmark once in-flight commits settle.
-                p.attachment.wait_commit_settled();
-                self.check_capture()?;
-                let bookmark = self.latest_bookmark();
-                // No reader sees an unconfirmed transaction: hold the
-                // result until everything it could reflect is confirmed.
-                p.gate_wait(bookmark)?;
-                bookmark
-            }
-            // Raised before a confirm publishes: at least what was seen.
-            Role::Replica(r) => r.reported(),
-        };
+        let bookmark = self.read_bookmark()?;
         let mut meta = self.meta(started, bookmark);
         meta.rows_read = counts.rows_read;
         Ok(Output {
@@ -412,6 +384,90 @@ impl Database {
             rows,
             meta,
         })
+    }
+
+    /// The bookmark a read's result reflects, once it may be released: on
+    /// a primary, the latest once in-flight commits settle, held at the
+    /// output gate until confirmed (no reader sees an unconfirmed
+    /// transaction); on a replica, what it reported as visible.
+    fn read_bookmark(&self) -> Result<Bookmark, QueryError> {
+        match &self.inner.role {
+            Role::Primary(p) => {
+                p.attachment.wait_commit_settled();
+                self.check_capture()?;
+                let bookmark = self.latest_bookmark();
+                p.gate_wait(bookmark)?;
+                Ok(bookmark)
+            }
+            // Raised before a confirm publishes: at least what was seen.
+            Role::Replica(r) => Ok(r.reported()),
+        }
+    }
+
+    /// A batch under read-only access: one read transaction on a reader,
+    /// whose connection cannot write, so a statement SQLite calls
+    /// read-only but that writes anyway (`PRAGMA optimize` running
+    /// ANALYZE) fails there instead of committing on the writer.
+    fn read_only_batch(
+        &self,
+        stmts: &[(String, Vec<Value>)],
+        started: Instant,
+        cancel: Option<&CancelToken>,
+    ) -> Result<Vec<Output>, QueryError> {
+        let limits = self.inner.limits;
+        let reader = self.inner.readers.take(self.pool_wait())?;
+        let armed = reader.watch.arm(limits.query_timeout_ms, cancel);
+        reader.conn.engine_exec("BEGIN").map_err(QueryError::sql)?;
+        reader.conn.set_in_batch(true);
+        let mut outs = Vec::with_capacity(stmts.len());
+        let mut failure = None;
+        for (index, (sql, params)) in stmts.iter().enumerate() {
+            let source = match run_statement(
+                &reader,
+                sql,
+                params,
+                Prepare::Fresh,
+                limits.max_response_bytes,
+            ) {
+                Ok(o) if !reader.conn.conn.is_autocommit() => {
+                    outs.push(o);
+                    continue;
+                }
+                Ok(_) => tx_control_refused(),
+                Err(QueryError::Sql {
+                    code: Some(code), ..
+                }) if code & 0xff == rusqlite::ffi::SQLITE_READONLY => QueryError::ReadOnlyAccess,
+                Err(e) => e,
+            };
+            failure = Some(QueryError::Batch {
+                index,
+                source: Box::new(source),
+            });
+            break;
+        }
+        reader.conn.set_in_batch(false);
+        // Nothing to keep: the transaction only read.
+        if !reader.conn.conn.is_autocommit() {
+            let _ = reader.conn.engine_exec("ROLLBACK");
+        }
+        drop(armed);
+        drop(reader);
+        if let Some(e) = failure {
+            return Err(self.settle_error(e, true));
+        }
+        let bookmark = self.read_bookmark()?;
+        Ok(outs
+            .into_iter()
+            .map(|(columns, rows, counts)| {
+                let mut meta = self.meta(started, bookmark);
+                meta.rows_read = counts.rows_read;
+                Output {
+                    columns,
+                    rows,
+                    meta,
+                }
+            })
+            .collect())
     }
 
     fn write(
@@ -440,8 +496,10 @@ impl Database {
         let (columns, rows, counts) = match r {
             Ok(o) => o,
             Err(e) => {
+                // Explained while this request still holds the writer.
+                let e = self.explain(e);
                 drop(w);
-                return Err(self.settle_error(self.explain(e), false));
+                return Err(self.settle_error(e, false));
             }
         };
         self.check_capture()?;
@@ -473,22 +531,23 @@ impl Database {
         let started = Instant::now();
         check_start(&self.inner.stopping, cancel)?;
         self.check_capture()?;
+        if access == Access::ReadOnly {
+            return self.read_only_batch(stmts, started, cancel);
+        }
         let limits = self.inner.limits;
         let (p, w) = self.writer()?;
         let armed = w.watch.arm(limits.query_timeout_ms, cancel);
         if let Err(e) = w.conn.engine_exec("BEGIN IMMEDIATE") {
             drop(armed);
+            let e = self.explain(QueryError::sql(e));
             drop(w);
-            return Err(self.settle_error(self.explain(QueryError::sql(e)), false));
+            return Err(self.settle_error(e, false));
         }
         w.conn.set_in_batch(true);
         let mut outs = Vec::with_capacity(stmts.len());
         let mut failure = None;
         for (index, (sql, params)) in stmts.iter().enumerate() {
-            let run = refuse_write(&w.conn.conn, sql, access).and_then(|()| {
-                run_statement(&w, sql, params, Prepare::Fresh, limits.max_response_bytes)
-            });
-            match run {
+            match run_statement(&w, sql, params, Prepare::Fresh, limits.max_response_bytes) {
                 Ok(o) if !w.conn.conn.is_autocommit() => outs.push(o),
                 Ok(_) => {
                     failure = Some(QueryError::Batch {
@@ -516,8 +575,12 @@ impl Database {
             if !w.conn.conn.is_autocommit() {
                 let _ = w.conn.engine_exec("ROLLBACK");
             }
+            // Explained while this request still holds the writer: the
+            // capture's size refusal is this transaction's, not a later
+            // writer's.
+            let e = self.explain(e);
             drop(w);
-            return Err(self.settle_error(self.explain(e), false));
+            return Err(self.settle_error(e, false));
         }
         self.check_capture()?;
         let bookmark = self.latest_bookmark();

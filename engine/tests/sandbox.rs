@@ -605,3 +605,47 @@ fn pragma_optimize_that_decides_to_analyze_runs_where_writes_run() {
         .as_i64();
     assert!(n.is_some_and(|n| n > 0), "statistics were gathered");
 }
+
+#[test]
+fn a_read_only_batch_cannot_write_through_a_statement_sqlite_calls_read_only() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let db = Database::open(dir.path().join("a.db"), Options::default()).expect("open");
+    let s = db.session(Constraint::FirstPrimary).expect("session");
+    s.batch([
+        s.prepare("CREATE TABLE t(x)"),
+        s.prepare("CREATE INDEX tx ON t(x)"),
+        s.prepare(
+            "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n+1 FROM c WHERE n < 20000) \
+             INSERT INTO t SELECT n FROM c",
+        ),
+    ])
+    .expect("setup");
+    let before = db.latest_bookmark();
+    let ro = db
+        .session(Constraint::FirstPrimary)
+        .expect("session")
+        .with_access(walrelay_engine::Access::ReadOnly);
+    // ANALYZE would commit statistics: refused, and nothing is written.
+    match ro.batch([
+        ro.prepare("SELECT count(*) FROM t"),
+        ro.prepare("PRAGMA optimize(0x10002)"),
+    ]) {
+        Err(QueryError::Batch { index: 1, source }) => {
+            assert!(matches!(*source, QueryError::ReadOnlyAccess), "{source:?}")
+        }
+        other => panic!("a read-only batch that writes: {other:?}"),
+    }
+    assert_eq!(db.latest_bookmark(), before, "nothing committed");
+    // A read-only batch of reads works, served at the latest bookmark.
+    let r = ro
+        .batch([
+            ro.prepare("SELECT count(*) AS n FROM t"),
+            ro.prepare("SELECT 1"),
+        ])
+        .expect("reads");
+    assert_eq!(
+        r[0].results[0].get("n").and_then(Value::as_i64),
+        Some(20000)
+    );
+    assert_eq!(r[0].meta.bookmark, before);
+}

@@ -46,6 +46,24 @@ pub const MAX_PAGES: u32 = 32_768;
 pub const MAX_RECORD_BYTES: u64 = 16 << 20;
 /// Page-image bytes per chunk of a transaction (see the module docs).
 pub const CHUNK_PAGE_BYTES: u64 = 8 << 20;
+/// The bounds of version 1 records before transactions travelled as
+/// chunks: a log written then may hold records this large.
+const LEGACY_MAX_PAGES: u32 = 262_144;
+const LEGACY_MAX_RECORD_BYTES: u64 = 1 << 30;
+
+/// The length of a whole, CRC-valid record at the start of `buf` that is
+/// over today's bounds but within those of an older walrelay: a log holding
+/// one must not be mistaken for a torn tail and cut.
+pub fn oversized_record_len(buf: &[u8]) -> Option<u64> {
+    let len = Record::peek_len_within(buf, LEGACY_MAX_PAGES, LEGACY_MAX_RECORD_BYTES).ok()?;
+    if len <= MAX_RECORD_BYTES || (buf.len() as u64) < len {
+        return None;
+    }
+    let len_usize = len as usize;
+    let stored = be32(buf, len_usize - CRC_BYTES);
+    (crc32fast::hash(&buf[..len_usize - CRC_BYTES]) == stored).then_some(len)
+}
+
 /// The flag of a chunk that a later chunk of the same transaction follows.
 pub const FLAG_CONTINUED: u16 = 0x0001;
 
@@ -199,6 +217,10 @@ impl Record {
     /// alone (so a stream reader knows how much to wait for), with every
     /// bound checked.
     pub fn peek_len(buf: &[u8]) -> Result<u64, RecordError> {
+        Record::peek_len_within(buf, MAX_PAGES, MAX_RECORD_BYTES)
+    }
+
+    fn peek_len_within(buf: &[u8], max_pages: u32, max_bytes: u64) -> Result<u64, RecordError> {
         if buf.len() < HEADER_BYTES {
             return Err(RecordError::Truncated {
                 need: HEADER_BYTES as u64,
@@ -223,11 +245,11 @@ impl Record {
             return Err(RecordError::PageSize(page_size));
         }
         let count = be32(buf, 44);
-        if count > MAX_PAGES {
+        if count > max_pages {
             return Err(RecordError::TooManyPages(count));
         }
         let implied = encoded_len(page_size, count);
-        if implied > MAX_RECORD_BYTES {
+        if implied > max_bytes {
             return Err(RecordError::TooLarge(implied));
         }
         if stated != implied {

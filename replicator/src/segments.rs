@@ -62,6 +62,10 @@ pub enum SegmentError {
     /// fdatasync can report success for pages the kernel already dropped.
     #[error("an earlier sync failed; reopen the log to recover")]
     Failed,
+    #[error(
+        "{path} holds a valid record of {len} bytes, over this version's limit of {limit} bytes (an older walrelay wrote it); refusing to open rather than cut it"
+    )]
+    OversizedRecord { path: PathBuf, len: u64, limit: u64 },
 }
 
 /// How `sync` does its I/O.
@@ -241,6 +245,13 @@ impl SegmentLog {
                     _ => None,
                 };
                 let Some((bookmark, used)) = ok else {
+                    if let Some(len) = crate::record::oversized_record_len(&rest) {
+                        return Err(SegmentError::OversizedRecord {
+                            path,
+                            len,
+                            limit: crate::record::MAX_RECORD_BYTES,
+                        });
+                    }
                     // Zero magic: the clean end. Anything else: a torn or
                     // corrupt tail, cut here.
                     let tail_is_zero = rest.iter().all(|&b| b == 0);
@@ -680,6 +691,42 @@ mod tests {
         {
             false
         }
+    }
+
+    #[test]
+    fn a_log_holding_a_record_over_todays_bound_is_refused_not_cut() {
+        // What an older walrelay could write: a valid record of 20 MiB.
+        let (page_size, pages) = (65_536u32, 320u32);
+        let total = crate::record::encoded_len(page_size, pages) as usize;
+        let mut raw = Vec::with_capacity(total);
+        raw.extend_from_slice(&crate::record::MAGIC);
+        raw.extend_from_slice(&crate::record::VERSION.to_be_bytes());
+        raw.extend_from_slice(&0u16.to_be_bytes());
+        raw.extend_from_slice(&(total as u32).to_be_bytes());
+        raw.extend_from_slice(&b(1).to_bytes());
+        raw.extend_from_slice(&b(0).to_bytes());
+        raw.extend_from_slice(&page_size.to_be_bytes());
+        raw.extend_from_slice(&pages.to_be_bytes());
+        raw.extend_from_slice(&pages.to_be_bytes());
+        for no in 1..=pages {
+            raw.extend_from_slice(&no.to_be_bytes());
+            raw.resize(raw.len() + page_size as usize, no as u8);
+        }
+        let crc = crc32fast::hash(&raw);
+        raw.extend_from_slice(&crc.to_be_bytes());
+        assert_eq!(raw.len(), total);
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = SegmentLog::segment_path(dir.path(), 0);
+        std::fs::write(&path, &raw).expect("write segment");
+        match SegmentLog::open_with(dir.path(), SEG, b(0), IoBackend::Std) {
+            Err(SegmentError::OversizedRecord { len, .. }) => assert_eq!(len, total as u64),
+            Err(e) => panic!("another error: {e}"),
+            Ok(_) => panic!("opened (and so cut) a log with an oversized record"),
+        }
+        assert!(
+            std::fs::read(&path).expect("read") == raw,
+            "the segment is untouched"
+        );
     }
 
     #[test]

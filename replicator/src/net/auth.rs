@@ -50,7 +50,7 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub const MAGIC: [u8; 8] = *b"WRLAUTH1";
 pub const NONCE_BYTES: usize = 32;
@@ -88,10 +88,18 @@ pub enum AuthError {
 }
 
 /// Tags the frames one side sends, in order.
-#[derive(Debug)]
 pub struct Sealer {
     key: [u8; 32],
     seq: u64,
+}
+
+impl std::fmt::Debug for Sealer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The session key stays out of logs.
+        f.debug_struct("Sealer")
+            .field("seq", &self.seq)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Sealer {
@@ -243,12 +251,14 @@ impl Auth {
         };
         let result = (|| {
             stream.set_nodelay(true)?;
-            stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-            stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
+            let mut io = Deadline {
+                stream: &mut *stream,
+                until: Instant::now() + HANDSHAKE_TIMEOUT,
+            };
             let keys = if dialer {
-                handshake_as_dialer(key, stream)?
+                handshake_as_dialer(key, &mut io)?
             } else {
-                handshake_as_acceptor(key, stream)?
+                handshake_as_acceptor(key, &mut io)?
             };
             stream.set_read_timeout(None)?;
             stream.set_write_timeout(None)?;
@@ -276,10 +286,16 @@ impl Auth {
 }
 
 /// One side's session keys.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(PartialEq, Eq)]
 pub struct SessionKeys {
     pub send: [u8; 32],
     pub receive: [u8; 32],
+}
+
+impl std::fmt::Debug for SessionKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionKeys(..)")
+    }
 }
 
 fn nonce() -> Result<[u8; NONCE_BYTES], AuthError> {
@@ -301,6 +317,47 @@ fn session_key(context: &str, key: &ClusterKey, n_d: &[u8], n_a: &[u8]) -> [u8; 
     material.extend_from_slice(n_d);
     material.extend_from_slice(n_a);
     blake3::derive_key(context, &material)
+}
+
+/// A stream whose reads and writes all end by one deadline: the socket's
+/// timeout is set to what is left before each call, so a peer trickling a
+/// byte at a time cannot hold a handshake (and its slot) past
+/// [`HANDSHAKE_TIMEOUT`].
+struct Deadline<'s> {
+    stream: &'s mut TcpStream,
+    until: Instant,
+}
+
+impl Deadline<'_> {
+    fn left(&self) -> io::Result<Duration> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the handshake's deadline passed",
+            ));
+        }
+        Ok(left)
+    }
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf)
+    }
+}
+
+impl Write for Deadline<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        self.stream.set_write_timeout(Some(left))?;
+        self.stream.write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
+    }
 }
 
 /// The dialer's half of the handshake over `io`.

@@ -490,3 +490,30 @@ fn read_past_signals(s: &mut TcpStream) -> usize {
         }
     }
 }
+
+#[test]
+fn a_peer_trickling_its_hello_is_refused_at_the_handshake_deadline_not_later() {
+    use std::io::Write;
+    let (server, _rx) = transports(Some(key(1))).remove(0);
+    let addr = server.listen(local()).expect("listen");
+    let started = Instant::now();
+    let mut slow = TcpStream::connect(addr).expect("connect");
+    // One byte every quarter of the deadline: each read would finish well
+    // inside a per-read timeout, so only a deadline for the whole
+    // handshake ends it.
+    let step = HANDSHAKE_TIMEOUT / 4;
+    let mut refused_after = None;
+    for _ in 0..40 {
+        if slow.write_all(&[0u8]).is_err() {
+            refused_after = Some(started.elapsed());
+            break;
+        }
+        std::thread::sleep(step);
+        if server.auth_refusals() > 0 {
+            refused_after = Some(started.elapsed());
+            break;
+        }
+    }
+    let after = refused_after.expect("the trickling peer was never refused");
+    assert!(after < HANDSHAKE_TIMEOUT * 2, "held for {after:?}");
+}
