@@ -101,16 +101,26 @@ impl TransactionSink for Link {
         let mut previous = self.previous.lock();
         let pages = txn.pages.pages();
         let per_chunk = record::pages_per_chunk(txn.pages.page_size());
-        let chunks = pages.len().div_ceil(per_chunk).max(1);
+        // One record even for a transaction with no pages left to ship.
+        let parts: Vec<&[(PageNo, bytes::Bytes)]> = if pages.is_empty() {
+            vec![pages]
+        } else {
+            pages.chunks(per_chunk).collect()
+        };
+        assert_eq!(
+            parts.len() as u64,
+            self.positions(txn),
+            "one position per chunk"
+        );
         let first_seq = bookmark
             .sequence
             .0
-            .checked_sub(chunks as u64 - 1)
+            .checked_sub(parts.len() as u64 - 1)
             .filter(|s| *s > 0)
             .ok_or("the issuer reserved fewer positions than chunks")?;
         let window = (self.max_unconfirmed_bytes as u64 / record::CHUNK_PAGE_BYTES).max(2) as usize;
         let mut in_flight = std::collections::VecDeque::new();
-        for (i, part) in pages.chunks(per_chunk.max(1)).enumerate() {
+        for (i, part) in parts.iter().enumerate() {
             let at = Bookmark::new(bookmark.epoch, Sequence(first_seq + i as u64));
             if in_flight.len() >= window {
                 let oldest = in_flight.pop_front().expect("window is at least 2");
@@ -118,7 +128,7 @@ impl TransactionSink for Link {
                     .wait_confirmed(oldest, self.confirm_timeout)
                     .map_err(|e| format!("a chunk of a large transaction: {e}"))?;
             }
-            let continued = i + 1 < chunks;
+            let continued = i + 1 < parts.len();
             let record = encode_chunk(at, *previous, &txn.pages, part, continued)?;
             leader.commit(record).map_err(|e| e.to_string())?;
             *previous = at;
