@@ -483,9 +483,8 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
             options: ReplicaOptions {
                 region: a.region.clone(),
                 max_wait_ms: a.max_wait_ms,
-                // The log is durable on the followers; a replica that loses
-                // recent confirms to a power cut refetches them.
-                durable: false,
+                // Durable (the default): after a power cut the database
+                // file never holds pages past the persisted watermark.
                 ..ReplicaOptions::default()
             },
             delay_ms: a.delay_ms,

@@ -544,6 +544,12 @@ impl Database {
         &self.inner.path
     }
 
+    /// Why capture failed on this primary, if it did: the database then
+    /// serves nothing and must not be stopped as clean.
+    pub fn capture_failure(&self) -> Option<walrelay_vfs::CaptureError> {
+        self.primary().and_then(|p| p.attachment.poisoned())
+    }
+
     /// What the capturing VFS has seen on this primary (None on a replica).
     pub fn capture_stats(&self) -> Option<walrelay_vfs::CaptureStats> {
         self.primary().map(|p| p.attachment.stats())
@@ -726,6 +732,59 @@ impl Database {
 }
 
 impl Database {
+    /// Makes the database file and its WAL durable (fsync both), through
+    /// the writer connection's own file objects while holding the writer
+    /// (no commit in flight). A replicated primary runs `synchronous=OFF`,
+    /// so before it claims a clean stop its local files must hold, on
+    /// stable storage, everything the marker says they hold.
+    pub(crate) fn sync_files(&self) -> Result<(), CheckpointError> {
+        let Some(p) = self.primary() else {
+            return Ok(());
+        };
+        let w = p.writer.lock();
+        for op in [
+            ffi::SQLITE_FCNTL_FILE_POINTER,
+            ffi::SQLITE_FCNTL_JOURNAL_POINTER,
+        ] {
+            let mut file: *mut ffi::sqlite3_file = std::ptr::null_mut();
+            // SAFETY: the writer connection is live and held exclusively;
+            // these file controls store a pointer to its main database file
+            // or its WAL file (null if the WAL is not open).
+            let rc = unsafe {
+                ffi::sqlite3_file_control(
+                    w.conn.conn.handle(),
+                    c"main".as_ptr(),
+                    op,
+                    (&raw mut file).cast(),
+                )
+            };
+            if rc != ffi::SQLITE_OK {
+                return Err(CheckpointError::Sqlite { code: rc });
+            }
+            if file.is_null() || is_unopened(file) {
+                continue;
+            }
+            // SAFETY: `file` is an open file of the held connection with
+            // io methods (checked above); xSync takes only the flags.
+            let rc = unsafe {
+                match (*(*file).pMethods).xSync {
+                    Some(sync) => sync(file, ffi::SQLITE_SYNC_NORMAL),
+                    None => ffi::SQLITE_OK,
+                }
+            };
+            if rc != ffi::SQLITE_OK {
+                return Err(CheckpointError::Sqlite { code: rc });
+            }
+        }
+        Ok(())
+    }
+
+    /// Successful fsyncs so far of this primary's database file and WAL
+    /// (None on a replica).
+    pub fn file_syncs(&self) -> Option<(u64, u64)> {
+        self.primary().map(|p| p.attachment.syncs())
+    }
+
     /// Runs `check` while holding the writer lock (no commit in flight);
     /// a replica just runs it.
     pub(crate) fn quiesce(&self, check: impl FnOnce() -> bool) -> bool {
@@ -737,6 +796,15 @@ impl Database {
             None => check(),
         }
     }
+}
+
+/// Whether an SQLite file object has no io methods (a file that was never
+/// opened); such a file has nothing to sync.
+fn is_unopened(file: *mut ffi::sqlite3_file) -> bool {
+    // SAFETY: `file` is non-null and was handed out by SQLite for a live
+    // connection; reading its methods pointer is how SQLite itself tests
+    // whether it is open.
+    unsafe { (*file).pMethods.is_null() }
 }
 
 impl PrimaryRole {

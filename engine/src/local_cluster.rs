@@ -165,7 +165,6 @@ impl LocalCluster {
                 options: ReplicaOptions {
                     region: region.clone(),
                     max_wait_ms: config.replica_max_wait_ms,
-                    durable: false,
                     limits: config.limits,
                     ..ReplicaOptions::default()
                 },

@@ -234,9 +234,13 @@ pub enum PrimaryError {
     #[error(transparent)]
     Open(#[from] OpenError),
     #[error(
-        "{path} exists but was not stopped cleanly: its WAL may hold commits the quorum never confirmed, and recovering it from the followers' log needs failover (not built yet); start from a fresh path"
+        "{path} exists but was not stopped cleanly: its WAL may hold commits the quorum never confirmed, and recovering it from the followers' log needs failover (not built yet). Do not start a fresh primary against the same followers: they would count its new records as ones they already hold"
     )]
     NotCleanlyStopped { path: String },
+    #[error(
+        "capture failed ({0}): the local database holds a transaction the followers may not, so no clean-stop marker is written"
+    )]
+    Poisoned(#[source] walrelay_vfs::CaptureError),
     #[error(transparent)]
     Marker(#[from] stop_marker::StopMarkerError),
     #[error("replication: {0}")]
@@ -344,6 +348,13 @@ impl ReplicatedPrimary {
             .store(true, std::sync::atomic::Ordering::Release);
         let deadline = Instant::now() + timeout;
         loop {
+            // A failed capture left a transaction in the local WAL that the
+            // log may not hold: a marker would let the next start continue
+            // the log on a diverged database.
+            if let Some(e) = self.db.capture_failure() {
+                tracing::error!(%e, "primary stops without a clean-stop marker");
+                return Err(PrimaryError::Poisoned(e));
+            }
             let last = self.db.latest_bookmark();
             let left = deadline.saturating_duration_since(Instant::now());
             if last.sequence.0 > 0 {
@@ -353,7 +364,15 @@ impl ReplicatedPrimary {
             }
             // Every commit holds the writer lock; taking it means none is
             // in flight, so `last` is final if it has not moved.
-            if self.db.quiesce(|| self.db.latest_bookmark() == last) {
+            let settled = self.db.quiesce(|| {
+                self.db.latest_bookmark() == last && self.db.capture_failure().is_none()
+            });
+            if settled {
+                // synchronous=OFF wrote the WAL without fsync: make the
+                // local files hold what the marker claims before writing it.
+                self.db
+                    .sync_files()
+                    .map_err(|e| PrimaryError::Stop(format!("syncing the database files: {e}")))?;
                 let mark = if last.sequence.0 == 0 {
                     self.link.start
                 } else {

@@ -103,3 +103,67 @@ fn after_stop_begins_no_write_is_admitted() {
         .expect_err("stopped");
     assert!(matches!(err, QueryError::WriteNotAdmitted { .. }), "{err}");
 }
+
+#[test]
+fn a_primary_whose_capture_failed_stops_without_a_clean_stop_marker_and_refuses_to_restart() {
+    let dir = tempfile::tempdir().expect("dir");
+    // Nobody listens at these: no chunk is ever confirmed.
+    let addrs: Vec<SocketAddr> = (0..3)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("port")
+        })
+        .collect();
+    let path = dir.path().join("p.db");
+    let mut c = PrimaryConfig::new(&path, addrs.clone(), key());
+    c.confirm_timeout_ms = 300;
+    // A window of two 8 MiB chunks: a 24 MB transaction's third chunk waits
+    // for the first to be confirmed, gives up, and the capture fails.
+    c.max_unconfirmed_bytes = 16 << 20;
+    let p = ReplicatedPrimary::start(c).expect("primary");
+    let s = p
+        .database()
+        .session(Constraint::FirstPrimary)
+        .expect("session");
+    let big = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x < 24) \
+               INSERT INTO t SELECT randomblob(1000000) FROM c";
+    // The table's own creation is not confirmed either (no followers), but
+    // it commits locally and ships in one record within the window.
+    let _ = s.prepare("CREATE TABLE t(v BLOB)").run();
+    match s.prepare(big).run() {
+        Err(QueryError::CaptureFailed(_)) => {}
+        other => panic!("a transaction that could not be shipped: {other:?}"),
+    }
+    drop(s);
+    match p.stop(Duration::from_secs(2)) {
+        Err(walrelay_engine::replication::PrimaryError::Poisoned(_)) => {}
+        other => panic!("a poisoned primary stopped: {other:?}"),
+    }
+    let mut c = PrimaryConfig::new(&path, addrs, key());
+    c.confirm_timeout_ms = 300;
+    match ReplicatedPrimary::start(c) {
+        Err(walrelay_engine::replication::PrimaryError::NotCleanlyStopped { .. }) => {}
+        other => panic!("restarted on a diverged database: {other:?}"),
+    }
+}
+
+#[test]
+fn a_clean_stop_syncs_the_database_file_and_the_wal_before_its_marker() {
+    let dir = tempfile::tempdir().expect("dir");
+    let fs = followers(dir.path());
+    let addrs: Vec<SocketAddr> = fs.iter().map(|f| f.addr()).collect();
+    let path = dir.path().join("p.db");
+    let p = start(&path, &addrs);
+    let db = p.database().clone();
+    let s = db.session(Constraint::FirstPrimary).expect("session");
+    s.prepare("CREATE TABLE t(x)").run().expect("create");
+    s.prepare("INSERT INTO t VALUES (1)").run().expect("insert");
+    drop(s);
+    // synchronous=OFF: the writes above synced nothing locally.
+    let (db_before, wal_before) = db.file_syncs().expect("a primary");
+    p.stop(Duration::from_secs(10)).expect("stop");
+    let (db_after, wal_after) = db.file_syncs().expect("a primary");
+    assert!(db_after > db_before, "the database file was synced");
+    assert!(wal_after > wal_before, "the WAL was synced");
+}

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock};
 
 /// Receives every committed transaction of an attached database.
@@ -85,6 +85,9 @@ pub(crate) struct DbShared {
     /// Readers blocked in `wait_commit_settled`: the settler takes the lock
     /// and notifies only when there are any.
     waiters: AtomicUsize,
+    /// Successful syncs of the database file and of its WAL.
+    db_syncs: AtomicU64,
+    wal_syncs: AtomicU64,
     settle_lock: Mutex<()>,
     settled: Condvar,
 }
@@ -100,6 +103,11 @@ impl std::fmt::Debug for DbShared {
 impl DbShared {
     pub(crate) fn is_replica(&self) -> bool {
         self.sink.is_none()
+    }
+
+    pub(crate) fn count_sync(&self, wal: bool) {
+        let counter = if wal { &self.wal_syncs } else { &self.db_syncs };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn mark_in_flight(&self) {
@@ -184,6 +192,8 @@ fn attach_as(path: &Path, sink: Option<Arc<dyn CaptureSink>>) -> Result<Attachme
         capture: Mutex::new(Capture::default()),
         wal: WalFile::default(),
         in_flight: AtomicBool::new(false),
+        db_syncs: AtomicU64::new(0),
+        wal_syncs: AtomicU64::new(0),
         waiters: AtomicUsize::new(0),
         settle_lock: Mutex::new(()),
         settled: Condvar::new(),
@@ -222,6 +232,15 @@ impl Attachment {
     /// (and clears that): tells a size refusal from a full disk.
     pub fn take_refused_too_large(&self) -> bool {
         self.shared.capture.lock().take_refused_too_large()
+    }
+
+    /// Successful syncs so far of the database file and of its WAL, by any
+    /// connection: what a test of durability points counts.
+    pub fn syncs(&self) -> (u64, u64) {
+        (
+            self.shared.db_syncs.load(Ordering::Relaxed),
+            self.shared.wal_syncs.load(Ordering::Relaxed),
+        )
     }
 
     /// The error that stopped capture, if any. A poisoned database refuses

@@ -311,7 +311,28 @@ macro_rules! forward_file {
 }
 
 forward_file!(x_read, xRead, (buf: *mut c_void, n: c_int, off: ffi::sqlite3_int64), c_int, ffi::SQLITE_IOERR_READ);
-forward_file!(x_sync, xSync, (flags: c_int), c_int, ffi::SQLITE_IOERR_FSYNC);
+
+unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
+    guard(ffi::SQLITE_IOERR_FSYNC, || {
+        // SAFETY: SQLite only calls io methods on files x_open opened; the
+        // real file's method is called with its own pointer.
+        unsafe {
+            let (w, real) = parts(f);
+            let Some(sync) = (*(*real).pMethods).xSync else {
+                return ffi::SQLITE_IOERR_FSYNC;
+            };
+            let rc = sync(real, flags);
+            if rc == ffi::SQLITE_OK {
+                match &w.kind {
+                    Kind::MainDb(shared) => shared.count_sync(false),
+                    Kind::Wal(shared) => shared.count_sync(true),
+                    Kind::Other => {}
+                }
+            }
+            rc
+        }
+    })
+}
 forward_file!(x_file_size, xFileSize, (out: *mut ffi::sqlite3_int64), c_int, ffi::SQLITE_IOERR_FSTAT);
 forward_file!(x_lock, xLock, (level: c_int), c_int, ffi::SQLITE_IOERR_LOCK);
 forward_file!(x_unlock, xUnlock, (level: c_int), c_int, ffi::SQLITE_IOERR_UNLOCK);
