@@ -88,6 +88,8 @@ pub(crate) struct DbShared {
     /// Successful syncs of the database file and of its WAL.
     db_syncs: AtomicU64,
     wal_syncs: AtomicU64,
+    /// Fault injection for tests: the next WAL sync fails.
+    fail_next_wal_sync: AtomicBool,
     settle_lock: Mutex<()>,
     settled: Condvar,
 }
@@ -103,6 +105,11 @@ impl std::fmt::Debug for DbShared {
 impl DbShared {
     pub(crate) fn is_replica(&self) -> bool {
         self.sink.is_none()
+    }
+
+    /// Whether this WAL sync must fail (fault injection; once).
+    pub(crate) fn take_injected_wal_sync_failure(&self) -> bool {
+        self.fail_next_wal_sync.swap(false, Ordering::SeqCst)
     }
 
     pub(crate) fn count_sync(&self, wal: bool) {
@@ -127,8 +134,10 @@ impl DbShared {
     }
 
     /// Ends a hold: captures, hands the transaction to the sink, settles.
-    pub(crate) fn end_hold(&self) {
-        let result = self.capture.lock().end_hold(&self.wal);
+    /// `published` is the wal-index header SQLite left as the lock is
+    /// released (None if it could not be read).
+    pub(crate) fn end_hold(&self, published: Option<crate::wal_index::IndexHeader>) {
+        let result = self.capture.lock().end_hold(&self.wal, published);
         if let (Ok(Some(txn)), Some(sink)) = (result, &self.sink) {
             let sink = Arc::clone(sink);
             let outcome =
@@ -194,6 +203,7 @@ fn attach_as(path: &Path, sink: Option<Arc<dyn CaptureSink>>) -> Result<Attachme
         in_flight: AtomicBool::new(false),
         db_syncs: AtomicU64::new(0),
         wal_syncs: AtomicU64::new(0),
+        fail_next_wal_sync: AtomicBool::new(false),
         waiters: AtomicUsize::new(0),
         settle_lock: Mutex::new(()),
         settled: Condvar::new(),
@@ -232,6 +242,14 @@ impl Attachment {
     /// (and clears that): tells a size refusal from a full disk.
     pub fn take_refused_too_large(&self) -> bool {
         self.shared.capture.lock().take_refused_too_large()
+    }
+
+    /// Fault injection, for tests of what SQLite does when a commit fails
+    /// after its commit frame is written: the next sync of the WAL fails
+    /// with SQLITE_IOERR_FSYNC (and syncs nothing).
+    #[doc(hidden)]
+    pub fn fail_next_wal_sync(&self) {
+        self.shared.fail_next_wal_sync.store(true, Ordering::SeqCst);
     }
 
     /// Successful syncs so far of the database file and of its WAL, by any

@@ -35,6 +35,7 @@ use crate::wal_format::{
     Checksum, FRAME_HEADER_BYTES, FrameHeader, WAL_HEADER_BYTES, WalFormatError, WalHeader,
     frame_at, frame_offset,
 };
+use crate::wal_index::IndexHeader;
 use std::sync::Arc;
 
 /// Why a transaction could not be captured. Once returned, the capture is
@@ -220,6 +221,9 @@ pub struct CaptureStats {
     pub wal_restarts: u64,
     /// Transactions refused before commit for exceeding the size limit.
     pub too_large_refusals: u64,
+    /// Holds that wrote a commit frame SQLite then never published (the
+    /// commit failed, e.g. its WAL sync): shipped to nobody.
+    pub unpublished_commits: u64,
 }
 
 /// What a WAL write told the capture.
@@ -412,6 +416,7 @@ impl Capture {
     pub fn end_hold(
         &mut self,
         disk: &dyn WalReader,
+        published: Option<IndexHeader>,
     ) -> Result<Option<CapturedTransaction>, CaptureError> {
         let Some(mut hold) = self.hold.take() else {
             return Ok(None);
@@ -419,7 +424,9 @@ impl Capture {
         if let Some(e) = &self.poisoned {
             return Err(e.clone());
         }
-        let result = self.finish(&mut hold, disk).map_err(|e| self.poison(e));
+        let result = self
+            .finish(&mut hold, disk, published)
+            .map_err(|e| self.poison(e));
         self.spare_covered = std::mem::take(&mut hold.shadow.covered);
         result
     }
@@ -428,6 +435,7 @@ impl Capture {
         &mut self,
         hold: &mut Hold,
         disk: &dyn WalReader,
+        published: Option<IndexHeader>,
     ) -> Result<Option<CapturedTransaction>, CaptureError> {
         if let Some(h) = hold.new_header {
             self.header = Some(h);
@@ -509,6 +517,16 @@ impl Capture {
             .collect();
         self.spare_frames = last_by_page;
         let commit_frame = FrameNo::new(base_frame.get() + commit_idx as u32);
+        // SQLite commits a transaction by publishing the wal-index header
+        // with mxFrame at its commit frame, after writing (and, at FULL,
+        // syncing) the frames. A commit frame on disk whose header was never
+        // published is a commit SQLite failed and rolled back: ship nothing.
+        if let Some(h) = published
+            && !(h.salt_bytes == salt_bytes(wal.salt) && h.max_frame >= commit_frame.get())
+        {
+            self.stats.unpublished_commits += 1;
+            return Ok(None);
+        }
         self.last_commit = Some((wal.salt, commit_frame, ck));
         self.stats.transactions += 1;
         Ok(Some(CapturedTransaction {
@@ -542,6 +560,14 @@ impl Capture {
             .map_err(|e| CaptureError::Io(e.to_string()))?;
         Ok(FrameHeader::decode(&b).checksum)
     }
+}
+
+/// A WAL header's salts as the bytes the wal-index header stores.
+fn salt_bytes(salt: [u32; 2]) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    b[..4].copy_from_slice(&salt[0].to_be_bytes());
+    b[4..].copy_from_slice(&salt[1].to_be_bytes());
+    b
 }
 
 fn frame_header_at(buf: &[u8], at: usize) -> FrameHeader {
@@ -627,7 +653,9 @@ mod tests {
         }
 
         fn end(&mut self) -> Option<CapturedTransaction> {
-            self.cap.end_hold(&self.wal).expect("capture succeeds")
+            self.cap
+                .end_hold(&self.wal, None)
+                .expect("capture succeeds")
         }
     }
 
@@ -729,7 +757,7 @@ mod tests {
         let page_off = frame_offset(PS, FrameNo::new(1)) + FRAME_HEADER_BYTES as u64;
         w.write(page_off + 10, &[0xff]);
         assert!(matches!(
-            w.cap.end_hold(&w.wal),
+            w.cap.end_hold(&w.wal, None),
             Err(CaptureError::Format(_))
         ));
         assert!(w.cap.poisoned().is_some());

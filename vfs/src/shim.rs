@@ -321,6 +321,11 @@ unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
             let Some(sync) = (*(*real).pMethods).xSync else {
                 return ffi::SQLITE_IOERR_FSYNC;
             };
+            if let Kind::Wal(shared) = &w.kind
+                && shared.take_injected_wal_sync_failure()
+            {
+                return ffi::SQLITE_IOERR_FSYNC;
+            }
             let rc = sync(real, flags);
             if rc == ffi::SQLITE_OK {
                 match &w.kind {
@@ -477,6 +482,33 @@ unsafe extern "C" fn x_truncate(f: *mut ffi::sqlite3_file, size: ffi::sqlite3_in
     })
 }
 
+/// The wal-index header (copy 0) as this connection's shared memory holds
+/// it, read while the connection still holds the WAL write lock: what
+/// SQLite published for the transaction it is ending.
+///
+/// # Safety
+/// `real` must be the live unix file of a connection that has mapped
+/// region 0 of its wal-index (every WAL-mode connection has, before it
+/// takes the write lock).
+unsafe fn published_header(real: *mut ffi::sqlite3_file) -> Option<crate::wal_index::IndexHeader> {
+    let mut p: *mut c_void = std::ptr::null_mut();
+    // SAFETY: per this function's contract; with extend=0 xShmMap only
+    // returns the existing mapping of region 0 (or null).
+    let rc = unsafe {
+        match (*(*real).pMethods).xShmMap {
+            Some(map) => map(real, 0, crate::wal_index::REGION_BYTES as c_int, 0, &mut p),
+            None => return None,
+        }
+    };
+    if rc != ffi::SQLITE_OK || p.is_null() {
+        return None;
+    }
+    // SAFETY: SQLite's shm regions are page-aligned, REGION_BYTES long and
+    // stay mapped while the connection is open, which outlives this call.
+    let region = unsafe { crate::wal_index::Region::new(p.cast(), 0) };
+    crate::wal_index::IndexHeader::from_words(&region.read_header_words(0))
+}
+
 unsafe extern "C" fn x_shm_lock(
     f: *mut ffi::sqlite3_file,
     ofst: c_int,
@@ -509,8 +541,9 @@ unsafe extern "C" fn x_shm_lock(
                     && !shared.is_replica()
                 {
                     // Capture and hand off before any other writer can start:
-                    // sink order is commit order.
-                    shared.end_hold();
+                    // sink order is commit order. What SQLite published
+                    // says whether the hold's commit really happened.
+                    shared.end_hold(published_header(real));
                 }
                 w.exclusive_locks &= !mask;
                 return lock(real, ofst, n, flags);

@@ -357,3 +357,39 @@ fn an_explicit_transaction_over_the_size_limit_fails_its_statement_and_rolls_bac
     c.execute("INSERT INTO t(v) VALUES (1)", [])
         .expect("write after");
 }
+
+#[test]
+fn a_commit_that_sqlite_fails_after_writing_its_commit_frame_is_shipped_to_nobody() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = dir.path().join("db");
+    bootstrap(&p);
+    let rec = Arc::new(Recorder::default());
+    let att = attach(&p, rec.clone()).expect("attach");
+    let c = open(&p);
+    // FULL syncs the WAL after the commit frame and before SQLite publishes
+    // the wal-index header: a failed sync there fails the commit.
+    c.execute_batch("PRAGMA synchronous=FULL; CREATE TABLE t(x INTEGER PRIMARY KEY, v TEXT);")
+        .expect("create");
+    let shipped = rec.0.lock().expect("lock").len();
+    let before = logical_pages(&c);
+    att.fail_next_wal_sync();
+    let r = c.execute("INSERT INTO t(v) VALUES ('never committed')", []);
+    assert!(r.is_err(), "the commit failed: {r:?}");
+    assert_eq!(
+        rec.0.lock().expect("lock").len(),
+        shipped,
+        "a transaction SQLite rolled back reached the sink"
+    );
+    assert_eq!(att.stats().unpublished_commits, 1);
+    assert!(att.poisoned().is_none());
+    assert!(logical_pages(&c) == before, "SQLite kept nothing either");
+    // Later commits are captured and still reproduce the database.
+    c.execute("INSERT INTO t(v) VALUES ('committed')", [])
+        .expect("a later write");
+    let txns = rec.0.lock().expect("lock").clone();
+    assert_eq!(txns.len(), shipped + 1);
+    let n: i64 = c
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .expect("count");
+    assert_eq!(n, 1);
+}
