@@ -40,10 +40,53 @@ pub trait CommitGate: Send + Sync {
     fn wait_confirmed(&self, bookmark: Bookmark) -> Result<(), GateError>;
 }
 
-/// Why the gate did not open.
+/// Why the gate did not open. Typed, because what happens next depends on
+/// it: a fenced primary must stop serving writes for good, a timeout may
+/// pass when followers return, a backlog is a moment's congestion.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct GateError(pub String);
+pub enum GateError {
+    #[error("replication is not started")]
+    NotStarted,
+    #[error("the primary is stopping")]
+    Stopping,
+    #[error(
+        "{unconfirmed_bytes} bytes committed but unconfirmed (limit {limit_bytes}); {streaming} followers streaming"
+    )]
+    Backlog {
+        unconfirmed_bytes: usize,
+        limit_bytes: usize,
+        streaming: usize,
+    },
+    #[error(
+        "not confirmed within {waited_ms} ms: fewer than {write_quorum} followers reachable ({streaming} streaming)"
+    )]
+    Timeout {
+        waited_ms: u64,
+        write_quorum: usize,
+        streaming: usize,
+    },
+    #[error("this primary was fenced by epoch {}", .0.0)]
+    Fenced(Epoch),
+}
+
+impl From<walrelay_replicator::node::leader::ConfirmError> for GateError {
+    fn from(e: walrelay_replicator::node::leader::ConfirmError) -> GateError {
+        use walrelay_replicator::node::leader::ConfirmError;
+        match e {
+            ConfirmError::Timeout {
+                waited_ms,
+                write_quorum,
+                streaming,
+                ..
+            } => GateError::Timeout {
+                waited_ms,
+                write_quorum,
+                streaming,
+            },
+            ConfirmError::Fenced(epoch) => GateError::Fenced(epoch),
+        }
+    }
+}
 
 /// SQLite's `synchronous` setting for the local WAL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -812,7 +855,7 @@ impl PrimaryRole {
         match &self.gate {
             Some(g) => g
                 .admit_write()
-                .map_err(|e| QueryError::WriteNotAdmitted { reason: e.0 }),
+                .map_err(|reason| QueryError::WriteNotAdmitted { reason }),
             None => Ok(()),
         }
     }
@@ -821,10 +864,7 @@ impl PrimaryRole {
         match &self.gate {
             Some(g) => g
                 .wait_confirmed(bookmark)
-                .map_err(|e| QueryError::NotConfirmed {
-                    bookmark,
-                    reason: e.0,
-                }),
+                .map_err(|reason| QueryError::NotConfirmed { bookmark, reason }),
             None => Ok(()),
         }
     }

@@ -70,9 +70,16 @@ pub enum QueryError {
     #[error(
         "not confirmed: the state at bookmark {bookmark} is not yet durable on a quorum of followers ({reason}); a write may still become durable when followers return"
     )]
-    NotConfirmed { bookmark: Bookmark, reason: String },
+    NotConfirmed {
+        bookmark: Bookmark,
+        #[source]
+        reason: crate::database::GateError,
+    },
     #[error("write not started: {reason}")]
-    WriteNotAdmitted { reason: String },
+    WriteNotAdmitted {
+        #[source]
+        reason: crate::database::GateError,
+    },
     #[error("not authorized: {0}")]
     NotAuthorized(crate::sandbox::Refusal),
     #[error("the SQL statement is longer than the limit (max_sql_bytes): {message}")]

@@ -184,10 +184,10 @@ pub fn decode(record: &Encoded) -> Result<PageSet, String> {
 impl CommitGate for Link {
     fn admit_write(&self) -> Result<(), GateError> {
         let Some(leader) = self.leader.get() else {
-            return Err(GateError("replication is not started".into()));
+            return Err(GateError::NotStarted);
         };
         if self.stopping.load(std::sync::atomic::Ordering::Acquire) {
-            return Err(GateError("the primary is stopping".into()));
+            return Err(GateError::Stopping);
         }
         let deadline = Instant::now() + self.confirm_timeout;
         loop {
@@ -196,19 +196,18 @@ impl CommitGate for Link {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                return Err(GateError(format!(
-                    "{} bytes committed but unconfirmed (limit {}); {} followers streaming",
-                    status.unconfirmed_bytes,
-                    self.max_unconfirmed_bytes,
-                    status.streaming_followers
-                )));
+                return Err(GateError::Backlog {
+                    unconfirmed_bytes: status.unconfirmed_bytes,
+                    limit_bytes: self.max_unconfirmed_bytes,
+                    streaming: status.streaming_followers,
+                });
             }
             // Room frees as confirms arrive; a fenced leader never frees
             // any, so say so at once.
             if let Err(e @ ConfirmError::Fenced(_)) =
                 leader.wait_confirmed(status.last, Duration::from_millis(10))
             {
-                return Err(GateError(e.to_string()));
+                return Err(e.into());
             }
         }
     }
@@ -220,11 +219,11 @@ impl CommitGate for Link {
             return Ok(());
         }
         let Some(leader) = self.leader.get() else {
-            return Err(GateError("replication is not started".into()));
+            return Err(GateError::NotStarted);
         };
         leader
             .wait_confirmed(bookmark, self.confirm_timeout)
-            .map_err(|e| GateError(e.to_string()))
+            .map_err(GateError::from)
     }
 }
 

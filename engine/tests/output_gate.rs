@@ -41,7 +41,11 @@ impl TransactionSink for Gate {
 impl CommitGate for Gate {
     fn admit_write(&self) -> Result<(), GateError> {
         if *self.closed.lock() {
-            return Err(GateError("no room".into()));
+            return Err(GateError::Backlog {
+                unconfirmed_bytes: 1,
+                limit_bytes: 0,
+                streaming: 0,
+            });
         }
         Ok(())
     }
@@ -52,7 +56,11 @@ impl CommitGate for Gate {
                 return Ok(());
             }
             if *self.give_up.lock() {
-                return Err(GateError("gave up".into()));
+                return Err(GateError::Timeout {
+                    waited_ms: 0,
+                    write_quorum: 3,
+                    streaming: 0,
+                });
             }
             self.changed.wait_for(&mut c, Duration::from_millis(5));
         }
