@@ -26,7 +26,26 @@ pub trait TransactionSink: Send + Sync {
     fn positions(&self, _txn: &CapturedTransaction) -> u64 {
         1
     }
-    fn committed(&self, bookmark: Bookmark, txn: &CapturedTransaction) -> Result<(), String>;
+    fn committed(&self, bookmark: Bookmark, txn: &CapturedTransaction) -> Result<(), ShipError>;
+}
+
+/// Why a [`TransactionSink`] did not take a committed transaction. The
+/// transaction is in the local WAL either way; the database then takes no
+/// further writes (`QueryError::CaptureFailed`).
+#[derive(Debug, thiserror::Error)]
+pub enum ShipError {
+    #[error("replication is not started")]
+    NotStarted,
+    #[error("the transaction could not be built as log records: {0}")]
+    Encode(#[from] walrelay_replicator::RecordError),
+    #[error("the leader refused a record: {0}")]
+    Leader(#[from] walrelay_replicator::LeaderError),
+    #[error("a chunk of a large transaction was not confirmed: {0}")]
+    Chunk(#[source] GateError),
+    #[error("the issuer reserved {reserved} positions for {chunks} chunks")]
+    Positions { reserved: u64, chunks: u64 },
+    #[error("an in-process replica refused the transaction: {0}")]
+    Replica(#[from] walrelay_vfs::ApplyError),
 }
 
 /// The output gate: holds every result until the state it reflects is
@@ -210,7 +229,8 @@ impl CaptureSink for Issuer {
             .ok_or_else(|| SinkError("sequence exhausted".into()))?;
         let bookmark = Bookmark::new(self.epoch, seq);
         if let Some(d) = &self.downstream {
-            d.committed(bookmark, &txn).map_err(SinkError)?;
+            d.committed(bookmark, &txn)
+                .map_err(|e| SinkError(e.to_string()))?;
         }
         self.last_commit_frame
             .store(txn.wal.commit_frame.get(), Ordering::Relaxed);

@@ -92,8 +92,8 @@ pub mod stop_marker;
 mod value;
 
 pub use database::{
-    CheckpointMode, CheckpointStats, CommitGate, Database, GateError, Options, Synchronous,
-    TransactionSink,
+    CheckpointMode, CheckpointStats, CommitGate, Database, GateError, Options, ShipError,
+    Synchronous, TransactionSink,
 };
 pub use error::{CheckpointError, OpenError, QueryError, SessionError};
 pub use execution::CancelToken;

@@ -364,10 +364,14 @@ impl ReplicaFeed {
 }
 
 impl TransactionSink for ReplicaFeed {
-    fn committed(&self, bookmark: Bookmark, txn: &CapturedTransaction) -> Result<(), String> {
+    fn committed(
+        &self,
+        bookmark: Bookmark,
+        txn: &CapturedTransaction,
+    ) -> Result<(), crate::database::ShipError> {
         for r in self.replicas.read().iter() {
-            r.append(bookmark, &txn.pages).map_err(|e| e.to_string())?;
-            r.confirm(bookmark).map_err(|e| e.to_string())?;
+            r.append(bookmark, &txn.pages)?;
+            r.confirm(bookmark)?;
         }
         Ok(())
     }

@@ -8,7 +8,7 @@
 //! Records are built from captured page sets here: the replicator never
 //! sees SQLite, the VFS never sees a socket.
 
-use crate::database::{CommitGate, Database, GateError, Options, TransactionSink};
+use crate::database::{CommitGate, Database, GateError, Options, ShipError, TransactionSink};
 use crate::error::OpenError;
 use crate::replica::{Replica, ReplicaOptions};
 use crate::stop_marker;
@@ -96,8 +96,8 @@ impl TransactionSink for Link {
     /// (the issuer reserved one position per chunk). A transaction larger
     /// than the unconfirmed-bytes window waits, chunk by chunk, for earlier
     /// chunks to be confirmed, so no queue holds more than the window.
-    fn committed(&self, bookmark: Bookmark, txn: &CapturedTransaction) -> Result<(), String> {
-        let leader = self.leader.get().ok_or("replication is not started")?;
+    fn committed(&self, bookmark: Bookmark, txn: &CapturedTransaction) -> Result<(), ShipError> {
+        let leader = self.leader.get().ok_or(ShipError::NotStarted)?;
         let mut previous = self.previous.lock();
         let pages = txn.pages.pages();
         let per_chunk = record::pages_per_chunk(txn.pages.page_size());
@@ -117,7 +117,10 @@ impl TransactionSink for Link {
             .0
             .checked_sub(parts.len() as u64 - 1)
             .filter(|s| *s > 0)
-            .ok_or("the issuer reserved fewer positions than chunks")?;
+            .ok_or(ShipError::Positions {
+                reserved: bookmark.sequence.0,
+                chunks: parts.len() as u64,
+            })?;
         let window = (self.max_unconfirmed_bytes as u64 / record::CHUNK_PAGE_BYTES).max(2) as usize;
         let mut in_flight = std::collections::VecDeque::new();
         for (i, part) in parts.iter().enumerate() {
@@ -126,11 +129,11 @@ impl TransactionSink for Link {
                 let oldest = in_flight.pop_front().expect("window is at least 2");
                 leader
                     .wait_confirmed(oldest, self.confirm_timeout)
-                    .map_err(|e| format!("a chunk of a large transaction: {e}"))?;
+                    .map_err(|e| ShipError::Chunk(e.into()))?;
             }
             let continued = i + 1 < parts.len();
             let record = encode_chunk(at, *previous, &txn.pages, part, continued)?;
-            leader.commit(record).map_err(|e| e.to_string())?;
+            leader.commit(record)?;
             *previous = at;
             in_flight.push_back(at);
         }
@@ -143,7 +146,11 @@ impl TransactionSink for Link {
 }
 
 /// A captured page set as one log record (the pages' bytes are shared).
-pub fn encode(bookmark: Bookmark, previous: Bookmark, pages: &PageSet) -> Result<Encoded, String> {
+pub fn encode(
+    bookmark: Bookmark,
+    previous: Bookmark,
+    pages: &PageSet,
+) -> Result<Encoded, walrelay_replicator::RecordError> {
     encode_chunk(bookmark, previous, pages, pages.pages(), false)
 }
 
@@ -155,7 +162,7 @@ fn encode_chunk(
     pages: &PageSet,
     part: &[(PageNo, bytes::Bytes)],
     continued: bool,
-) -> Result<Encoded, String> {
+) -> Result<Encoded, walrelay_replicator::RecordError> {
     Record {
         bookmark,
         previous,
@@ -167,7 +174,6 @@ fn encode_chunk(
             .collect(),
     }
     .to_encoded_chunk(continued)
-    .map_err(|e| e.to_string())
 }
 
 /// A log record as a page set for a replica.

@@ -32,7 +32,11 @@ impl Gate {
 }
 
 impl TransactionSink for Gate {
-    fn committed(&self, bookmark: Bookmark, _: &CapturedTransaction) -> Result<(), String> {
+    fn committed(
+        &self,
+        bookmark: Bookmark,
+        _: &CapturedTransaction,
+    ) -> Result<(), walrelay_engine::ShipError> {
         self.committed.lock().push(bookmark);
         Ok(())
     }

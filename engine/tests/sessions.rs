@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use walrelay_engine::{
     Access, Bookmark, CapturedTransaction, CheckpointMode, Constraint, Database, Epoch, Options,
-    QueryError, Sequence, TransactionSink, Value,
+    QueryError, Sequence, ShipError, TransactionSink, Value,
 };
 
 fn open(dir: &tempfile::TempDir, opts: Options) -> Database {
@@ -303,8 +303,8 @@ fn engine_checkpoints_keep_the_wal_bounded() {
 
 struct Refusing;
 impl TransactionSink for Refusing {
-    fn committed(&self, _: Bookmark, _: &CapturedTransaction) -> Result<(), String> {
-        Err("log unavailable".into())
+    fn committed(&self, _: Bookmark, _: &CapturedTransaction) -> Result<(), ShipError> {
+        Err(ShipError::NotStarted)
     }
 }
 
@@ -321,7 +321,7 @@ fn a_sink_that_refuses_stops_the_database_with_a_clear_error() {
     let s = db.session(Constraint::FirstPrimary).expect("session");
     let e = s.prepare("CREATE TABLE t(x)").run().expect_err("refused");
     assert!(matches!(e, QueryError::CaptureFailed(_)), "{e:?}");
-    assert!(e.to_string().contains("log unavailable"), "{e}");
+    assert!(e.to_string().contains("replication is not started"), "{e}");
     let e = s
         .prepare("CREATE TABLE u(x)")
         .run()

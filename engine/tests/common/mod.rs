@@ -28,7 +28,11 @@ pub struct Recorder {
 }
 
 impl TransactionSink for Recorder {
-    fn committed(&self, bookmark: Bookmark, txn: &CapturedTransaction) -> Result<(), String> {
+    fn committed(
+        &self,
+        bookmark: Bookmark,
+        txn: &CapturedTransaction,
+    ) -> Result<(), walrelay_engine::ShipError> {
         self.txns
             .lock()
             .expect("recorder lock")
