@@ -52,16 +52,25 @@ fn wait_replicas(c: &LocalCluster, b: Bookmark) {
     }
 }
 
-#[test]
-fn an_80_mb_transaction_commits_replicates_in_chunks_and_appears_whole_on_every_replica() {
+/// A local cluster (in one process) whose primary has table `big`, and a
+/// session on the primary.
+fn cluster_with_big_table(
+    config: LocalClusterConfig,
+) -> (tempfile::TempDir, LocalCluster, Session) {
     let dir = tempfile::tempdir().expect("tmp");
-    let c = LocalCluster::start(dir.path(), LocalClusterConfig::default()).expect("cluster");
+    let c = LocalCluster::start(dir.path(), config).expect("cluster");
     let s = c
         .primary
         .database()
         .session(Constraint::FirstPrimary)
         .expect("session");
     s.prepare("CREATE TABLE big(v BLOB)").run().expect("create");
+    (dir, c, s)
+}
+
+#[test]
+fn an_80_mb_transaction_commits_replicates_in_chunks_and_appears_whole_on_every_replica() {
+    let (_dir, c, s) = cluster_with_big_table(LocalClusterConfig::default());
     let before = s.bookmark().expect("bookmark");
     let r = s
         .prepare(big_insert(80, 1_000_000))
@@ -99,14 +108,7 @@ fn an_80_mb_transaction_commits_replicates_in_chunks_and_appears_whole_on_every_
 
 #[test]
 fn a_replica_never_shows_part_of_a_chunked_transaction() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let c = LocalCluster::start(dir.path(), LocalClusterConfig::default()).expect("cluster");
-    let s = c
-        .primary
-        .database()
-        .session(Constraint::FirstPrimary)
-        .expect("session");
-    s.prepare("CREATE TABLE big(v BLOB)").run().expect("create");
+    let (_dir, c, s) = cluster_with_big_table(LocalClusterConfig::default());
     let created = s.bookmark().expect("bookmark");
     wait_replicas(&c, created);
     let replica = c.replicas[0].replica().clone();
@@ -150,24 +152,13 @@ fn a_replica_never_shows_part_of_a_chunked_transaction() {
 
 #[test]
 fn a_transaction_over_the_cap_is_refused_before_it_commits_and_changes_nothing_anywhere() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let c = LocalCluster::start(
-        dir.path(),
-        LocalClusterConfig {
-            limits: Limits {
-                max_transaction_bytes: 4 << 20,
-                ..Limits::default()
-            },
-            ..LocalClusterConfig::default()
+    let (_dir, c, s) = cluster_with_big_table(LocalClusterConfig {
+        limits: Limits {
+            max_transaction_bytes: 4 << 20,
+            ..Limits::default()
         },
-    )
-    .expect("cluster");
-    let s = c
-        .primary
-        .database()
-        .session(Constraint::FirstPrimary)
-        .expect("session");
-    s.prepare("CREATE TABLE big(v BLOB)").run().expect("create");
+        ..LocalClusterConfig::default()
+    });
     s.prepare(big_insert(3, 1_000_000))
         .run()
         .expect("3 MB is under the cap");
