@@ -15,21 +15,16 @@
 //! `cargo bench -p walrelay-benches --bench quorum` (full run);
 //! `-- --test` runs a few iterations only (CI).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use walrelay_benches::cluster;
 use walrelay_benches::floor::{
     Percentiles, concurrent_durable_overwrite, durable_overwrite, loopback_round_trip, percentiles,
     quorum_floor,
 };
-use walrelay_engine::replication::{
-    PrimaryConfig, ReplicaConfig, ReplicatedPrimary, ReplicatedReplica,
-};
-use walrelay_engine::{Constraint, ReplicaOptions, Value};
-use walrelay_replicator::net::Backend;
-use walrelay_replicator::node::follower::{FollowerNode, FollowerNodeConfig};
-use walrelay_replicator::{ClusterKey, DatabaseId};
+use walrelay_engine::{Constraint, Value};
+use walrelay_replicator::ClusterKey;
 
 fn show(name: &str, p: &Percentiles) {
     println!(
@@ -62,39 +57,12 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
     let key = Some(ClusterKey::generate().expect("cluster key"));
-    let followers: Vec<FollowerNode> = (0..n)
-        .map(|i| {
-            FollowerNode::start(FollowerNodeConfig {
-                database: DatabaseId(1),
-                listen: "127.0.0.1:0".parse().expect("addr"),
-                dir: root.path().join(format!("follower-{i}")),
-                peers: vec![],
-                segment_bytes: 64 << 20,
-                backend: Backend::Auto,
-                auth: key.clone(),
-                catch_up_batch_bytes: walrelay_replicator::node::follower::CATCH_UP_BATCH_BYTES,
-            })
-            .expect("follower")
-        })
-        .collect();
-    let addrs: Vec<SocketAddr> = followers.iter().map(|f| f.addr()).collect();
-    let mut config = PrimaryConfig::new(root.path().join("primary.db"), addrs.clone(), key.clone());
-    config.listen = Some("127.0.0.1:0".parse().expect("addr"));
-    let primary = Arc::new(ReplicatedPrimary::start(config).expect("primary"));
-    let replica = ReplicatedReplica::start(ReplicaConfig {
-        database: DatabaseId(1),
-        path: root.path().join("replica.db"),
-        leader: primary.replica_addr().expect("listening"),
-        followers: addrs,
-        backend: Backend::Auto,
-        auth: key,
-        options: ReplicaOptions {
-            durable: false,
-            ..ReplicaOptions::default()
-        },
-        delay_ms: 0,
-    })
-    .expect("replica");
+    let cluster::BenchCluster {
+        followers,
+        primary,
+        replica,
+    } = cluster::start(root.path(), n, key);
+    let primary = Arc::new(primary);
     println!(
         "transport {} / follower storage {}",
         primary.leader().backend(),

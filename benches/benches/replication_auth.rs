@@ -12,66 +12,13 @@
 //! `cargo bench -p walrelay-benches --bench replication_auth` (full run);
 //! `-- --test` runs a few iterations only (CI).
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
+use walrelay_benches::cluster::{self, BenchCluster};
 use walrelay_benches::floor::{Percentiles, percentiles};
-use walrelay_engine::replication::{
-    PrimaryConfig, ReplicaConfig, ReplicatedPrimary, ReplicatedReplica,
-};
-use walrelay_engine::{Constraint, ReplicaOptions, Session, Value};
-use walrelay_replicator::net::Backend;
-use walrelay_replicator::node::follower::{FollowerNode, FollowerNodeConfig};
-use walrelay_replicator::{ClusterKey, DatabaseId};
+use walrelay_engine::{Constraint, Session, Value};
+use walrelay_replicator::ClusterKey;
 
-struct Cluster {
-    // Kept alive for the run.
-    _followers: Vec<FollowerNode>,
-    primary: ReplicatedPrimary,
-    replica: ReplicatedReplica,
-}
-
-fn cluster(dir: &std::path::Path, n: usize, key: Option<ClusterKey>) -> Cluster {
-    let followers: Vec<FollowerNode> = (0..n)
-        .map(|i| {
-            FollowerNode::start(FollowerNodeConfig {
-                database: DatabaseId(1),
-                listen: "127.0.0.1:0".parse().expect("addr"),
-                dir: dir.join(format!("follower-{i}")),
-                peers: vec![],
-                segment_bytes: 64 << 20,
-                backend: Backend::Auto,
-                auth: key.clone(),
-                catch_up_batch_bytes: walrelay_replicator::node::follower::CATCH_UP_BATCH_BYTES,
-            })
-            .expect("follower")
-        })
-        .collect();
-    let addrs: Vec<SocketAddr> = followers.iter().map(|f| f.addr()).collect();
-    let mut config = PrimaryConfig::new(dir.join("primary.db"), addrs.clone(), key.clone());
-    config.listen = Some("127.0.0.1:0".parse().expect("addr"));
-    let primary = ReplicatedPrimary::start(config).expect("primary");
-    let replica = ReplicatedReplica::start(ReplicaConfig {
-        database: DatabaseId(1),
-        path: dir.join("replica.db"),
-        leader: primary.replica_addr().expect("listening"),
-        followers: addrs,
-        backend: Backend::Auto,
-        auth: key,
-        options: ReplicaOptions {
-            durable: false,
-            ..ReplicaOptions::default()
-        },
-        delay_ms: 0,
-    })
-    .expect("replica");
-    Cluster {
-        _followers: followers,
-        primary,
-        replica,
-    }
-}
-
-fn session(c: &Cluster) -> Session {
+fn session(c: &BenchCluster) -> Session {
     let s = c
         .primary
         .database()
@@ -99,7 +46,7 @@ fn show(name: &str, p: &Percentiles) {
     );
 }
 
-fn lags(c: &Cluster) -> Vec<Duration> {
+fn lags(c: &BenchCluster) -> Vec<Duration> {
     c.replica
         .node()
         .take_confirm_lags_us()
@@ -144,8 +91,8 @@ fn main() {
         .expect("tempdir");
     let open_dir = root.path().join("open");
     let keyed_dir = root.path().join("keyed");
-    let open = cluster(&open_dir, n, None);
-    let keyed = cluster(
+    let open = cluster::start(&open_dir, n, None);
+    let keyed = cluster::start(
         &keyed_dir,
         n,
         Some(ClusterKey::generate().expect("cluster key")),

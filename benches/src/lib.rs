@@ -1,3 +1,4 @@
 //! Shared helpers for the walrelay benchmarks.
 
+pub mod cluster;
 pub mod floor;

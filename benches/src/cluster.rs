@@ -1,0 +1,64 @@
+//! A replicated cluster in one process for the benchmarks: a primary, N
+//! followers (W a majority) each with its own segment log on the same
+//! disk, and one replica, over loopback TCP.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use walrelay_engine::ReplicaOptions;
+use walrelay_engine::replication::{
+    PrimaryConfig, ReplicaConfig, ReplicatedPrimary, ReplicatedReplica,
+};
+use walrelay_replicator::net::Backend;
+use walrelay_replicator::node::follower::{CATCH_UP_BATCH_BYTES, FollowerNode, FollowerNodeConfig};
+use walrelay_replicator::{ClusterKey, DatabaseId};
+
+/// A running cluster; the followers live as long as it does.
+#[derive(Debug)]
+pub struct BenchCluster {
+    pub followers: Vec<FollowerNode>,
+    pub primary: ReplicatedPrimary,
+    pub replica: ReplicatedReplica,
+}
+
+/// Starts `n` followers, a primary and a replica under `dir`, with
+/// replication authenticated by `key` (None: open).
+pub fn start(dir: &Path, n: usize, key: Option<ClusterKey>) -> BenchCluster {
+    let followers: Vec<FollowerNode> = (0..n)
+        .map(|i| {
+            FollowerNode::start(FollowerNodeConfig {
+                database: DatabaseId(1),
+                listen: "127.0.0.1:0".parse().expect("addr"),
+                dir: dir.join(format!("follower-{i}")),
+                peers: vec![],
+                segment_bytes: 64 << 20,
+                backend: Backend::Auto,
+                auth: key.clone(),
+                catch_up_batch_bytes: CATCH_UP_BATCH_BYTES,
+            })
+            .expect("follower")
+        })
+        .collect();
+    let addrs: Vec<SocketAddr> = followers.iter().map(|f| f.addr()).collect();
+    let mut config = PrimaryConfig::new(dir.join("primary.db"), addrs.clone(), key.clone());
+    config.listen = Some("127.0.0.1:0".parse().expect("addr"));
+    let primary = ReplicatedPrimary::start(config).expect("primary");
+    let replica = ReplicatedReplica::start(ReplicaConfig {
+        database: DatabaseId(1),
+        path: dir.join("replica.db"),
+        leader: primary.replica_addr().expect("listening"),
+        followers: addrs,
+        backend: Backend::Auto,
+        auth: key,
+        options: ReplicaOptions {
+            durable: false,
+            ..ReplicaOptions::default()
+        },
+        delay_ms: 0,
+    })
+    .expect("replica");
+    BenchCluster {
+        followers,
+        primary,
+        replica,
+    }
+}
