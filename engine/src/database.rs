@@ -168,6 +168,10 @@ pub struct Options {
     /// What one query, connection wait, transaction or the database may
     /// cost (D1's published limits by default).
     pub limits: crate::limits::Limits,
+    /// The epoch to issue bookmarks in, when it was won elsewhere (a
+    /// replicated primary wins it from its followers); it must be newer
+    /// than any this database used. None: the stored epoch plus one.
+    pub epoch: Option<Epoch>,
 }
 
 impl Default for Options {
@@ -182,6 +186,7 @@ impl Default for Options {
             sink: None,
             gate: None,
             limits: crate::limits::Limits::default(),
+            epoch: None,
         }
     }
 }
@@ -473,12 +478,18 @@ impl Database {
         let previous = meta::load(&meta_path).map_err(|e| meta_error(path, e))?;
         // Where a counter must not overflow, refuse rather than saturate: a
         // repeated epoch would repeat bookmarks.
-        let epoch = match previous {
-            None => 1,
-            Some(m) => m
-                .epoch
+        let stored = previous.map_or(0, |m| m.epoch);
+        let epoch = match options.epoch {
+            Some(won) if won.0 > stored => won.0,
+            Some(won) => {
+                return Err(OpenError::EpochNotNewer {
+                    epoch: won.0,
+                    stored,
+                });
+            }
+            None => stored
                 .checked_add(1)
-                .ok_or(OpenError::EpochExhausted { epoch: m.epoch })?,
+                .ok_or(OpenError::EpochExhausted { epoch: stored })?,
         };
         let issuer = Arc::new(Issuer {
             epoch: Epoch(epoch),

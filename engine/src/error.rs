@@ -25,6 +25,8 @@ pub enum OpenError {
         "epoch {epoch} is the last one: bookmarks would repeat if the database opened again as a primary"
     )]
     EpochExhausted { epoch: u32 },
+    #[error("epoch {epoch} is not newer than the stored epoch {stored}")]
+    EpochNotNewer { epoch: u32, stored: u32 },
     #[error(transparent)]
     Sqlite(#[from] rusqlite::Error),
 }

@@ -83,6 +83,7 @@ pub mod limits;
 pub mod local_cluster;
 mod meta;
 mod pool;
+pub mod recovery;
 mod replica;
 pub mod replication;
 mod sandbox;

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use walrelay_replicator::net::Backend;
 use walrelay_replicator::node::leader::{ConfirmError, LeaderNode, LeaderNodeConfig, LeaderStatus};
 use walrelay_replicator::node::replica::{Applier, ReplicaNode, ReplicaNodeConfig};
-use walrelay_replicator::{Bookmark, ClusterKey, DatabaseId, Encoded, Record, Sequence, record};
+use walrelay_replicator::{
+    Bookmark, ChainHash, ClusterKey, DatabaseId, Encoded, Record, Sequence, record,
+};
 use walrelay_vfs::{CapturedTransaction, PageNo, PageSet};
 
 /// How to run a replicated primary.
@@ -38,6 +40,8 @@ pub struct PrimaryConfig {
     pub confirm_timeout_ms: u64,
     /// Committed-but-unconfirmed bytes past which new writes wait.
     pub max_unconfirmed_bytes: usize,
+    /// How long to wait for W followers to promise an epoch at start.
+    pub election_timeout_ms: u64,
     pub backend: Backend,
     /// The cluster key every replication connection (to the followers and
     /// from replicas) is authenticated with; None leaves them open.
@@ -63,6 +67,7 @@ impl PrimaryConfig {
             listen: None,
             confirm_timeout_ms: 5_000,
             max_unconfirmed_bytes: 64 << 20,
+            election_timeout_ms: 10_000,
             backend: Backend::Auto,
             // The quorum log is the durability; the local WAL is a cache
             // of it, so its own fsync buys nothing.
@@ -77,7 +82,8 @@ impl PrimaryConfig {
 /// The sink and gate between a primary database and its leader.
 struct Link {
     leader: OnceLock<LeaderNode>,
-    previous: Mutex<Bookmark>,
+    /// The last record shipped and its chain: what the next names.
+    previous: Mutex<(Bookmark, ChainHash)>,
     confirm_timeout: Duration,
     max_unconfirmed_bytes: usize,
     /// The log position this leader started after (a stop with no commit
@@ -133,22 +139,24 @@ impl TransactionSink for Link {
             }
             let continued = i + 1 < parts.len();
             let record = encode_chunk(at, *previous, &txn.pages, part, continued)?;
+            let chain = record.chain;
             leader.commit(record)?;
-            *previous = at;
+            *previous = (at, chain);
             in_flight.push_back(at);
         }
         assert_eq!(
-            *previous, bookmark,
+            previous.0, bookmark,
             "a transaction's last chunk carries its bookmark"
         );
         Ok(())
     }
 }
 
-/// A captured page set as one log record (the pages' bytes are shared).
+/// A captured page set as one log record (the pages' bytes are shared),
+/// chained onto `previous` (a bookmark and its chain).
 pub fn encode(
     bookmark: Bookmark,
-    previous: Bookmark,
+    previous: (Bookmark, ChainHash),
     pages: &PageSet,
 ) -> Result<Encoded, walrelay_replicator::RecordError> {
     encode_chunk(bookmark, previous, pages, pages.pages(), false)
@@ -158,7 +166,7 @@ pub fn encode(
 /// chunk of the same transaction follows.
 fn encode_chunk(
     bookmark: Bookmark,
-    previous: Bookmark,
+    (previous, prev_chain): (Bookmark, ChainHash),
     pages: &PageSet,
     part: &[(PageNo, bytes::Bytes)],
     continued: bool,
@@ -166,6 +174,7 @@ fn encode_chunk(
     Record {
         bookmark,
         previous,
+        prev_chain,
         page_size: pages.page_size(),
         db_pages: pages.db_size_pages(),
         pages: part
@@ -248,6 +257,8 @@ pub enum PrimaryError {
     Poisoned(#[source] walrelay_vfs::CaptureError),
     #[error(transparent)]
     Marker(#[from] stop_marker::StopMarkerError),
+    #[error(transparent)]
+    Recovery(#[from] crate::recovery::RecoveryError),
     #[error("replication: {0}")]
     Replication(String),
     #[error("stop: {0}")]
@@ -272,36 +283,34 @@ impl std::fmt::Debug for ReplicatedPrimary {
 }
 
 impl ReplicatedPrimary {
-    /// Opens the database and starts replicating. A fresh database starts
-    /// the log; an existing one must have stopped cleanly (see
-    /// [`stop_marker`]).
+    /// Wins an epoch from W followers, brings the database to the end of
+    /// the log they hold ([`crate::recovery`]: after a clean stop it
+    /// usually is there already; after a crash it is rebuilt), starts
+    /// replicating, and returns once the epoch's first record is
+    /// confirmed.
     pub fn start(config: PrimaryConfig) -> Result<ReplicatedPrimary, PrimaryError> {
-        let exists = config.path.exists();
-        let start = match stop_marker::load(&config.path)? {
-            Some(b) => b,
-            None if !exists => Bookmark::ZERO,
-            None => {
-                return Err(PrimaryError::NotCleanlyStopped {
-                    path: config.path.display().to_string(),
-                });
-            }
-        };
+        let adopted = crate::recovery::adopt(&config)?;
         let link = Arc::new(Link {
             leader: OnceLock::new(),
-            previous: Mutex::new(start),
+            previous: Mutex::new((adopted.end, adopted.end_chain)),
             confirm_timeout: Duration::from_millis(config.confirm_timeout_ms),
             max_unconfirmed_bytes: config.max_unconfirmed_bytes,
-            start,
+            start: adopted.end,
             stopping: std::sync::atomic::AtomicBool::new(false),
         });
         let mut options = config.options.clone();
         options.sink = Some(Arc::clone(&link) as Arc<dyn TransactionSink>);
         options.gate = Some(Arc::clone(&link) as Arc<dyn CommitGate>);
+        options.epoch = Some(adopted.epoch);
         let db = Database::open(&config.path, options)?;
         let leader = LeaderNode::start(LeaderNodeConfig {
             database: config.database,
-            epoch: db.epoch(),
-            start,
+            epoch: adopted.epoch,
+            node: adopted.node,
+            start: adopted.start,
+            start_chain: adopted.start_chain,
+            adopted: adopted.tail,
+            history: adopted.history,
             followers: config.followers.clone(),
             write_quorum: config.write_quorum,
             listen: config.listen,
@@ -315,10 +324,14 @@ impl ReplicatedPrimary {
         let _ = link.leader.set(leader.clone());
         // Consumed: from here a crash must not find it.
         stop_marker::remove(&config.path)?;
+        let first = crate::recovery::commit_barrier(&db)?;
         tracing::info!(
-            epoch = db.epoch().0,
-            after = %start,
-            "primary started: a new epoch continues the log"
+            epoch = adopted.epoch.0,
+            after = %adopted.end,
+            first = %first,
+            rebuilt = adopted.rebuilt,
+            applied = adopted.applied,
+            "primary started: its epoch continues the log"
         );
         Ok(ReplicatedPrimary {
             db,

@@ -26,7 +26,7 @@ use walrelay_engine::{Bookmark, Constraint, Epoch, Sequence, Value};
 use walrelay_replicator::net::Backend;
 use walrelay_replicator::net::auth::{CHALLENGE_BYTES, MAGIC, NONCE_BYTES, PROOF_BYTES, TAG_BYTES};
 use walrelay_replicator::wire::{Message, Role};
-use walrelay_replicator::{DatabaseId, Record, SegmentLog, epoch_file};
+use walrelay_replicator::{ChainHash, DatabaseId, History, NodeId, Record, SegmentLog, epoch_file};
 
 const N: usize = 3;
 const W: usize = 2;
@@ -105,6 +105,10 @@ fn leader_handshake(epoch: u32) -> Message {
         epoch: Epoch(epoch),
         role: Role::Leader,
         last_durable: Bookmark::ZERO,
+        node: NodeId(7),
+        last_chain: ChainHash::GENESIS,
+        confirmed: Bookmark::ZERO,
+        history: History::new(),
     }
 }
 
@@ -112,6 +116,7 @@ fn forged_record(bookmark: Bookmark, previous: Bookmark) -> Message {
     let record = Record {
         bookmark,
         previous,
+        prev_chain: ChainHash::GENESIS,
         page_size: 4096,
         db_pages: 1,
         pages: vec![(1, Bytes::from(vec![FORGED; 4096]))],
@@ -238,7 +243,7 @@ fn rogue_scenario(net: &str) {
         last = insert(&primary, n).expect("a write before the attacks");
     }
     let epoch = primary.database().epoch();
-    assert_eq!(epoch_file::load(&dirs[0]).expect("epoch file"), epoch);
+    assert_eq!(epoch_file::load(&dirs[0]).expect("epoch file").epoch, epoch);
     let refused_before: Vec<usize> = followers.iter().map(refusals).collect();
 
     // During: a writer keeps committing while the rogue attacks.
@@ -320,9 +325,14 @@ fn rogue_scenario(net: &str) {
                 epoch,
                 role: Role::Follower,
                 last_durable: b(epoch.0, 1 << 40),
+                node: NodeId(7),
+                last_chain: ChainHash::GENESIS,
+                confirmed: Bookmark::ZERO,
+                history: History::new(),
             },
             Message::Ack {
                 durable: b(epoch.0, 1 << 40),
+                chain: ChainHash::GENESIS,
             },
         ],
     ));
@@ -334,6 +344,10 @@ fn rogue_scenario(net: &str) {
             epoch: Epoch(0),
             role: Role::Replica,
             last_durable: Bookmark::ZERO,
+            node: NodeId(7),
+            last_chain: ChainHash::GENESIS,
+            confirmed: Bookmark::ZERO,
+            history: History::new(),
         }],
     ));
     let attempts: Vec<_> = [Rogue::Bare, Rogue::Guessing]
@@ -381,7 +395,7 @@ fn rogue_scenario(net: &str) {
     assert!(status.streaming_followers >= W);
     for (i, dir) in dirs.iter().enumerate() {
         assert_eq!(
-            epoch_file::load(dir).expect("epoch"),
+            epoch_file::load(dir).expect("epoch").epoch,
             epoch,
             "follower {i} was fenced"
         );
@@ -460,7 +474,11 @@ fn an_open_follower_is_fenced_forged_and_read_by_the_same_rogue() {
         Duration::from_secs(1),
     );
     assert!(!reply.is_empty(), "the open follower answered the rogue");
-    assert_eq!(epoch_file::load(&dir).expect("epoch"), Epoch(7), "fenced");
+    assert_eq!(
+        epoch_file::load(&dir).expect("epoch").epoch,
+        Epoch(7),
+        "fenced"
+    );
     let log = attack(
         addr,
         Rogue::Bare,

@@ -32,12 +32,15 @@ fuzz_target!(|data: &[u8]| {
     };
     // What survived is a chain of valid records from the base.
     let mut prev = Bookmark::ZERO;
+    let mut prev_chain = walrelay_replicator::ChainHash::GENESIS;
     let kept = log.read_after(Bookmark::ZERO).expect("read back");
     for bytes in &kept {
         let (e, used) = Encoded::decode(bytes).expect("only valid records survive");
         assert_eq!(used, bytes.len());
         assert_eq!(e.previous, prev, "a chain from the base");
+        assert_eq!(e.prev_chain, prev_chain, "and of content, not only positions");
         prev = e.bookmark;
+        prev_chain = e.chain;
     }
     assert_eq!(log.last(), prev);
     assert_eq!(first.records, kept.len());
@@ -63,6 +66,7 @@ fuzz_target!(|data: &[u8]| {
         let record = Record {
             bookmark: next,
             previous: prev,
+            prev_chain: log.last_chain().expect("a log from the start knows its chain"),
             page_size: 512,
             db_pages: 1,
             pages: vec![(1, Bytes::from(vec![0x5a; 512]))],

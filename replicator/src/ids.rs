@@ -28,6 +28,32 @@ impl fmt::Display for DatabaseId {
     }
 }
 
+/// Names a node that may lead: the id a follower's promise of an epoch is
+/// made to, so no other node can lead in that epoch. 0 means "none" (a
+/// follower or replica saying who it is not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeId(pub u64);
+
+impl NodeId {
+    pub const NONE: NodeId = NodeId(0);
+
+    /// A fresh id for a node starting to lead: random, never 0.
+    pub fn random() -> NodeId {
+        loop {
+            let id: u64 = rand::random();
+            if id != 0 {
+                return NodeId(id);
+            }
+        }
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
 /// Why a string is not the canonical text form of a database id.
 ///
 /// Positions and lengths are in bytes, matching how the format is defined.

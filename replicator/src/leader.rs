@@ -17,9 +17,21 @@
 //!   is refused as diverged.
 //! - **Fencing.** A follower that has accepted a newer epoch ends this
 //!   leader ([`LeaderAction::Fenced`]): it must stop writing.
+//! - **An adopted tail.** A leader that recovered the log may start with
+//!   records of an older epoch after its confirmed start (the tail it
+//!   adopted, [`LeaderConfig::adopted`]). It streams them like its own, but
+//!   the watermark moves only to bookmarks of its own epoch: the tail is
+//!   confirmed when the first record of the new epoch after it is.
+//! - **Content identity.** Positions are compared with their chains. A
+//!   follower whose log leaves this leader's history (a bookmark it never
+//!   issued, or one with another chain) is sent the leader's epoch history
+//!   ([`Message::Truncate`]) so it cuts the diverged suffix, and is
+//!   dropped until it reconnects.
 
 use crate::bookmark::{Bookmark, Epoch};
-use crate::ids::DatabaseId;
+use crate::chain::ChainHash;
+use crate::history::History;
+use crate::ids::{DatabaseId, NodeId};
 use crate::quorum::{FollowerId, QuorumError, QuorumTracker};
 use crate::record::Encoded;
 use crate::wire::{Message, RefuseReason, Role};
@@ -35,12 +47,21 @@ pub struct LeaderConfig {
     pub database: DatabaseId,
     /// This leader's epoch: every record it issues carries it.
     pub epoch: Epoch,
+    /// Who this leader is: the id followers promise the epoch to.
+    pub node: NodeId,
     /// N: the durability followers.
     pub followers: usize,
     /// W: acknowledgements that make a record confirmed (a majority of N).
     pub write_quorum: usize,
-    /// The last record before this leader's first, already confirmed.
+    /// A confirmed position this leader's history holds, and its chain.
     pub start: Bookmark,
+    pub start_chain: ChainHash,
+    /// Records after `start` that a recovery adopted (older epochs, in
+    /// order, chaining from `start`): streamed, and confirmed only by the
+    /// first record of this epoch after them.
+    pub adopted: Vec<Encoded>,
+    /// The epoch history up to the end of `adopted` (or `start`).
+    pub history: History,
     /// Confirmed records kept for lagging peers, in bytes.
     pub tail_limit_bytes: usize,
     /// How often streaming peers get a heartbeat carrying the watermark.
@@ -62,6 +83,8 @@ pub enum LeaderError {
     WrongEpoch { bookmark: Bookmark, epoch: Epoch },
     #[error("this leader was fenced by epoch {0}")]
     Fenced(Epoch),
+    #[error("the adopted record {0} does not chain onto the one before it")]
+    AdoptedOutOfOrder(Bookmark),
 }
 
 /// What happened to the leader.
@@ -101,6 +124,9 @@ pub enum CloseReason {
     /// The peer refused an append as a gap: reconnect, and resume from the
     /// position its handshake reports.
     Resync,
+    /// A follower's log left this leader's history: it was sent the
+    /// history to cut back to, and resumes on its next connection.
+    Truncated,
 }
 
 /// What the leader asks its IO to do, in order.
@@ -141,9 +167,13 @@ pub struct Leader {
     config: LeaderConfig,
     quorum: QuorumTracker,
     last: Bookmark,
+    last_chain: ChainHash,
+    /// The whole history this leader knows, its own records included.
+    history: History,
     /// Records after `tail_start`, in order.
     tail: VecDeque<Encoded>,
     tail_start: Bookmark,
+    tail_start_chain: ChainHash,
     tail_bytes: usize,
     /// Ordered, so fan-out order is deterministic (the simulator replays).
     peers: BTreeMap<PeerId, Peer>,
@@ -160,17 +190,33 @@ pub struct Leader {
 }
 
 impl Leader {
-    pub fn new(config: LeaderConfig) -> Result<Leader, LeaderError> {
-        let quorum = QuorumTracker::new(config.followers, config.write_quorum, config.start)?;
+    pub fn new(mut config: LeaderConfig) -> Result<Leader, LeaderError> {
+        let quorum = QuorumTracker::new(config.followers, config.write_quorum, config.start)?
+            .confirming_from(config.epoch);
+        let (mut last, mut last_chain) = (config.start, config.start_chain);
+        for r in &config.adopted {
+            if r.previous != last || r.prev_chain != last_chain || r.bookmark.epoch >= config.epoch
+            {
+                return Err(LeaderError::AdoptedOutOfOrder(r.bookmark));
+            }
+            (last, last_chain) = (r.bookmark, r.chain);
+        }
+        let tail: VecDeque<Encoded> = std::mem::take(&mut config.adopted).into();
+        let tail_bytes: usize = tail.iter().map(|r| r.bytes.len()).sum();
+        let mut history = config.history.clone();
+        history.cut_after(last);
         Ok(Leader {
-            last: config.start,
+            last,
+            last_chain,
+            history,
             tail_start: config.start,
+            tail_start_chain: config.start_chain,
             reported_confirmed: config.start,
-            unconfirmed_bytes: 0,
+            unconfirmed_bytes: tail_bytes,
             quorum,
             config,
-            tail: VecDeque::new(),
-            tail_bytes: 0,
+            tail,
+            tail_bytes,
             peers: BTreeMap::new(),
             last_heartbeat_us: None,
             fenced: None,
@@ -186,6 +232,10 @@ impl Leader {
     /// The last record committed through this leader.
     pub fn last(&self) -> Bookmark {
         self.last
+    }
+    /// The chain of the last record.
+    pub fn last_chain(&self) -> ChainHash {
+        self.last_chain
     }
     pub fn confirmed(&self) -> Bookmark {
         self.quorum.confirmed()
@@ -221,7 +271,10 @@ impl Leader {
                 epoch: self.config.epoch,
             });
         }
-        if record.previous != self.last || record.bookmark <= self.last {
+        if record.previous != self.last
+            || record.bookmark <= self.last
+            || record.prev_chain != self.last_chain
+        {
             return Err(LeaderError::OutOfOrder {
                 bookmark: record.bookmark,
                 previous: record.previous,
@@ -233,6 +286,8 @@ impl Leader {
             Self::send(&mut out, id, Message::Append(record.clone()));
         }
         self.last = record.bookmark;
+        self.last_chain = record.chain;
+        self.history.record(record.bookmark);
         self.tail_bytes += record.bytes.len();
         self.unconfirmed_bytes += record.bytes.len();
         self.tail.push_back(record);
@@ -265,7 +320,11 @@ impl Leader {
                         database: self.config.database,
                         epoch: self.config.epoch,
                         role: Role::Leader,
+                        node: self.config.node,
                         last_durable: self.last,
+                        last_chain: self.last_chain,
+                        confirmed: self.quorum.confirmed(),
+                        history: History::new(),
                     },
                 );
             }
@@ -313,18 +372,53 @@ impl Leader {
             .collect()
     }
 
-    /// Where `position` stands against this leader's history.
-    fn locate(&self, position: Bookmark) -> Result<usize, CloseReason> {
+    /// Where `position` stands against this leader's history: the tail
+    /// index to stream from. `chain` (None: not known, a replica's
+    /// confirmed position) must match where the tail can tell.
+    fn locate(&self, position: Bookmark, chain: Option<ChainHash>) -> Result<usize, CloseReason> {
+        let matches = |c: ChainHash| chain.is_none_or(|x| x == c);
         if position == self.tail_start {
-            return Ok(0);
+            return if matches(self.tail_start_chain) {
+                Ok(0)
+            } else {
+                Err(CloseReason::Diverged)
+            };
         }
         if position < self.tail_start {
-            return Err(CloseReason::Behind);
+            return if self.history.holds(position) {
+                Err(CloseReason::Behind)
+            } else {
+                Err(CloseReason::Diverged)
+            };
         }
         match self.tail.binary_search_by(|r| r.bookmark.cmp(&position)) {
-            Ok(i) => Ok(i + 1),
-            Err(_) => Err(CloseReason::Diverged),
+            Ok(i) if matches(self.tail[i].chain) => Ok(i + 1),
+            _ => Err(CloseReason::Diverged),
         }
+    }
+
+    /// The chain this leader holds at `position`, where its tail knows it.
+    fn chain_at(&self, position: Bookmark) -> Option<ChainHash> {
+        if position == self.tail_start {
+            return Some(self.tail_start_chain);
+        }
+        self.tail
+            .binary_search_by(|r| r.bookmark.cmp(&position))
+            .ok()
+            .map(|i| self.tail[i].chain)
+    }
+
+    /// Sends a follower whose log left this history the history to cut
+    /// back to, and drops it until it reconnects.
+    fn truncate_and_close(&mut self, peer: PeerId, out: &mut Vec<LeaderAction>) {
+        Self::send(
+            out,
+            peer,
+            Message::Truncate {
+                history: self.history.clone(),
+            },
+        );
+        self.close(peer, CloseReason::Truncated, out);
     }
 
     fn stream_from(&self, peer: PeerId, from: usize, out: &mut Vec<LeaderAction>) {
@@ -338,7 +432,9 @@ impl Leader {
         let refuse = match reason {
             CloseReason::Behind => RefuseReason::Behind,
             CloseReason::Diverged => RefuseReason::Diverged,
-            CloseReason::Protocol | CloseReason::Resync => RefuseReason::WrongDatabase,
+            CloseReason::Protocol | CloseReason::Resync | CloseReason::Truncated => {
+                RefuseReason::WrongDatabase
+            }
         };
         Self::send(
             out,
@@ -369,6 +465,8 @@ impl Leader {
                     epoch,
                     role,
                     last_durable,
+                    last_chain,
+                    ..
                 },
             ) => {
                 let role_ok = matches!(
@@ -390,8 +488,17 @@ impl Leader {
                     }
                     return;
                 }
-                let from = match self.locate(last_durable) {
+                let chain = matches!(kind, Kind::Follower(_)).then_some(last_chain);
+                let from = match self.locate(last_durable, chain) {
                     Ok(from) => from,
+                    Err(CloseReason::Diverged) if chain.is_some() => {
+                        tracing::warn!(
+                            at = %last_durable,
+                            "a follower's log left this leader's history: it cuts back"
+                        );
+                        self.truncate_and_close(peer, out);
+                        return;
+                    }
                     Err(reason) => {
                         self.refuse_and_close(peer, reason, out);
                         return;
@@ -416,9 +523,15 @@ impl Leader {
                     },
                 );
             }
-            (Kind::Follower(index), Message::Ack { durable }) => {
+            (Kind::Follower(index), Message::Ack { durable, chain }) => {
                 if durable > self.last {
                     self.refuse_and_close(peer, CloseReason::Diverged, out);
+                    return;
+                }
+                // Content, not only position: an ack of another record at
+                // the same bookmark never counts.
+                if self.chain_at(durable).is_some_and(|c| c != chain) {
+                    self.truncate_and_close(peer, out);
                     return;
                 }
                 self.ack(index, durable, out);
@@ -503,6 +616,7 @@ impl Leader {
                 Some(r) if r.bookmark <= confirmed => {
                     self.tail_bytes -= r.bytes.len();
                     self.tail_start = r.bookmark;
+                    self.tail_start_chain = r.chain;
                     self.tail.pop_front();
                 }
                 _ => break,
@@ -520,9 +634,13 @@ mod tests {
         Leader::new(LeaderConfig {
             database: DatabaseId(1),
             epoch: Epoch(3),
+            node: NodeId(5),
             followers: 3,
             write_quorum: 2,
             start: Bookmark::ZERO,
+            start_chain: ChainHash::GENESIS,
+            adopted: Vec::new(),
+            history: History::new(),
             tail_limit_bytes: 1 << 20,
             heartbeat_interval_us: 1_000,
         })
@@ -535,6 +653,10 @@ mod tests {
             epoch: Epoch(epoch),
             role,
             last_durable: Bookmark::ZERO,
+            node: crate::ids::NodeId(1),
+            last_chain: crate::chain::ChainHash::GENESIS,
+            confirmed: Bookmark::ZERO,
+            history: crate::history::History::new(),
         }
     }
 
@@ -557,6 +679,7 @@ mod tests {
         let r = crate::record::Record {
             bookmark: Bookmark::new(Epoch(3), Sequence(1)),
             previous: Bookmark::ZERO,
+            prev_chain: crate::chain::ChainHash::GENESIS,
             page_size: 512,
             db_pages: 1,
             pages: vec![(1, bytes::Bytes::from(vec![0u8; 512]))],

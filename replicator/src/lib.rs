@@ -40,8 +40,11 @@
 //!   error or a closed connection, never a panic.
 
 pub mod bookmark;
+pub mod chain;
+pub mod election;
 pub mod epoch_file;
 pub mod follower;
+pub mod history;
 pub mod ids;
 pub mod leader;
 pub mod marker;
@@ -56,8 +59,10 @@ pub mod uring;
 pub mod wire;
 
 pub use bookmark::{Bookmark, BookmarkParseError, Epoch, Sequence};
+pub use chain::ChainHash;
 pub use follower::{Follower, FollowerAction, FollowerEvent};
-pub use ids::{DatabaseId, DatabaseIdParseError};
+pub use history::History;
+pub use ids::{DatabaseId, DatabaseIdParseError, NodeId};
 pub use leader::{
     CloseReason, Leader, LeaderAction, LeaderConfig, LeaderError, LeaderEvent, PeerId,
 };

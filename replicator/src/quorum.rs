@@ -25,6 +25,10 @@ pub struct QuorumTracker {
     w: usize,
     durable: Vec<Bookmark>,
     confirmed: Bookmark,
+    /// The watermark moves only to bookmarks of this epoch or later: a
+    /// new leader confirms an older epoch's records only by confirming one
+    /// of its own after them (copies from an old epoch never count alone).
+    from_epoch: crate::bookmark::Epoch,
 }
 
 impl QuorumTracker {
@@ -42,7 +46,14 @@ impl QuorumTracker {
             w,
             durable: vec![start; n],
             confirmed: start,
+            from_epoch: crate::bookmark::Epoch(0),
         })
+    }
+
+    /// Confirms only bookmarks of `epoch` or later (a leader's own epoch).
+    pub fn confirming_from(mut self, epoch: crate::bookmark::Epoch) -> QuorumTracker {
+        self.from_epoch = epoch;
+        self
     }
 
     pub fn confirmed(&self) -> Bookmark {
@@ -78,7 +89,7 @@ impl QuorumTracker {
         let mut sorted = self.durable.clone();
         sorted.sort_unstable_by(|a, b| b.cmp(a));
         let candidate = sorted[self.w - 1];
-        if candidate > self.confirmed {
+        if candidate > self.confirmed && candidate.epoch >= self.from_epoch {
             self.confirmed = candidate;
             return Some(candidate);
         }
@@ -99,6 +110,25 @@ impl QuorumTracker {
         }
         *slot = durable;
         Ok(self.recompute())
+    }
+}
+
+#[cfg(test)]
+mod epoch_tests {
+    use super::*;
+    use crate::bookmark::{Epoch, Sequence};
+
+    #[test]
+    fn copies_from_an_older_epoch_never_confirm_by_themselves() {
+        let b = |e, s| Bookmark::new(Epoch(e), Sequence(s));
+        let mut q = QuorumTracker::new(3, 2, b(1, 2))
+            .expect("quorum")
+            .confirming_from(Epoch(2));
+        assert_eq!(q.ack(FollowerId(0), b(1, 5)).expect("ack"), None);
+        assert_eq!(q.ack(FollowerId(1), b(1, 5)).expect("ack"), None);
+        assert_eq!(q.confirmed(), b(1, 2), "the adopted tail waits");
+        q.ack(FollowerId(0), b(2, 1)).expect("ack");
+        assert_eq!(q.ack(FollowerId(1), b(2, 1)).expect("ack"), Some(b(2, 1)));
     }
 }
 

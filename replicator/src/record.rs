@@ -4,7 +4,7 @@
 //! ```text
 //! record (big-endian)
 //!  0  magic        b"WRRC"                          4
-//!  4  version      u16 (1)                          2
+//!  4  version      u16 (2)                          2
 //!  6  flags        u16: bit 0 CONTINUED, others 0     2
 //!                  (CONTINUED: a chunk of a transaction whose
 //!                  last chunk follows; it commits nothing)
@@ -14,9 +14,16 @@
 //! 36  page_size    u32 (power of two, 512..=65536)  4
 //! 40  db_pages     u32: database size after commit  4
 //! 44  page_count   u32                              4
-//! 48  pages        page_count x (page_no u32, image[page_size])
+//! 48  prev_chain   the previous record's chain     16
+//! 64  chain        BLAKE3-128 of bytes 0..64 and   16   (see `chain`)
+//!                  the pages (80 .. total_len-4)
+//! 80  pages        page_count x (page_no u32, image[page_size])
 //!  .. crc32        u32 over bytes 0 .. total_len-4  4
 //! ```
+//!
+//! Version 1 (before the chain) had no chain fields and 48 header bytes; a
+//! log holding one is refused by name ([`legacy_v1_record_len`]), never
+//! mistaken for a torn tail.
 //!
 //! A transaction larger than [`CHUNK_PAGE_BYTES`] of page images travels as
 //! several records with consecutive bookmarks: every chunk but the last has
@@ -32,11 +39,15 @@
 //! slices of the input buffer: no copy.
 
 use crate::bookmark::Bookmark;
+use crate::chain::ChainHash;
 use bytes::{BufMut, Bytes, BytesMut};
 
 pub const MAGIC: [u8; 4] = *b"WRRC";
-pub const VERSION: u16 = 1;
-pub const HEADER_BYTES: usize = 48;
+pub const VERSION: u16 = 2;
+pub const HEADER_BYTES: usize = 80;
+const PREV_CHAIN_AT: usize = 48;
+const CHAIN_AT: usize = 64;
+const V1_HEADER_BYTES: u64 = 48;
 pub const CRC_BYTES: usize = 4;
 /// The largest page count one record may carry (512-byte pages filling
 /// [`MAX_RECORD_BYTES`]).
@@ -51,12 +62,19 @@ pub const CHUNK_PAGE_BYTES: u64 = 8 << 20;
 const LEGACY_MAX_PAGES: u32 = 262_144;
 const LEGACY_MAX_RECORD_BYTES: u64 = 1 << 30;
 
-/// The length of a whole, CRC-valid record at the start of `buf` that is
-/// over today's bounds but within those of an older walrelay: a log holding
-/// one must not be mistaken for a torn tail and cut.
-pub fn oversized_record_len(buf: &[u8]) -> Option<u64> {
-    let len = Record::peek_len_within(buf, LEGACY_MAX_PAGES, LEGACY_MAX_RECORD_BYTES).ok()?;
-    if len <= MAX_RECORD_BYTES || (buf.len() as u64) < len {
+/// The length of a whole, CRC-valid version 1 record at the start of
+/// `buf` (a log written before records carried their chain): such a log is
+/// refused by name rather than cut as a torn tail.
+pub fn legacy_v1_record_len(buf: &[u8]) -> Option<u64> {
+    if buf.len() < V1_HEADER_BYTES as usize || buf[..4] != MAGIC || buf[4..6] != [0, 1] {
+        return None;
+    }
+    let (page_size, count) = (be32(buf, 36), be32(buf, 44));
+    if !valid_page_size(page_size) || count > LEGACY_MAX_PAGES {
+        return None;
+    }
+    let len = V1_HEADER_BYTES + u64::from(count) * (4 + u64::from(page_size)) + CRC_BYTES as u64;
+    if len != u64::from(be32(buf, 8)) || len > LEGACY_MAX_RECORD_BYTES || (buf.len() as u64) < len {
         return None;
     }
     let len_usize = len as usize;
@@ -82,6 +100,9 @@ pub fn chunk_count(page_size: u32, page_count: usize) -> usize {
 pub struct Record {
     pub bookmark: Bookmark,
     pub previous: Bookmark,
+    /// The chain of the record before it ([`ChainHash::GENESIS`] for the
+    /// first record of a history); the record's own chain is computed.
+    pub prev_chain: ChainHash,
     pub page_size: u32,
     pub db_pages: u32,
     /// Strictly increasing page numbers, each image `page_size` bytes.
@@ -203,10 +224,14 @@ impl Record {
         b.put_u32(self.page_size);
         b.put_u32(self.db_pages);
         b.put_u32(self.pages.len() as u32);
+        b.put_slice(&self.prev_chain.to_bytes());
+        b.put_slice(&[0u8; ChainHash::BYTE_LEN]); // the chain, once known
         for (no, image) in &self.pages {
             b.put_u32(*no);
             b.put_slice(image);
         }
+        let chain = ChainHash::over(&[&b[..CHAIN_AT], &b[HEADER_BYTES..]]);
+        b[CHAIN_AT..HEADER_BYTES].copy_from_slice(&chain.to_bytes());
         let crc = crc32fast::hash(&b);
         b.put_u32(crc);
         debug_assert_eq!(b.len() as u64, total);
@@ -321,6 +346,7 @@ impl Record {
         let record = Record {
             bookmark: bookmark_at(buf, 12),
             previous: bookmark_at(buf, 24),
+            prev_chain: ChainHash::at(buf, PREV_CHAIN_AT),
             page_size,
             db_pages: be32(buf, 40),
             pages,
@@ -339,6 +365,9 @@ impl Record {
 pub struct Encoded {
     pub bookmark: Bookmark,
     pub previous: Bookmark,
+    /// The previous record's chain, and this record's.
+    pub prev_chain: ChainHash,
+    pub chain: ChainHash,
     /// Exactly one whole record, CRC checked.
     pub bytes: Bytes,
 }
@@ -354,6 +383,8 @@ impl Encoded {
             Encoded {
                 bookmark: bookmark_at(buf, 12),
                 previous: bookmark_at(buf, 24),
+                prev_chain: ChainHash::at(buf, PREV_CHAIN_AT),
+                chain: ChainHash::at(buf, CHAIN_AT),
                 bytes: buf.slice(..used),
             },
             used,
@@ -364,6 +395,16 @@ impl Encoded {
     /// when this was decoded or encoded).
     pub fn record(&self) -> Result<Record, RecordError> {
         Record::parse_checked(&self.bytes, self.bytes.len())
+    }
+
+    /// Whether the stored chain is the hash of what it covers (a full pass
+    /// over the record; the CRC already guards against damage, so this is
+    /// for audits and tests, not the hot path).
+    pub fn chain_is_valid(&self) -> bool {
+        let b = &self.bytes;
+        b.len() >= HEADER_BYTES + CRC_BYTES
+            && ChainHash::over(&[&b[..CHAIN_AT], &b[HEADER_BYTES..b.len() - CRC_BYTES]])
+                == self.chain
     }
 
     /// Whether a later chunk of the same transaction follows this record
@@ -383,11 +424,40 @@ impl Record {
     /// Encodes one chunk of a transaction; `continued` as in
     /// [`Record::encode_flagged`].
     pub fn to_encoded_chunk(&self, continued: bool) -> Result<Encoded, RecordError> {
+        let bytes = self.encode_flagged(continued)?;
         Ok(Encoded {
             bookmark: self.bookmark,
             previous: self.previous,
-            bytes: self.encode_flagged(continued)?,
+            prev_chain: self.prev_chain,
+            chain: ChainHash::at(&bytes, CHAIN_AT),
+            bytes,
         })
+    }
+}
+
+/// Test support: records that chain without each test tracking hashes.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    thread_local! {
+        static CHAINS: RefCell<HashMap<Bookmark, ChainHash>> = RefCell::new(HashMap::new());
+    }
+
+    /// The chain of the record last built at `at` by [`chained`] on this
+    /// thread (the genesis chain if none).
+    pub(crate) fn chain_at(at: Bookmark) -> ChainHash {
+        CHAINS.with(|m| m.borrow().get(&at).copied().unwrap_or(ChainHash::GENESIS))
+    }
+
+    /// `r` chained onto the record last built at its `previous`, encoded.
+    pub(crate) fn chained(mut r: Record, continued: bool) -> Encoded {
+        r.prev_chain = chain_at(r.previous);
+        let e = r.to_encoded_chunk(continued).expect("valid record");
+        CHAINS.with(|m| m.borrow_mut().insert(e.bookmark, e.chain));
+        e
     }
 }
 
@@ -400,6 +470,7 @@ mod tests {
         Record {
             bookmark: Bookmark::new(Epoch(1), Sequence(2)),
             previous: Bookmark::new(Epoch(1), Sequence(1)),
+            prev_chain: crate::chain::ChainHash::GENESIS,
             page_size: 512,
             db_pages: 10,
             pages: pages

@@ -30,7 +30,9 @@
 //! from the leader or a peer.
 
 use crate::bookmark::Bookmark;
-use crate::record::{Encoded, Record, RecordError};
+use crate::chain::ChainHash;
+use crate::history::History;
+use crate::record::{Encoded, RecordError};
 use bytes::Bytes;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -63,9 +65,11 @@ pub enum SegmentError {
     #[error("an earlier sync failed; reopen the log to recover")]
     Failed,
     #[error(
-        "{path} holds a valid record of {len} bytes, over this version's limit of {limit} bytes (an older walrelay wrote it); refusing to open rather than cut it"
+        "{path} holds a valid version 1 record of {len} bytes (an older walrelay wrote it, before records carried their chain); refusing to open rather than cut it"
     )]
-    OversizedRecord { path: PathBuf, len: u64, limit: u64 },
+    LegacyRecord { path: PathBuf, len: u64 },
+    #[error("record {bookmark} does not chain onto the log's last record")]
+    ChainMismatch { bookmark: Bookmark },
 }
 
 /// How `sync` does its I/O.
@@ -132,6 +136,7 @@ impl std::fmt::Debug for Pending {
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     bookmark: Bookmark,
+    chain: ChainHash,
     segment: u64,
     offset: u64,
     len: u64,
@@ -238,19 +243,20 @@ impl SegmentLog {
             let data = Bytes::from(std::fs::read(&path).map_err(io_at(&path))?);
             let mut at = 0usize;
             let mut last = log.last();
+            let mut last_chain = log.last_chain();
             loop {
                 let rest = data.slice(at..);
-                let ok = match Record::decode(&rest) {
-                    Ok((r, used)) if r.previous == last => Some((r.bookmark, used)),
+                let ok = match Encoded::decode(&rest) {
+                    Ok((r, used))
+                        if r.previous == last && last_chain.is_none_or(|c| c == r.prev_chain) =>
+                    {
+                        Some((r.bookmark, r.chain, used))
+                    }
                     _ => None,
                 };
-                let Some((bookmark, used)) = ok else {
-                    if let Some(len) = crate::record::oversized_record_len(&rest) {
-                        return Err(SegmentError::OversizedRecord {
-                            path,
-                            len,
-                            limit: crate::record::MAX_RECORD_BYTES,
-                        });
+                let Some((bookmark, chain, used)) = ok else {
+                    if let Some(len) = crate::record::legacy_v1_record_len(&rest) {
+                        return Err(SegmentError::LegacyRecord { path, len });
                     }
                     // Zero magic: the clean end. Anything else: a torn or
                     // corrupt tail, cut here.
@@ -266,11 +272,13 @@ impl SegmentLog {
                 };
                 log.entries.push(Entry {
                     bookmark,
+                    chain,
                     segment: index,
                     offset: at as u64,
                     len: used as u64,
                 });
                 last = bookmark;
+                last_chain = Some(chain);
                 rec.records += 1;
                 at += used;
             }
@@ -349,6 +357,48 @@ impl SegmentLog {
     /// The newest record's bookmark (or the base).
     pub fn last(&self) -> Bookmark {
         self.entries.last().map_or(self.base, |e| e.bookmark)
+    }
+
+    /// The newest record's chain; for an empty log, the genesis chain if
+    /// it starts at the beginning of history, None (not known) otherwise.
+    pub fn last_chain(&self) -> Option<ChainHash> {
+        match self.entries.last() {
+            Some(e) => Some(e.chain),
+            None if self.base == Bookmark::ZERO => Some(ChainHash::GENESIS),
+            None => None,
+        }
+    }
+
+    /// The chain of the record at `at` (the base's if it is the base and
+    /// known).
+    pub fn chain_at(&self, at: Bookmark) -> Option<ChainHash> {
+        if at == self.base {
+            return (at == Bookmark::ZERO).then_some(ChainHash::GENESIS);
+        }
+        let i = self
+            .entries
+            .binary_search_by(|e| e.bookmark.cmp(&at))
+            .ok()?;
+        Some(self.entries[i].chain)
+    }
+
+    /// The log's epoch history.
+    pub fn history(&self) -> History {
+        let mut h = History::new();
+        for e in &self.entries {
+            h.record(e.bookmark);
+        }
+        h
+    }
+
+    /// Cuts every record after `keep` (a bookmark the log holds, or its
+    /// base), durably: what was staged is written first, so nothing cut
+    /// comes back at the next sync. Returns the bytes cut.
+    pub fn truncate_after(&mut self, keep: Bookmark) -> Result<u64, SegmentError> {
+        self.sync()?;
+        let cut = self.cut_after(keep)?;
+        self.durable = self.durable.min(self.last());
+        Ok(cut)
     }
 
     /// The newest bookmark made durable by `sync`.
@@ -432,6 +482,11 @@ impl SegmentLog {
                 last: self.last(),
             });
         }
+        if self.last_chain().is_some_and(|c| c != r.prev_chain) {
+            return Err(SegmentError::ChainMismatch {
+                bookmark: r.bookmark,
+            });
+        }
         // A record larger than a segment gets a segment of its own: every
         // valid record fits somewhere (bounded by MAX_RECORD_BYTES).
         if self.current.is_none() || self.write_offset + len > self.current_bytes {
@@ -452,6 +507,7 @@ impl SegmentLog {
         });
         self.entries.push(Entry {
             bookmark: r.bookmark,
+            chain: r.chain,
             segment: index,
             offset: self.write_offset,
             len,
@@ -645,24 +701,28 @@ mod poison {
 mod tests {
     use super::*;
     use crate::bookmark::{Epoch, Sequence};
+    use crate::record::Record;
 
     fn b(s: u64) -> Bookmark {
         Bookmark::new(Epoch(1), Sequence(s))
     }
 
     fn rec(s: u64) -> Bytes {
-        Record {
-            bookmark: b(s),
-            previous: b(s - 1),
-            page_size: 512,
-            db_pages: 3,
-            pages: vec![
-                (1, Bytes::from(vec![s as u8; 512])),
-                (3, Bytes::from(vec![1u8; 512])),
-            ],
-        }
-        .encode()
-        .expect("encode")
+        crate::record::testing::chained(
+            Record {
+                bookmark: b(s),
+                previous: b(s - 1),
+                prev_chain: crate::chain::ChainHash::GENESIS,
+                page_size: 512,
+                db_pages: 3,
+                pages: vec![
+                    (1, Bytes::from(vec![s as u8; 512])),
+                    (3, Bytes::from(vec![1u8; 512])),
+                ],
+            },
+            false,
+        )
+        .bytes
     }
 
     const SEG: u64 = 4 * 1024; // about three records a segment
@@ -694,13 +754,13 @@ mod tests {
     }
 
     #[test]
-    fn a_log_holding_a_record_over_todays_bound_is_refused_not_cut() {
-        // What an older walrelay could write: a valid record of 20 MiB.
-        let (page_size, pages) = (65_536u32, 320u32);
-        let total = crate::record::encoded_len(page_size, pages) as usize;
+    fn a_log_holding_a_version_1_record_is_refused_not_cut() {
+        // What an older walrelay wrote: a valid record without chain fields.
+        let (page_size, pages) = (512u32, 2u32);
+        let total = 48 + pages as usize * (4 + page_size as usize) + 4;
         let mut raw = Vec::with_capacity(total);
         raw.extend_from_slice(&crate::record::MAGIC);
-        raw.extend_from_slice(&crate::record::VERSION.to_be_bytes());
+        raw.extend_from_slice(&1u16.to_be_bytes());
         raw.extend_from_slice(&0u16.to_be_bytes());
         raw.extend_from_slice(&(total as u32).to_be_bytes());
         raw.extend_from_slice(&b(1).to_bytes());
@@ -719,13 +779,53 @@ mod tests {
         let path = SegmentLog::segment_path(dir.path(), 0);
         std::fs::write(&path, &raw).expect("write segment");
         match SegmentLog::open_with(dir.path(), SEG, b(0), IoBackend::Std) {
-            Err(SegmentError::OversizedRecord { len, .. }) => assert_eq!(len, total as u64),
+            Err(SegmentError::LegacyRecord { len, .. }) => assert_eq!(len, total as u64),
             Err(e) => panic!("another error: {e}"),
-            Ok(_) => panic!("opened (and so cut) a log with an oversized record"),
+            Ok(_) => panic!("opened (and so cut) a log with a version 1 record"),
         }
         assert!(
             std::fs::read(&path).expect("read") == raw,
             "the segment is untouched"
+        );
+    }
+
+    #[test]
+    fn a_record_that_does_not_chain_is_refused_and_a_cut_suffix_stays_cut() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (mut log, _) = open(dir.path(), IoBackend::Std);
+        for s in 1..=4 {
+            log.append(&rec(s)).expect("append");
+        }
+        log.sync().expect("sync");
+        let stranger = Record {
+            bookmark: b(5),
+            previous: b(4),
+            prev_chain: crate::chain::ChainHash::over(&[b"another history"]),
+            page_size: 512,
+            db_pages: 1,
+            pages: vec![(1, Bytes::from(vec![0u8; 512]))],
+        }
+        .encode()
+        .expect("encode");
+        assert!(matches!(
+            log.append(&stranger),
+            Err(SegmentError::ChainMismatch { .. })
+        ));
+        let before = log.history();
+        log.append(&rec(5)).expect("append");
+        assert!(log.truncate_after(b(2)).expect("cut") > 0);
+        assert_eq!((log.last(), log.durable()), (b(2), b(2)));
+        assert_eq!(
+            log.chain_at(b(2)),
+            Some(crate::record::testing::chain_at(b(2)))
+        );
+        assert_ne!(log.history(), before);
+        drop(log);
+        let (log, _) = open(dir.path(), IoBackend::Std);
+        assert_eq!(log.last(), b(2), "the cut survives a reopen");
+        assert_eq!(
+            log.last_chain(),
+            Some(crate::record::testing::chain_at(b(2)))
         );
     }
 
@@ -735,17 +835,20 @@ mod tests {
             let dir = tempfile::tempdir().expect("tmp");
             let (mut log, _) = open(dir.path(), backend);
             log.append(&rec(1)).expect("append");
-            let big = Record {
-                bookmark: b(2),
-                previous: b(1),
-                page_size: 4096,
-                db_pages: 4,
-                pages: (1..=4)
-                    .map(|n| (n, Bytes::from(vec![n as u8; 4096])))
-                    .collect(),
-            }
-            .encode()
-            .expect("encode");
+            let big = crate::record::testing::chained(
+                Record {
+                    bookmark: b(2),
+                    previous: b(1),
+                    prev_chain: crate::chain::ChainHash::GENESIS,
+                    page_size: 4096,
+                    db_pages: 4,
+                    pages: (1..=4)
+                        .map(|n| (n, Bytes::from(vec![n as u8; 4096])))
+                        .collect(),
+                },
+                false,
+            )
+            .bytes;
             assert!(big.len() as u64 > SEG);
             log.append(&big).expect("an oversized record is stored");
             log.append(&rec(3)).expect("and the log goes on");

@@ -104,7 +104,14 @@ impl Subscriber {
                         database: self.database,
                         epoch: self.confirmed.epoch,
                         role: Role::Replica,
+                        node: crate::ids::NodeId::NONE,
                         last_durable: self.confirmed,
+                        // A replica keeps no chains: the leader places it
+                        // by its confirmed bookmark, which every later
+                        // history holds.
+                        last_chain: crate::chain::ChainHash::GENESIS,
+                        confirmed: self.confirmed,
+                        history: crate::history::History::new(),
                     },
                     Source::Follower => {
                         self.catch_up_from = self.confirmed;
@@ -174,6 +181,7 @@ mod tests {
         Record {
             bookmark: b(s),
             previous: b(s - 1),
+            prev_chain: crate::chain::ChainHash::GENESIS,
             page_size: 512,
             db_pages: 1,
             pages: vec![(1, Bytes::from(vec![s as u8; 512]))],

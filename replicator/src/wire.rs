@@ -4,14 +4,19 @@
 //! ```text
 //! frame (big-endian)
 //!  0  length   u32: bytes after this field (kind byte onwards + version)
-//!  4  version  u8 (1)
+//!  4  version  u8 (2)
 //!  5  kind     u8
 //!  6  body     length - 2 bytes, by kind:
 //!
 //!  1 Handshake   database u64, epoch u32, role u8 (1 leader, 2 follower,
-//!                3 replica), last_durable bookmark (12)          = 25
+//!                3 replica), node u64 (a leader's id; 0 otherwise),
+//!                last_durable bookmark (12), its chain (16), confirmed
+//!                bookmark (12: the newest the sender knows confirmed),
+//!                runs u16, runs x (epoch u32, last sequence u64)
+//!                                                        = 63 + 12 x runs
+//!                (a follower's epoch history; 0 runs from anyone else)
 //!  2 Append      one log record (see `record`), its own length inside
-//!  3 Ack         durable bookmark (12)                           = 12
+//!  3 Ack         durable bookmark (12), its chain (16)           = 28
 //!  4 Confirm     confirmed bookmark (12), confirmed_us u64: the
 //!                leader's wall clock when it was confirmed        = 20
 //!  5 CatchUp     from bookmark (12): send every record after it  = 12
@@ -20,7 +25,14 @@
 //!  8 Refuse      epoch u32 (the receiver's), reason u8 (1 stale epoch,
 //!                2 wrong database, 3 gap, 4 behind, 5 diverged,
 //!                6 not introduced)                                = 5
+//!  9 Truncate    runs u16, runs x (epoch u32, last sequence u64):
+//!                the leader's epoch history; the follower cuts its
+//!                log where it leaves it               = 2 + 12 x runs
 //! ```
+//!
+//! Version 2 added the node id, chain and history to the handshake, the
+//! chain to the ack, and Truncate; a version 1 peer is refused as
+//! unsupported rather than half understood.
 //!
 //! A frame's length is checked against [`MAX_FRAME_BYTES`] before anything
 //! is allocated; fixed-size bodies must have exactly their size. An Append's
@@ -30,12 +42,14 @@
 //! frame and a tag follows every frame; both formats live in
 //! [`crate::net::auth`].
 
-use crate::bookmark::{Bookmark, Epoch};
-use crate::ids::DatabaseId;
+use crate::bookmark::{Bookmark, Epoch, Sequence};
+use crate::chain::ChainHash;
+use crate::history::{History, MAX_RUNS};
+use crate::ids::{DatabaseId, NodeId};
 use crate::record::{Encoded, MAX_RECORD_BYTES, RecordError, be32, bookmark_at};
 use bytes::{BufMut, Bytes, BytesMut};
 
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Length prefix + version + kind.
 pub const FRAME_HEADER_BYTES: usize = 6;
 /// The largest frame: one maximal record plus the frame header.
@@ -71,15 +85,25 @@ pub enum RefuseReason {
 /// One protocol message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
+    /// From a leader: a claim on `epoch` (a follower persists its promise
+    /// of that epoch to `node` before answering). From a follower: the
+    /// promise, with where its log ends and its epoch history.
     Handshake {
         database: DatabaseId,
         epoch: Epoch,
         role: Role,
+        node: NodeId,
         last_durable: Bookmark,
+        last_chain: ChainHash,
+        /// The newest bookmark the sender knows was confirmed (a new
+        /// leader starts its tail there).
+        confirmed: Bookmark,
+        history: History,
     },
     Append(Encoded),
     Ack {
         durable: Bookmark,
+        chain: ChainHash,
     },
     Confirm {
         confirmed: Bookmark,
@@ -102,6 +126,10 @@ pub enum Message {
     Refuse {
         epoch: Epoch,
         reason: RefuseReason,
+    },
+    /// The leader's history, to a follower whose log left it.
+    Truncate {
+        history: History,
     },
 }
 
@@ -127,6 +155,8 @@ pub enum WireError {
     Record(#[from] RecordError),
     #[error("append frame length {frame} does not match its record's {record}")]
     RecordLength { frame: u64, record: u64 },
+    #[error("an epoch history of {0} runs is over the limit or out of order")]
+    History(usize),
 }
 
 const HANDSHAKE: u8 = 1;
@@ -137,6 +167,30 @@ const CATCH_UP: u8 = 5;
 const CATCH_UP_DONE: u8 = 6;
 const HEARTBEAT: u8 = 7;
 const REFUSE: u8 = 8;
+const TRUNCATE: u8 = 9;
+
+fn put_history(body: &mut Vec<u8>, history: &History) {
+    let runs = history.runs();
+    // Sent newest first if over the bound: the oldest runs matter least.
+    let runs = &runs[runs.len().saturating_sub(MAX_RUNS)..];
+    body.extend_from_slice(&(runs.len() as u16).to_be_bytes());
+    for (e, s) in runs {
+        body.extend_from_slice(&e.0.to_be_bytes());
+        body.extend_from_slice(&s.0.to_be_bytes());
+    }
+}
+
+/// A history of `count` runs at `at`; the caller checked the body holds
+/// exactly them.
+fn history_at(body: &[u8], at: usize, count: usize) -> Result<History, WireError> {
+    let runs = (0..count)
+        .map(|i| {
+            let o = at + 12 * i;
+            (Epoch(be32(body, o)), Sequence(be64(body, o + 4)))
+        })
+        .collect();
+    History::from_runs(runs).ok_or(WireError::History(count))
+}
 
 fn be64(b: &[u8], at: usize) -> u64 {
     let mut raw = [0u8; 8];
@@ -161,9 +215,13 @@ impl Message {
                 database,
                 epoch,
                 role,
+                node,
                 last_durable,
+                last_chain,
+                confirmed,
+                history,
             } => {
-                let mut body = Vec::with_capacity(25);
+                let mut body = Vec::with_capacity(63 + 12 * history.runs().len());
                 body.extend_from_slice(&database.0.to_be_bytes());
                 body.extend_from_slice(&epoch.0.to_be_bytes());
                 body.push(match role {
@@ -171,7 +229,11 @@ impl Message {
                     Role::Follower => 2,
                     Role::Replica => 3,
                 });
+                body.extend_from_slice(&node.0.to_be_bytes());
                 body.extend_from_slice(&last_durable.to_bytes());
+                body.extend_from_slice(&last_chain.to_bytes());
+                body.extend_from_slice(&confirmed.to_bytes());
+                put_history(&mut body, history);
                 kind_and_body(&mut b, HANDSHAKE, &body);
             }
             Message::Append(record) => {
@@ -181,7 +243,16 @@ impl Message {
                 out.put_slice(&rec);
                 return Ok(out.freeze());
             }
-            Message::Ack { durable } => kind_and_body(&mut b, ACK, &durable.to_bytes()),
+            Message::Ack { durable, chain } => {
+                let mut body = durable.to_bytes().to_vec();
+                body.extend_from_slice(&chain.to_bytes());
+                kind_and_body(&mut b, ACK, &body);
+            }
+            Message::Truncate { history } => {
+                let mut body = Vec::new();
+                put_history(&mut body, history);
+                kind_and_body(&mut b, TRUNCATE, &body);
+            }
             Message::Confirm {
                 confirmed,
                 confirmed_us,
@@ -237,7 +308,7 @@ impl Message {
             return Err(WireError::UnsupportedVersion(version));
         }
         let kind = buf[5];
-        if !(HANDSHAKE..=REFUSE).contains(&kind) {
+        if !(HANDSHAKE..=TRUNCATE).contains(&kind) {
             return Err(WireError::UnknownKind(kind));
         }
         let total = (4 + len) as usize;
@@ -268,7 +339,11 @@ impl Message {
         };
         let msg = match kind {
             HANDSHAKE => {
-                fixed(25)?;
+                if body.len() < 63 {
+                    fixed(63)?;
+                }
+                let runs = usize::from(u16::from_be_bytes([body[61], body[62]]));
+                fixed(63 + 12 * runs)?;
                 let role = match body[12] {
                     1 => Role::Leader,
                     2 => Role::Follower,
@@ -279,7 +354,21 @@ impl Message {
                     database: DatabaseId(be64(&body, 0)),
                     epoch: Epoch(be32(&body, 8)),
                     role,
-                    last_durable: bookmark_at(&body, 13),
+                    node: NodeId(be64(&body, 13)),
+                    last_durable: bookmark_at(&body, 21),
+                    last_chain: ChainHash::at(&body, 33),
+                    confirmed: bookmark_at(&body, 49),
+                    history: history_at(&body, 63, runs)?,
+                }
+            }
+            TRUNCATE => {
+                if body.len() < 2 {
+                    fixed(2)?;
+                }
+                let runs = usize::from(u16::from_be_bytes([body[0], body[1]]));
+                fixed(2 + 12 * runs)?;
+                Message::Truncate {
+                    history: history_at(&body, 2, runs)?,
                 }
             }
             APPEND => {
@@ -293,9 +382,10 @@ impl Message {
                 Message::Append(record)
             }
             ACK => {
-                fixed(12)?;
+                fixed(28)?;
                 Message::Ack {
                     durable: bookmark_at(&body, 0),
+                    chain: ChainHash::at(&body, 12),
                 }
             }
             CONFIRM => {
@@ -384,6 +474,10 @@ mod tests {
         std::fs::write(dir.join("stream_all_kinds"), &stream).expect("write seed");
     }
 
+    fn runs() -> History {
+        History::from_runs(vec![(Epoch(1), Sequence(5)), (Epoch(3), Sequence(9))]).expect("runs")
+    }
+
     fn all() -> Vec<Message> {
         vec![
             Message::Handshake {
@@ -391,11 +485,16 @@ mod tests {
                 epoch: Epoch(3),
                 role: Role::Follower,
                 last_durable: b(3, 9),
+                node: crate::ids::NodeId(0x0102_0304_0506_0708),
+                last_chain: crate::chain::ChainHash::over(&[b"x"]),
+                confirmed: b(3, 7),
+                history: runs(),
             },
             Message::Append(
                 crate::record::Record {
                     bookmark: b(3, 10),
                     previous: b(3, 9),
+                    prev_chain: crate::chain::ChainHash::GENESIS,
                     page_size: 512,
                     db_pages: 2,
                     pages: vec![(2, Bytes::from(vec![7u8; 512]))],
@@ -403,7 +502,10 @@ mod tests {
                 .to_encoded()
                 .expect("valid record"),
             ),
-            Message::Ack { durable: b(3, 10) },
+            Message::Ack {
+                durable: b(3, 10),
+                chain: crate::chain::ChainHash::GENESIS,
+            },
             Message::Confirm {
                 confirmed: b(3, 10),
                 confirmed_us: 1_700_000_000_000_000,
@@ -419,6 +521,7 @@ mod tests {
                 epoch: Epoch(4),
                 reason: RefuseReason::StaleEpoch,
             },
+            Message::Truncate { history: runs() },
         ]
     }
 
@@ -453,10 +556,13 @@ mod tests {
 
     #[test]
     fn corrupt_frames_are_typed_errors() {
-        let ack = Message::Ack { durable: b(1, 1) }
-            .encode()
-            .expect("encode")
-            .to_vec();
+        let ack = Message::Ack {
+            durable: b(1, 1),
+            chain: crate::chain::ChainHash::GENESIS,
+        }
+        .encode()
+        .expect("encode")
+        .to_vec();
         let mut bad = ack.clone();
         bad[4] = 9;
         assert_eq!(

@@ -10,7 +10,9 @@ use walrelay_replicator::net::Backend;
 use walrelay_replicator::node::follower::{FollowerNode, FollowerNodeConfig};
 use walrelay_replicator::node::leader::{LeaderNode, LeaderNodeConfig};
 use walrelay_replicator::node::replica::{Applier, ReplicaNode, ReplicaNodeConfig};
-use walrelay_replicator::{Bookmark, ClusterKey, DatabaseId, Encoded, Epoch, Record, Sequence};
+use walrelay_replicator::{
+    Bookmark, ChainHash, ClusterKey, DatabaseId, Encoded, Epoch, History, NodeId, Record, Sequence,
+};
 
 const DB: DatabaseId = DatabaseId(5);
 
@@ -22,16 +24,26 @@ fn b(s: u64) -> Bookmark {
     Bookmark::new(Epoch(1), Sequence(s))
 }
 
+/// Record `s` of epoch 1, chained onto record `s - 1` (built once).
 fn record(s: u64) -> Encoded {
-    Record {
-        bookmark: b(s),
-        previous: if s == 1 { Bookmark::ZERO } else { b(s - 1) },
-        page_size: 4096,
-        db_pages: 2,
-        pages: vec![(2, Bytes::from(vec![s as u8; 4096]))],
+    static BUILT: std::sync::Mutex<Vec<Encoded>> = std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT.lock().expect("lock");
+    while built.len() < s as usize {
+        let n = built.len() as u64 + 1;
+        let prev_chain = built.last().map_or(ChainHash::GENESIS, |r| r.chain);
+        let r = Record {
+            bookmark: b(n),
+            previous: if n == 1 { Bookmark::ZERO } else { b(n - 1) },
+            prev_chain,
+            page_size: 4096,
+            db_pages: 2,
+            pages: vec![(2, Bytes::from(vec![n as u8; 4096]))],
+        }
+        .to_encoded()
+        .expect("valid");
+        built.push(r);
     }
-    .to_encoded()
-    .expect("valid")
+    built[s as usize - 1].clone()
 }
 
 #[derive(Default)]
@@ -97,7 +109,11 @@ fn three_of_five_reach_the_replica(backend: Backend) {
     let leader = LeaderNode::start(LeaderNodeConfig {
         database: DB,
         epoch: Epoch(1),
+        node: NodeId(1),
         start: Bookmark::ZERO,
+        start_chain: ChainHash::GENESIS,
+        adopted: Vec::new(),
+        history: History::new(),
         followers: followers.iter().map(|f| f.addr()).collect(),
         write_quorum: 3,
         listen: Some("127.0.0.1:0".parse().expect("addr")),
@@ -172,7 +188,11 @@ fn peers_behind_the_leaders_tail_catch_up_from_followers_then_stream_skipping_a_
     let leader = LeaderNode::start(LeaderNodeConfig {
         database: DB,
         epoch: Epoch(1),
+        node: NodeId(1),
         start: Bookmark::ZERO,
+        start_chain: ChainHash::GENESIS,
+        adopted: Vec::new(),
+        history: History::new(),
         followers: addrs.clone(),
         write_quorum: 3,
         listen: Some("127.0.0.1:0".parse().expect("addr")),

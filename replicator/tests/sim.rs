@@ -18,10 +18,18 @@ use bytes::Bytes;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::VecDeque;
+use walrelay_replicator::epoch_file::Promise;
+use walrelay_replicator::follower::LogEnd;
 use walrelay_replicator::{
-    Bookmark, CloseReason, DatabaseId, Encoded, Epoch, Follower, FollowerAction, FollowerEvent,
-    Leader, LeaderAction, LeaderConfig, LeaderEvent, Message, PeerId, Record, Sequence, Source,
-    Subscriber, SubscriberAction, SubscriberEvent,
+    Bookmark, ChainHash, CloseReason, DatabaseId, Encoded, Epoch, Follower, FollowerAction,
+    FollowerEvent, History, Leader, LeaderAction, LeaderConfig, LeaderEvent, Message, NodeId,
+    PeerId, Record, Sequence, Source, Subscriber, SubscriberAction, SubscriberEvent,
+};
+
+/// What every follower promised the one leader.
+const PROMISED: Promise = Promise {
+    epoch: Epoch(1),
+    leader: NodeId(1),
 };
 
 const DB: DatabaseId = DatabaseId(42);
@@ -36,10 +44,11 @@ fn b(s: u64) -> Bookmark {
     Bookmark::new(Epoch(1), Sequence(s))
 }
 
-fn record(s: u64) -> Encoded {
+fn record(s: u64, prev_chain: ChainHash) -> Encoded {
     Record {
         bookmark: b(s),
         previous: b(s - 1),
+        prev_chain,
         page_size: 512,
         db_pages: 1,
         pages: vec![(1, Bytes::from(vec![s as u8; 512]))],
@@ -68,6 +77,26 @@ impl SimFollower {
         self.log[..self.durable_len]
             .last()
             .map_or(b(0), |r| r.bookmark)
+    }
+
+    /// A core restarted from the durable log.
+    fn restarted(&self, promise: Promise) -> Follower {
+        let held = &self.log[..self.durable_len];
+        let end = held.last().map_or(
+            LogEnd {
+                last: b(0),
+                chain: ChainHash::GENESIS,
+            },
+            |r| LogEnd {
+                last: r.bookmark,
+                chain: r.chain,
+            },
+        );
+        let mut history = History::new();
+        for r in held {
+            history.record(r.bookmark);
+        }
+        Follower::new(DB, promise, end, history)
     }
 }
 
@@ -110,16 +139,28 @@ impl Sim {
         let leader = Leader::new(LeaderConfig {
             database: DB,
             epoch: Epoch(1),
+            node: NodeId(1),
             followers: N,
             write_quorum: W,
             start: b(0),
+            start_chain: ChainHash::GENESIS,
+            adopted: Vec::new(),
+            history: History::new(),
             tail_limit_bytes: 1 << 20,
             heartbeat_interval_us: 1_000,
         })
         .expect("leader");
         let followers = (0..N)
             .map(|_| SimFollower {
-                core: Follower::new(DB, Epoch(1), b(0)),
+                core: Follower::new(
+                    DB,
+                    PROMISED,
+                    LogEnd {
+                        last: b(0),
+                        chain: ChainHash::GENESIS,
+                    },
+                    History::new(),
+                ),
                 log: Vec::new(),
                 durable_len: 0,
                 up: true,
@@ -219,7 +260,8 @@ impl Sim {
         for a in actions {
             let f = &mut self.followers[i];
             match a {
-                FollowerAction::PersistEpoch(_) => {}
+                FollowerAction::PersistPromise(_) => {}
+                FollowerAction::Truncate { .. } => panic!("a cut with one leader"),
                 FollowerAction::Append(r) => {
                     assert_eq!(
                         r.previous,
@@ -453,7 +495,8 @@ impl Sim {
         match choice {
             0..25 => {
                 let s = self.issued.len() as u64 + 1;
-                let r = record(s);
+                let prev_chain = self.issued.last().map_or(ChainHash::GENESIS, |r| r.chain);
+                let r = record(s, prev_chain);
                 self.issued.push(r.clone());
                 let a = self.leader.committed(r).expect("in order");
                 self.leader_actions(a);
@@ -550,7 +593,7 @@ impl Sim {
                 if !self.followers[i].up {
                     let f = &mut self.followers[i];
                     f.up = true;
-                    f.core = Follower::new(DB, Epoch(1), f.durable());
+                    f.core = f.restarted(PROMISED);
                     self.connect_follower(i);
                 }
             }
@@ -576,7 +619,7 @@ impl Sim {
             if !self.followers[i].up {
                 let f = &mut self.followers[i];
                 f.up = true;
-                f.core = Follower::new(DB, Epoch(1), f.durable());
+                f.core = f.restarted(PROMISED);
                 self.connect_follower(i);
             }
         }
@@ -640,6 +683,7 @@ fn kind(m: &Message) -> &'static str {
         Message::CatchUpDone { .. } => "catch-up-done",
         Message::Heartbeat { .. } => "heartbeat",
         Message::Refuse { .. } => "refuse",
+        Message::Truncate { .. } => "truncate",
     }
 }
 

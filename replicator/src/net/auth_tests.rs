@@ -24,6 +24,7 @@ fn local() -> SocketAddr {
 fn ack(s: u64) -> Message {
     Message::Ack {
         durable: Bookmark::new(Epoch(1), Sequence(s)),
+        chain: crate::chain::ChainHash::GENESIS,
     }
 }
 
@@ -326,6 +327,7 @@ fn same_key_peers_exchange_messages_and_appends_on_both_transports() {
             let record = crate::record::Record {
                 bookmark: Bookmark::new(Epoch(1), Sequence(1)),
                 previous: Bookmark::ZERO,
+                prev_chain: crate::chain::ChainHash::GENESIS,
                 page_size: 4096,
                 db_pages: 2,
                 pages: vec![(2, bytes::Bytes::from(vec![9u8; 4096]))],
@@ -368,6 +370,10 @@ fn an_unauthenticated_dialer_gets_nothing_through_on_both_transports() {
             epoch: Epoch(u32::MAX),
             role: Role::Leader,
             last_durable: Bookmark::ZERO,
+            node: crate::ids::NodeId(1),
+            last_chain: crate::chain::ChainHash::GENESIS,
+            confirmed: Bookmark::ZERO,
+            history: crate::history::History::new(),
         };
         let mut bytes = handshake.encode().expect("encode").to_vec();
         bytes.extend_from_slice(&ack(1).encode().expect("encode"));

@@ -384,6 +384,7 @@ mod tests {
             let record = Record {
                 bookmark: b(s),
                 previous: b(s - 1),
+                prev_chain: crate::chain::ChainHash::GENESIS,
                 page_size: 64 * 1024,
                 db_pages: 3,
                 pages: vec![(2, page.clone())],
@@ -414,15 +415,25 @@ mod tests {
             let record = Record {
                 bookmark: b(s),
                 previous: b(s - 1),
+                prev_chain: crate::chain::ChainHash::GENESIS,
                 page_size: 4096,
                 db_pages: 3,
                 pages: vec![(2, Bytes::from(vec![s as u8; 4096]))],
             };
             let m = Message::Append(record.to_encoded().expect("encode"));
             client.send(conn, &m);
-            client.send(conn, &Message::Ack { durable: b(s) });
+            client.send(
+                conn,
+                &Message::Ack {
+                    durable: b(s),
+                    chain: crate::chain::ChainHash::GENESIS,
+                },
+            );
             sent.push(m);
-            sent.push(Message::Ack { durable: b(s) });
+            sent.push(Message::Ack {
+                durable: b(s),
+                chain: crate::chain::ChainHash::GENESIS,
+            });
         }
         for want in sent {
             let (_, got) = rx.recv().expect("message");

@@ -1034,15 +1034,25 @@ mod tests {
             let record = Record {
                 bookmark: b(s),
                 previous: b(s - 1),
+                prev_chain: crate::chain::ChainHash::GENESIS,
                 page_size: 4096,
                 db_pages: 3,
                 pages: vec![(2, Bytes::from(vec![s as u8; 4096]))],
             };
             let m = Message::Append(record.to_encoded().expect("encode"));
             client.send(conn, &m);
-            client.send(conn, &Message::Ack { durable: b(s) });
+            client.send(
+                conn,
+                &Message::Ack {
+                    durable: b(s),
+                    chain: crate::chain::ChainHash::GENESIS,
+                },
+            );
             sent.push(m);
-            sent.push(Message::Ack { durable: b(s) });
+            sent.push(Message::Ack {
+                durable: b(s),
+                chain: crate::chain::ChainHash::GENESIS,
+            });
         }
         let me = std::thread::current().id();
         for want in sent {
@@ -1127,7 +1137,13 @@ mod tests {
         drop(peer);
         assert_eq!(next(&rx), Ev::Closed(conn, None));
         // Sending to and closing a gone connection reports nothing more.
-        server.send(conn, &Message::Ack { durable: b(1) });
+        server.send(
+            conn,
+            &Message::Ack {
+                durable: b(1),
+                chain: crate::chain::ChainHash::GENESIS,
+            },
+        );
         server.close(conn);
         assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
     }
@@ -1149,16 +1165,31 @@ mod tests {
             panic!("not accepted");
         };
         for s in 1..=50 {
-            client.send(conn, &Message::Ack { durable: b(s) });
+            client.send(
+                conn,
+                &Message::Ack {
+                    durable: b(s),
+                    chain: crate::chain::ChainHash::GENESIS,
+                },
+            );
         }
         client.close(conn);
-        client.send(conn, &Message::Ack { durable: b(99) }); // after close: dropped
+        client.send(
+            conn,
+            &Message::Ack {
+                durable: b(99),
+                chain: crate::chain::ChainHash::GENESIS,
+            },
+        ); // after close: dropped
         let me = std::thread::current().id();
         let (thread, ev) = client_rx.recv_timeout(WAIT).expect("closed");
         assert_ne!(thread, me, "closed reported on the caller's thread");
         assert_eq!(ev, Ev::Closed(conn, None));
         for s in 1..=50 {
-            let want = Message::Ack { durable: b(s) };
+            let want = Message::Ack {
+                durable: b(s),
+                chain: crate::chain::ChainHash::GENESIS,
+            };
             assert_eq!(next(&server_rx), Ev::Message(at_server, want));
         }
         assert_eq!(next(&server_rx), Ev::Closed(at_server, None));
@@ -1194,6 +1225,7 @@ mod tests {
             let record = Record {
                 bookmark: b(s),
                 previous: b(s - 1),
+                prev_chain: crate::chain::ChainHash::GENESIS,
                 page_size: 64 * 1024,
                 db_pages: 3,
                 pages: vec![(2, page.clone())],

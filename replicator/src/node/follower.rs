@@ -8,8 +8,9 @@
 
 use super::NodeError;
 use crate::bookmark::Bookmark;
+use crate::chain::ChainHash;
 use crate::epoch_file;
-use crate::follower::{Follower, FollowerAction, FollowerEvent};
+use crate::follower::{Follower, FollowerAction, FollowerEvent, LogEnd};
 use crate::ids::DatabaseId;
 use crate::leader::PeerId;
 use crate::net::{Backend, ClusterKey, ConnId, NetHandler, Transport};
@@ -84,17 +85,22 @@ impl FollowerNode {
     /// Recovers the log (cutting a torn or corrupt tail), then listens.
     pub fn start(config: FollowerNodeConfig) -> Result<FollowerNode, NodeError> {
         std::fs::create_dir_all(&config.dir).map_err(|e| NodeError::Io(e.to_string()))?;
-        let epoch = epoch_file::load(&config.dir).map_err(|e| NodeError::Storage(e.to_string()))?;
+        let promise =
+            epoch_file::load(&config.dir).map_err(|e| NodeError::Storage(e.to_string()))?;
         let (log, recovery) = SegmentLog::open(
             &config.dir.join("log"),
             config.segment_bytes,
             Bookmark::ZERO,
         )
         .map_err(|e| NodeError::Storage(e.to_string()))?;
-        let last = log.last();
+        let end = LogEnd {
+            last: log.last(),
+            chain: log.last_chain().unwrap_or(ChainHash::GENESIS),
+        };
+        let history = log.history();
         let state = Arc::new(State {
             core: Mutex::new(Core {
-                follower: Follower::new(config.database, epoch, last),
+                follower: Follower::new(config.database, promise, end, history),
                 log,
                 sync_requested: false,
                 next_peer: 0,
@@ -192,14 +198,37 @@ impl State {
     fn run(&self, core: &mut Core, actions: Vec<FollowerAction>) {
         for action in actions {
             match action {
-                FollowerAction::PersistEpoch(e) => {
-                    tracing::info!(epoch = e.0, "follower accepts a new leader epoch");
-                    if let Err(err) = epoch_file::store(&self.config.dir, e) {
-                        tracing::error!(epoch = e.0, %err, "follower could not persist its epoch");
+                FollowerAction::PersistPromise(p) => {
+                    tracing::info!(
+                        epoch = p.epoch.0,
+                        leader = %p.leader,
+                        "follower promises a new epoch to a leader"
+                    );
+                    if let Err(err) = epoch_file::store(&self.config.dir, p) {
+                        tracing::error!(epoch = p.epoch.0, %err, "follower could not persist its promise");
                         core.broken = Some(err.to_string());
                         return;
                     }
                 }
+                FollowerAction::Truncate { after } => match core.log.truncate_after(after) {
+                    Ok(cut) => {
+                        tracing::warn!(after = %after, cut_bytes = cut, "follower cut a diverged suffix");
+                        let end = LogEnd {
+                            last: core.log.last(),
+                            chain: core.log.last_chain().unwrap_or(ChainHash::GENESIS),
+                        };
+                        let more = core.follower.handle(FollowerEvent::Truncated {
+                            last: end.last,
+                            chain: end.chain,
+                        });
+                        self.run(core, more);
+                    }
+                    Err(err) => {
+                        tracing::error!(%err, "follower could not cut its log");
+                        core.broken = Some(err.to_string());
+                        return;
+                    }
+                },
                 FollowerAction::Append(record) => {
                     if let Err(err) = core.log.append_encoded(&record) {
                         core.broken = Some(err.to_string());

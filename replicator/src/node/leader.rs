@@ -9,7 +9,9 @@
 
 use super::NodeError;
 use crate::bookmark::{Bookmark, Epoch};
-use crate::ids::DatabaseId;
+use crate::chain::ChainHash;
+use crate::history::History;
+use crate::ids::{DatabaseId, NodeId};
 use crate::leader::{Leader, LeaderAction, LeaderConfig, LeaderError, LeaderEvent, PeerId};
 use crate::net::{Backend, ClusterKey, ConnId, NetHandler, Transport};
 use crate::record::Encoded;
@@ -25,9 +27,16 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone)]
 pub struct LeaderNodeConfig {
     pub database: DatabaseId,
+    /// The epoch this node won (see [`super::candidate`]).
     pub epoch: Epoch,
-    /// The last record before this leader's first (already confirmed).
+    pub node: NodeId,
+    /// A confirmed position, its chain, the adopted records after it and
+    /// the epoch history to their end: what the election found
+    /// ([`crate::leader::LeaderConfig`]).
     pub start: Bookmark,
+    pub start_chain: ChainHash,
+    pub adopted: Vec<Encoded>,
+    pub history: History,
     /// The N durability followers, in a fixed order.
     pub followers: Vec<SocketAddr>,
     pub write_quorum: usize,
@@ -112,9 +121,13 @@ impl LeaderNode {
         let leader = Leader::new(LeaderConfig {
             database: config.database,
             epoch: config.epoch,
+            node: config.node,
             followers: n,
             write_quorum: config.write_quorum,
             start: config.start,
+            start_chain: config.start_chain,
+            adopted: config.adopted.clone(),
+            history: config.history.clone(),
             tail_limit_bytes: config.tail_limit_bytes,
             heartbeat_interval_us: config.heartbeat_interval_ms * 1_000,
         })
@@ -187,6 +200,13 @@ impl LeaderNode {
 
     pub fn confirmed(&self) -> Bookmark {
         self.state.watch.lock().confirmed
+    }
+
+    /// The last record committed (or adopted) and its chain: what the next
+    /// record must name as its previous.
+    pub fn last_end(&self) -> (Bookmark, ChainHash) {
+        let core = self.state.core.lock();
+        (core.leader.last(), core.leader.last_chain())
     }
 
     /// What follower `index` last reported durable (None: never).

@@ -9,6 +9,7 @@
 //! - [`replica::ReplicaNode`]: a read replica's subscriber, driving an
 //!   [`replica::Applier`].
 
+pub mod candidate;
 pub mod follower;
 pub mod leader;
 pub mod replica;

@@ -1,0 +1,347 @@
+//! How a replicated primary takes its place in the log before it writes:
+//! it wins an epoch from W followers, adopts the log that ends highest
+//! among them, and brings its own database file to exactly the end of
+//! that log.
+//!
+//! The database file is brought there without SQLite: a record is a set of
+//! whole page images plus the database size after it, so writing the
+//! images at their offsets and setting the size is exactly what a
+//! checkpoint of that transaction does. Two starting points:
+//!
+//! - **A clean stop** (the stop marker names bookmark M, and everything
+//!   up to M is in the file and its WAL, synced). The WAL is checkpointed
+//!   into the file, then the records after M are applied. Usually there
+//!   are none: nobody wrote since this node stopped.
+//! - **Anything else** (a crash, a lost file, a new node). The file may
+//!   hold frames the quorum never confirmed, so it is not trusted: it is
+//!   rebuilt from the start of the adopted log. (Bounded by the log's
+//!   length until snapshots bound the log.)
+//!
+//! An incomplete transaction at the end of the adopted log (CONTINUED
+//! chunks whose last chunk never arrived) is not adopted: no client was
+//! acknowledged for it and no replica revealed it, and followers holding
+//! it cut it when the new leader sends its history.
+
+use crate::database::Database;
+use crate::replication::PrimaryConfig;
+use crate::stop_marker;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use walrelay_replicator::node::candidate::{Candidate, CandidateConfig, CandidateError};
+use walrelay_replicator::{Bookmark, ChainHash, Encoded, Epoch, History, NodeId, RecordError};
+
+/// Why a primary could not take its place in the log.
+#[derive(Debug, thiserror::Error)]
+pub enum RecoveryError {
+    #[error("winning an epoch from the followers: {0}")]
+    Election(#[source] CandidateError),
+    #[error("reading the adopted log: {0}")]
+    Fetch(#[source] CandidateError),
+    #[error(
+        "this primary stopped cleanly at {local}, but the followers' log ends at {adopted}: they lost records it confirmed; refusing to start over them"
+    )]
+    FollowersBehind { local: Bookmark, adopted: Bookmark },
+    #[error("rebuilding {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("a fetched record: {0}")]
+    Record(#[from] RecordError),
+    #[error("checkpointing {path} before rolling it forward: {source}")]
+    Checkpoint {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("stored epoch: {0}")]
+    Meta(String),
+    #[error("the epoch's first record was not confirmed: {0}")]
+    Barrier(#[source] crate::QueryError),
+}
+
+/// What the primary starts from: the epoch it won and the log it adopted.
+#[derive(Debug, Clone)]
+pub struct Adopted {
+    pub epoch: Epoch,
+    pub node: NodeId,
+    /// A confirmed transaction boundary, its chain, and the records after
+    /// it that the new epoch confirms again (held in the leader's tail).
+    pub start: Bookmark,
+    pub start_chain: ChainHash,
+    pub tail: Vec<Encoded>,
+    /// The end of the adopted log: where the database file now is.
+    pub end: Bookmark,
+    pub end_chain: ChainHash,
+    pub history: History,
+    /// Records applied to the database file.
+    pub applied: u64,
+    /// Whether the file was rebuilt from the start of the log.
+    pub rebuilt: bool,
+}
+
+fn io_at(path: &Path) -> impl Fn(std::io::Error) -> RecoveryError + '_ {
+    move |source| RecoveryError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Wins an epoch and brings the database at `config.path` to the end of
+/// the adopted log (see the module docs).
+pub fn adopt(config: &PrimaryConfig) -> Result<Adopted, RecoveryError> {
+    let path = &config.path;
+    let marker = stop_marker::load(path).map_err(|e| RecoveryError::Meta(e.to_string()))?;
+    let stored = crate::meta::load(&crate::meta::sidecar_path(path))
+        .map_err(|e| RecoveryError::Meta(e.to_string()))?
+        .map_or(0, |m| m.epoch);
+    let node = NodeId::random();
+    let candidate = Candidate::elect(CandidateConfig {
+        database: config.database,
+        node,
+        min_epoch: Epoch(stored.saturating_add(1)),
+        followers: config.followers.clone(),
+        write_quorum: config.write_quorum,
+        backend: config.backend,
+        auth: config.auth.clone(),
+        timeout_ms: config.election_timeout_ms,
+    })
+    .map_err(RecoveryError::Election)?;
+    let won = candidate.won().clone();
+    let adopted_end = won.adopted.end;
+    let local = match marker {
+        Some(m) if m <= adopted_end.last && won.adopted.history.holds(m) => Some(m),
+        Some(m) => {
+            return Err(RecoveryError::FollowersBehind {
+                local: m,
+                adopted: adopted_end.last,
+            });
+        }
+        None => None,
+    };
+    let from = local.unwrap_or(Bookmark::ZERO);
+    let rebuilt = local.is_none();
+    if rebuilt {
+        tracing::warn!(
+            path = %path.display(),
+            upto = %adopted_end.last,
+            "no clean stop: rebuilding the database from the followers' log"
+        );
+        for p in [
+            path.clone(),
+            with_suffix(path, "-wal"),
+            with_suffix(path, "-shm"),
+        ] {
+            match std::fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_at(&p)(e)),
+            }
+        }
+    } else if from < adopted_end.last {
+        checkpoint_truncate(path)?;
+    }
+    let mut roll = Roll::new(path, from, won.confirmed)?;
+    if from < adopted_end.last {
+        let from_chain = (from == Bookmark::ZERO).then_some(ChainHash::GENESIS);
+        candidate
+            .fetch(from, from_chain, adopted_end.last, &mut |r| {
+                roll.take(r).map_err(|e| e.to_string())
+            })
+            .map_err(RecoveryError::Fetch)?;
+    }
+    let (start, start_chain, tail, end) = roll.finish(adopted_end.chain)?;
+    let mut history = won.adopted.history.clone();
+    history.cut_after(end.0);
+    tracing::info!(
+        epoch = won.epoch.0,
+        start = %start,
+        end = %end.0,
+        tail = tail.len(),
+        rebuilt,
+        "primary adopted the log"
+    );
+    Ok(Adopted {
+        epoch: won.epoch,
+        node,
+        start,
+        start_chain,
+        tail,
+        end: end.0,
+        end_chain: end.1,
+        history,
+        applied: roll.applied,
+        rebuilt,
+    })
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
+/// Copies the WAL into the database file and empties it, with the plain
+/// unix VFS (no capture yet: the walrelay VFS attaches after this).
+fn checkpoint_truncate(path: &Path) -> Result<(), RecoveryError> {
+    let err = |source| RecoveryError::Checkpoint {
+        path: path.to_path_buf(),
+        source,
+    };
+    let c = rusqlite::Connection::open(path).map_err(err)?;
+    c.busy_timeout(Duration::from_secs(5)).map_err(err)?;
+    c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .map_err(err)?;
+    c.close().map_err(|(_, e)| err(e))?;
+    Ok(())
+}
+
+/// The database file rolled forward record by record, and the tail the
+/// new leader keeps.
+struct Roll {
+    path: PathBuf,
+    file: Option<File>,
+    /// Chunks of the transaction being read (applied when it completes).
+    txn: Vec<Encoded>,
+    /// The last complete transaction known confirmed, and its chain.
+    start: (Bookmark, Option<ChainHash>),
+    /// Complete transactions after `start`.
+    tail: Vec<Encoded>,
+    confirmed: Bookmark,
+    applied: u64,
+    first_prev_chain: Option<ChainHash>,
+}
+
+impl Roll {
+    fn new(path: &Path, from: Bookmark, confirmed: Bookmark) -> Result<Roll, RecoveryError> {
+        Ok(Roll {
+            path: path.to_path_buf(),
+            file: None,
+            txn: Vec::new(),
+            start: (from, (from == Bookmark::ZERO).then_some(ChainHash::GENESIS)),
+            tail: Vec::new(),
+            confirmed,
+            applied: 0,
+            first_prev_chain: None,
+        })
+    }
+
+    fn file(&mut self) -> Result<&File, RecoveryError> {
+        if self.file.is_none() {
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&self.path)
+                .map_err(io_at(&self.path))?;
+            self.file = Some(f);
+        }
+        Ok(self.file.as_ref().expect("just opened"))
+    }
+
+    fn take(&mut self, r: Encoded) -> Result<(), RecoveryError> {
+        if self.first_prev_chain.is_none() {
+            self.first_prev_chain = Some(r.prev_chain);
+            if self.start.1.is_none() {
+                self.start.1 = Some(r.prev_chain);
+            }
+        }
+        let complete = !r.continued();
+        self.txn.push(r);
+        if complete {
+            let txn = std::mem::take(&mut self.txn);
+            self.apply(&txn)?;
+            let last = txn.last().expect("a transaction has a chunk");
+            if last.bookmark <= self.confirmed {
+                self.start = (last.bookmark, Some(last.chain));
+                self.tail.clear();
+            } else {
+                self.tail.extend(txn);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a whole transaction's page images and sets the file's size.
+    fn apply(&mut self, txn: &[Encoded]) -> Result<(), RecoveryError> {
+        let path = self.path.clone();
+        let mut size = 0u64;
+        for chunk in txn {
+            let r = chunk.record()?;
+            let page_size = u64::from(r.page_size);
+            let file = self.file()?;
+            for (no, image) in &r.pages {
+                file.write_all_at(image, u64::from(no - 1) * page_size)
+                    .map_err(io_at(&path))?;
+            }
+            size = u64::from(r.db_pages) * page_size;
+            self.applied += 1;
+        }
+        self.file()?.set_len(size).map_err(io_at(&path))?;
+        Ok(())
+    }
+
+    /// Makes the file durable; returns the start, its chain, the tail and
+    /// the end with its chain. `end_chain` is the adopted log's last chain
+    /// (the start's too when nothing was read).
+    #[allow(clippy::type_complexity)]
+    fn finish(
+        &mut self,
+        end_chain: ChainHash,
+    ) -> Result<(Bookmark, ChainHash, Vec<Encoded>, (Bookmark, ChainHash)), RecoveryError> {
+        if !self.txn.is_empty() {
+            tracing::warn!(
+                chunks = self.txn.len(),
+                first = %self.txn[0].bookmark,
+                "the adopted log ends inside a transaction: its chunks are not adopted"
+            );
+            self.txn.clear();
+        }
+        if let Some(f) = &self.file {
+            f.sync_all().map_err(io_at(&self.path))?;
+        }
+        if let Some(dir) = self.path.parent() {
+            File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io_at(dir))?;
+        }
+        let start_chain = self.start.1.unwrap_or(end_chain);
+        let end = match self.tail.last() {
+            Some(r) => (r.bookmark, r.chain),
+            None => (self.start.0, start_chain),
+        };
+        Ok((
+            self.start.0,
+            start_chain,
+            std::mem::take(&mut self.tail),
+            end,
+        ))
+    }
+}
+
+/// Commits the new epoch's first record (a write of page 1 that changes
+/// nothing a reader can see) and waits until it is confirmed: with it, the
+/// adopted tail is confirmed too, and the primary serves nothing before.
+pub fn commit_barrier(db: &Database) -> Result<Bookmark, RecoveryError> {
+    let Some(p) = db.primary() else {
+        return Ok(db.latest_bookmark());
+    };
+    {
+        let w = p.writer.lock();
+        let run = || -> rusqlite::Result<()> {
+            let v: i64 = crate::sandbox::as_engine(&w.conn, |c| {
+                c.query_row("PRAGMA user_version", [], |r| r.get(0))
+            })?;
+            w.conn.engine_exec(&format!("PRAGMA user_version = {v}"))
+        };
+        run().map_err(|e| RecoveryError::Barrier(crate::QueryError::sql(e)))?;
+    }
+    db.check_capture().map_err(RecoveryError::Barrier)?;
+    let at = db.latest_bookmark();
+    p.gate_wait(at).map_err(RecoveryError::Barrier)?;
+    Ok(at)
+}
