@@ -1,6 +1,9 @@
-//! A replicated primary stopped cleanly continues the log on its next
-//! start, including after an epoch in which it committed nothing; after
-//! `stop`, no write is admitted.
+//! A replicated primary wins a new epoch at every start and continues the
+//! log: after a clean stop from where it stopped, after a crash by
+//! rebuilding its database from the followers' log. After `stop`, no write
+//! is admitted.
+
+mod common;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -39,7 +42,7 @@ fn start(path: &std::path::Path, addrs: &[SocketAddr]) -> ReplicatedPrimary {
 }
 
 #[test]
-fn a_clean_stop_even_after_an_idle_epoch_lets_the_next_start_continue_the_log() {
+fn every_start_wins_a_new_epoch_whose_first_record_is_confirmed_before_it_serves() {
     let dir = tempfile::tempdir().expect("dir");
     let fs = followers(dir.path());
     let addrs: Vec<SocketAddr> = fs.iter().map(|f| f.addr()).collect();
@@ -54,13 +57,14 @@ fn a_clean_stop_even_after_an_idle_epoch_lets_the_next_start_continue_the_log() 
     s.prepare("INSERT INTO t VALUES (1)").run().expect("insert");
     drop(s); // a session holds the database open
     let first = p.stop(Duration::from_secs(10)).expect("stop");
+    assert_eq!(first.epoch.0, 1);
 
-    // An epoch with no commit at all: its marker must still name a real
-    // record (the last of the previous epoch), or the next start could not
-    // chain onto the followers' logs.
+    // A start with no write still commits (and confirms) its epoch's
+    // first record: the marker names it.
     let p = start(&path, &addrs);
+    assert_eq!(p.status().confirmed.epoch.0, 2, "confirmed before serving");
     let idle = p.stop(Duration::from_secs(10)).expect("stop");
-    assert_eq!(idle, first);
+    assert_eq!((idle.epoch.0, idle.sequence.0), (2, 1));
 
     let p = start(&path, &addrs);
     let s = p
@@ -78,6 +82,65 @@ fn a_clean_stop_even_after_an_idle_epoch_lets_the_next_start_continue_the_log() 
         .expect("read")
         .and_then(|row| row.get("n").and_then(|v| v.as_i64()));
     assert_eq!(n, Some(2));
+    drop(s);
+    p.stop(Duration::from_secs(10)).expect("stop");
+}
+
+fn count(p: &ReplicatedPrimary) -> Option<i64> {
+    let s = p
+        .database()
+        .session(Constraint::FirstPrimary)
+        .expect("session");
+    s.prepare("SELECT count(*) AS n FROM t")
+        .first()
+        .expect("read")
+        .and_then(|row| row.get("n").and_then(|v| v.as_i64()))
+}
+
+#[test]
+fn a_primary_that_crashed_is_rebuilt_from_the_followers_log_with_every_acknowledged_write() {
+    let dir = tempfile::tempdir().expect("dir");
+    let fs = followers(dir.path());
+    let addrs: Vec<SocketAddr> = fs.iter().map(|f| f.addr()).collect();
+    let path = dir.path().join("p.db");
+    let p = start(&path, &addrs);
+    let s = p
+        .database()
+        .session(Constraint::FirstPrimary)
+        .expect("session");
+    s.prepare("CREATE TABLE t(x)").run().expect("create");
+    for i in 0..40 {
+        s.prepare("INSERT INTO t VALUES (?1)")
+            .bind([walrelay_engine::Value::Integer(i)])
+            .run()
+            .expect("acknowledged");
+    }
+    drop(s);
+    let epoch = p.database().epoch();
+    // A crash: no stop, no marker. Its leader is left running in this
+    // process, as an old primary cut off would be.
+    drop(p);
+    // And its file is not to be trusted: damage it.
+    std::fs::write(&path, b"not a database any more").expect("damage");
+    let p = start(&path, &addrs);
+    assert!(p.database().epoch() > epoch, "a newer epoch");
+    assert_eq!(count(&p), Some(40), "every acknowledged write is there");
+    let s = p
+        .database()
+        .session(Constraint::FirstPrimary)
+        .expect("session");
+    s.prepare("INSERT INTO t VALUES (40)")
+        .run()
+        .expect("writes go on");
+    let check = s
+        .prepare("PRAGMA integrity_check")
+        .first()
+        .expect("check")
+        .and_then(|row| {
+            row.get("integrity_check")
+                .and_then(|v| v.as_str().map(String::from))
+        });
+    assert_eq!(check.as_deref(), Some("ok"));
     drop(s);
     p.stop(Duration::from_secs(10)).expect("stop");
 }
@@ -105,32 +168,32 @@ fn after_stop_begins_no_write_is_admitted() {
 }
 
 #[test]
-fn a_primary_whose_capture_failed_stops_without_a_clean_stop_marker_and_refuses_to_restart() {
+fn a_primary_whose_capture_failed_leaves_no_marker_and_restarts_from_the_followers_log() {
     let dir = tempfile::tempdir().expect("dir");
-    // Nobody listens at these: no chunk is ever confirmed.
-    let addrs: Vec<SocketAddr> = (0..3)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .expect("port")
-        })
-        .collect();
+    let (key_path, key) = common::procs::cluster_key_file(dir.path());
+    let (mut procs, addrs) = common::procs::spawn_followers(dir.path(), 3, &key_path);
     let path = dir.path().join("p.db");
-    let mut c = PrimaryConfig::new(&path, addrs.clone(), key());
-    c.confirm_timeout_ms = 300;
-    // A window of two 8 MiB chunks: a 24 MB transaction's third chunk waits
-    // for the first to be confirmed, gives up, and the capture fails.
-    c.max_unconfirmed_bytes = 16 << 20;
-    let p = ReplicatedPrimary::start(c).expect("primary");
+    let config = || {
+        let mut c = PrimaryConfig::new(&path, addrs.clone(), Some(key.clone()));
+        c.confirm_timeout_ms = 300;
+        // A window of two 8 MiB chunks: a 24 MB transaction's third chunk
+        // waits for the first to be confirmed, gives up, and the capture
+        // fails.
+        c.max_unconfirmed_bytes = 16 << 20;
+        c
+    };
+    let p = ReplicatedPrimary::start(config()).expect("primary");
     let s = p
         .database()
         .session(Constraint::FirstPrimary)
         .expect("session");
+    s.prepare("CREATE TABLE t(v BLOB)").run().expect("create");
+    // No follower answers any more: no chunk is ever confirmed.
+    for f in &mut procs {
+        f.kill();
+    }
     let big = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x < 24) \
                INSERT INTO t SELECT randomblob(1000000) FROM c";
-    // The table's own creation is not confirmed either (no followers), but
-    // it commits locally and ships in one record within the window.
-    let _ = s.prepare("CREATE TABLE t(v BLOB)").run();
     match s.prepare(big).run() {
         Err(QueryError::CaptureFailed(_)) => {}
         other => panic!("a transaction that could not be shipped: {other:?}"),
@@ -140,12 +203,16 @@ fn a_primary_whose_capture_failed_stops_without_a_clean_stop_marker_and_refuses_
         Err(walrelay_engine::replication::PrimaryError::Poisoned(_)) => {}
         other => panic!("a poisoned primary stopped: {other:?}"),
     }
-    let mut c = PrimaryConfig::new(&path, addrs, key());
-    c.confirm_timeout_ms = 300;
-    match ReplicatedPrimary::start(c) {
-        Err(walrelay_engine::replication::PrimaryError::NotCleanlyStopped { .. }) => {}
-        other => panic!("restarted on a diverged database: {other:?}"),
-    }
+    assert!(
+        !walrelay_engine::stop_marker::path_for(&path).exists(),
+        "no clean-stop marker"
+    );
+    // The followers come back: the next start rebuilds the database from
+    // their log, which never held the unshipped transaction.
+    let _procs = common::procs::spawn_followers_at(dir.path(), &addrs, &key_path);
+    let p = ReplicatedPrimary::start(config()).expect("restart from the log");
+    assert_eq!(count(&p), Some(0), "the unshipped transaction is gone");
+    p.stop(Duration::from_secs(10)).expect("stop");
 }
 
 #[test]

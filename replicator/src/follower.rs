@@ -309,6 +309,10 @@ impl Follower {
             FollowerEvent::Truncated { last, chain } => {
                 let end = LogEnd { last, chain };
                 self.truncating = false;
+                // The runtime synced before it cut: no sync is outstanding
+                // for this log any more.
+                self.sync_in_flight = None;
+                self.sync_wanted = false;
                 self.appended = end;
                 self.durable = end;
                 self.history.cut_after(last);

@@ -207,7 +207,13 @@ impl Drop for Proc {
 /// until each accepts connections.
 pub fn spawn_followers(root: &Path, n: usize, key: &Path) -> (Vec<Proc>, Vec<SocketAddr>) {
     let addrs: Vec<SocketAddr> = (0..n).map(|_| free_port()).collect();
-    let procs = addrs
+    (spawn_followers_at(root, &addrs, key), addrs)
+}
+
+/// Starts (or restarts, on the same directories) follower `i` of `addrs`
+/// for every address, as [`spawn_followers`] does.
+pub fn spawn_followers_at(root: &Path, addrs: &[SocketAddr], key: &Path) -> Vec<Proc> {
+    addrs
         .iter()
         .enumerate()
         .map(|(i, addr)| {
@@ -227,6 +233,5 @@ pub fn spawn_followers(root: &Path, n: usize, key: &Path) -> (Vec<Proc>, Vec<Soc
             wait_accepting(*addr, "a follower");
             p
         })
-        .collect();
-    (procs, addrs)
+        .collect()
 }
