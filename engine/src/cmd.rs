@@ -270,6 +270,30 @@ fn http_auth(a: &AuthArgs, who: &str, addr: SocketAddr) -> Result<Auth> {
     }
 }
 
+/// The exit status of a primary that another node's newer epoch fenced.
+pub const FENCED_EXIT_CODE: i32 = 3;
+
+/// Options of `walrelay promote`.
+#[derive(clap::Args)]
+pub struct PromoteArgs {
+    /// A stopped replica's data directory.
+    #[arg(long)]
+    pub dir: PathBuf,
+}
+
+/// Prepares a stopped replica's directory to start as the primary
+/// (`walrelay primary --dir` on it next): see
+/// [`walrelay_engine::recovery::promote_replica`].
+pub fn promote(a: PromoteArgs) -> Result<()> {
+    let at = walrelay_engine::recovery::promote_replica(&database_path(&a.dir))
+        .context("promoting the replica")?;
+    println!(
+        "{} is ready to start as the primary from {at}",
+        a.dir.display()
+    );
+    Ok(())
+}
+
 pub fn primary(a: PrimaryArgs) -> Result<()> {
     install_stop_handler();
     // Checked before anything starts: a bad store stops the start.
@@ -370,6 +394,15 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
     let mut last_report = Instant::now();
     while !stopping() && deadline.is_none_or(|d| Instant::now() < d) {
         std::thread::sleep(Duration::from_millis(50));
+        if let Some(epoch) = primary.leader().fenced() {
+            // Another node won a newer epoch: this one must not serve a
+            // write again. Exit without a clean-stop marker; a restart
+            // rejoins the log (or `up` rebuilds this node as a replica).
+            tracing::error!(by = epoch.0, "primary fenced by a newer epoch: exiting");
+            eprintln!("primary: fenced by epoch {}; exiting", epoch.0);
+            primary.database().stop_queries();
+            std::process::exit(FENCED_EXIT_CODE);
+        }
         if last_report.elapsed() >= Duration::from_secs(1) {
             last_report = Instant::now();
             let mut l = std::mem::take(&mut *latencies.lock());

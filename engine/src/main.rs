@@ -1,6 +1,7 @@
 //! The `walrelay` binary.
 
 mod cmd;
+mod supervisor;
 mod token_cmd;
 mod up_cmd;
 
@@ -47,6 +48,8 @@ enum Command {
     Primary(cmd::PrimaryArgs),
     /// Run a read replica streaming from a primary.
     Replica(cmd::ReplicaArgs),
+    /// Prepare a stopped replica's directory to start as the primary.
+    Promote(cmd::PromoteArgs),
     /// Manage the HTTP API's tokens.
     #[command(subcommand)]
     Token(token_cmd::TokenCommand),
@@ -216,6 +219,7 @@ fn main() -> Result<()> {
         Command::Follower(a) => cmd::follower(a),
         Command::Primary(a) => cmd::primary(a),
         Command::Replica(a) => cmd::replica(a),
+        Command::Promote(a) => cmd::promote(a),
         Command::Token(c) => token_cmd::token(c),
     }
 }

@@ -323,6 +323,50 @@ impl Roll {
     }
 }
 
+/// Turns a stopped replica's database at `path` into a primary's that
+/// stopped cleanly at the replica's watermark: the replica opens (which
+/// cuts everything past its persisted watermark), copies every confirmed
+/// frame into the database file, and closes; its WAL, wal-index and
+/// watermark file are removed and a stop marker names the watermark. The
+/// next [`adopt`] rolls it forward to the end of the followers' log.
+/// Unconfirmed frames the replica held are dropped: the log decides.
+pub fn promote_replica(path: &Path) -> Result<Bookmark, RecoveryError> {
+    let replica = crate::Replica::open(path, crate::ReplicaOptions::default())
+        .map_err(|e| RecoveryError::Meta(format!("opening the replica: {e}")))?;
+    let at = replica.confirmed();
+    let mut copied = false;
+    for _ in 0..100 {
+        let stats = replica
+            .database()
+            .checkpoint(crate::CheckpointMode::Passive)
+            .map_err(|e| RecoveryError::Meta(format!("checkpointing the replica: {e}")))?;
+        if stats.backfilled_frames >= stats.wal_frames {
+            copied = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if !copied {
+        return Err(RecoveryError::Meta(
+            "the replica's WAL could not be copied into its database file".into(),
+        ));
+    }
+    drop(replica);
+    for p in walrelay_vfs::replica_files(path).into_iter().skip(1) {
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_at(&p)(e)),
+        }
+    }
+    File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(io_at(path))?;
+    stop_marker::store(path, at).map_err(|e| RecoveryError::Meta(e.to_string()))?;
+    tracing::info!(path = %path.display(), at = %at, "replica promoted: its database stands at its watermark");
+    Ok(at)
+}
+
 /// Commits the new epoch's first record (a write of page 1 that changes
 /// nothing a reader can see) and waits until it is confirmed: with it, the
 /// adopted tail is confirmed too, and the primary serves nothing before.

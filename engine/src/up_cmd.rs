@@ -1,8 +1,11 @@
 //! `walrelay up`: a local cluster of `walrelay` processes on 127.0.0.1
 //! (followers, a primary running a demo workload, replicas), started in
-//! order, reported on, and stopped primary first on Ctrl-C.
+//! order, reported on, supervised (a primary that dies is replaced by a
+//! promoted replica: [`crate::supervisor`]) and stopped primary first on
+//! Ctrl-C.
 
-use crate::cmd::{CLUSTER_KEY_FILE, backend, backend_name, install_stop_handler, stopping};
+use crate::cmd::{CLUSTER_KEY_FILE, backend, backend_name, install_stop_handler};
+use crate::supervisor::{Plan, Slot, Supervised};
 use anyhow::{Context, Result, bail};
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
@@ -59,16 +62,6 @@ fn join(addrs: &[SocketAddr]) -> String {
         .join(",")
 }
 
-fn signal(child: &Child, sig: libc::c_int) {
-    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-        // SAFETY: kill(2) on a child we spawned and have not reaped; the
-        // worst case is a signal to an already exited child, which fails.
-        unsafe {
-            libc::kill(pid, sig);
-        }
-    }
-}
-
 pub fn up(a: UpArgs) -> Result<()> {
     install_stop_handler();
     if a.replicas > 26 {
@@ -86,7 +79,7 @@ pub fn up(a: UpArgs) -> Result<()> {
         Some(d) => d,
         None => std::env::temp_dir().join(format!("walrelay-up-{}", std::process::id())),
     };
-    std::fs::create_dir_all(&dir)?;
+    std::fs::create_dir_all(crate::supervisor::pid_dir(&dir))?;
     let key_file = dir.join(CLUSTER_KEY_FILE);
     ClusterKey::load_or_create(&key_file)?;
     let key_arg = |args: &mut Vec<String>| {
@@ -137,7 +130,7 @@ pub fn up(a: UpArgs) -> Result<()> {
             .spawn()
             .with_context(|| format!("spawning {args:?}"))
     };
-    let mut others = Vec::new();
+    let mut followers = Vec::new();
     for (i, addr) in follower_addrs.iter().enumerate() {
         let peers: Vec<SocketAddr> = follower_addrs
             .iter()
@@ -156,100 +149,51 @@ pub fn up(a: UpArgs) -> Result<()> {
             backend_name(a.net).into(),
         ];
         key_arg(&mut args);
-        others.push(spawn(args)?);
+        followers.push(Supervised::start(
+            format!("follower {i}"),
+            args,
+            crate::supervisor::pid_dir(&dir).join(format!("follower-{i}")),
+            &spawn,
+        )?);
     }
-    // HTTP: the primary on base+10, replicas on base+11...
-    let http = |i: u16| SocketAddr::from(([127, 0, 0, 1], a.base_port + 10 + i));
-    let primary_http = format!("http://{}", http(0));
-    let mut primary_args = vec![
-        "primary".into(),
-        "--http".into(),
-        http(0).to_string(),
-        "--dir".into(),
-        dir.join("primary").display().to_string(),
-        "--followers".into(),
-        join(&follower_addrs),
-        "--listen".into(),
-        primary_addr.to_string(),
-        "--demo-writers".into(),
-        a.writers.to_string(),
-        "--max-transaction-bytes".into(),
-        a.max_transaction_bytes.to_string(),
-        "--net".into(),
-        backend_name(a.net).into(),
-    ];
-    if a.seconds > 0 {
-        primary_args.extend(["--seconds".into(), a.seconds.to_string()]);
-    }
-    key_arg(&mut primary_args);
-    primary_args.extend(auth_flags.iter().cloned());
-    let mut primary = spawn(primary_args)?;
-    for i in 0..a.replicas {
-        let mut args: Vec<String> = vec![
-            "replica".into(),
-            "--http".into(),
-            http(1 + i as u16).to_string(),
-            "--primary-http".into(),
-            primary_http.clone(),
-            "--region".into(),
-            format!("region-{}", (b'a' + i as u8) as char),
-            "--dir".into(),
-            dir.join(format!("replica-{i}")).display().to_string(),
-            "--leader".into(),
-            primary_addr.to_string(),
-            "--followers".into(),
-            join(&follower_addrs),
-            "--net".into(),
-            backend_name(a.net).into(),
-        ];
-        key_arg(&mut args);
-        args.extend(auth_flags.iter().cloned());
-        others.push(spawn(args)?);
-    }
-    // The primary ends the run (its --seconds, or a signal); the rest
-    // follow it down.
-    let status = loop {
-        if stopping() {
-            signal(&primary, libc::SIGINT);
-            break wait_bounded(&mut primary, "the primary")?;
-        }
-        if let Some(s) = primary.try_wait()? {
-            break s;
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    // Data nodes: slot 0 is `primary/`, slot k is `replica-{k-1}/`; each
+    // keeps its HTTP port (base+10+slot) whatever its role. Which slot is
+    // the primary survives restarts in DIR/primary-slot.
+    let http = |i: usize| SocketAddr::from(([127, 0, 0, 1], a.base_port + 10 + i as u16));
+    let slots: Vec<Slot> = (0..=a.replicas)
+        .map(|k| Slot {
+            http: http(k),
+            dir: if k == 0 {
+                dir.join("primary")
+            } else {
+                dir.join(format!("replica-{}", k - 1))
+            },
+            region: if k == 0 {
+                "primary-region".to_string()
+            } else {
+                format!("region-{}", (b'a' + (k - 1) as u8) as char)
+            },
+        })
+        .collect();
+    let deadline = (a.seconds > 0).then(|| Instant::now() + Duration::from_secs(a.seconds));
+    let plan = Plan {
+        slots,
+        follower_addrs: follower_addrs.clone(),
+        primary_addr,
+        writers: a.writers,
+        max_transaction_bytes: a.max_transaction_bytes,
+        net: backend_name(a.net),
+        key_file: key_file.clone(),
+        auth_flags,
+        dir: dir.clone(),
+        deadline,
     };
-    for c in &others {
-        signal(c, libc::SIGINT);
-    }
-    for mut c in others {
-        let _ = wait_bounded(&mut c, "a follower or replica");
-    }
+    let mut cluster = crate::supervisor::Cluster::start(plan, followers, &spawn)?;
+    let status = cluster.run(&spawn)?;
+    cluster.stop();
     println!("walrelay up: stopped (data in {})", dir.display());
     if !status.success() {
         bail!("the primary exited with {status}");
     }
     Ok(())
-}
-
-/// How long `up` waits for a process it asked to stop before killing it.
-const STOP_WAIT: Duration = Duration::from_secs(15);
-
-/// Waits for a child asked to stop; past [`STOP_WAIT`] it is killed (a
-/// hung process must not hang `up`).
-fn wait_bounded(child: &mut Child, what: &str) -> Result<std::process::ExitStatus> {
-    let deadline = Instant::now() + STOP_WAIT;
-    loop {
-        if let Some(s) = child.try_wait()? {
-            return Ok(s);
-        }
-        if Instant::now() >= deadline {
-            eprintln!(
-                "walrelay up: {what} did not stop within {} s; killing it",
-                STOP_WAIT.as_secs()
-            );
-            signal(child, libc::SIGKILL);
-            return Ok(child.wait()?);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }

@@ -335,6 +335,16 @@ impl Follower {
                     out.push(self.refuse(peer, RefuseReason::WrongDatabase));
                 } else if role == Role::Leader && self.promise_to(peer, epoch, node, out) {
                     self.leader = Some(peer);
+                    // What is appended but not yet synced was never checked
+                    // against this leader's history (it resumes from the
+                    // durable position it is told): drop it, or a
+                    // diverged record could pass for one of its own.
+                    if self.appended.last > self.durable.last && !self.truncating {
+                        self.truncating = true;
+                        out.push(FollowerAction::Truncate {
+                            after: self.durable.last,
+                        });
+                    }
                     let mut history = self.history.clone();
                     history.cut_after(self.durable.last);
                     out.push(Self::send(
@@ -711,6 +721,21 @@ mod tests {
         });
         assert_eq!((f.last_appended(), f.durable()), (b(1, 2), b(1, 2)));
         assert_eq!(f.history().runs(), &[(Epoch(1), Sequence(2))]);
+    }
+
+    #[test]
+    fn a_new_leader_connection_cuts_what_was_appended_but_never_synced() {
+        let mut f = led(1, b(1, 0));
+        append(&mut f, rec(1, 1, b(1, 0)));
+        f.handle(FollowerEvent::Synced { upto: b(1, 1) });
+        append(&mut f, rec(1, 2, b(1, 1))); // not synced yet
+        let a = recv(&mut f, OTHER, handshake(2));
+        assert_eq!(a[0], FollowerAction::PersistPromise(promised(2)));
+        assert_eq!(a[1], FollowerAction::Truncate { after: b(1, 1) });
+        assert!(matches!(
+            &a[2],
+            FollowerAction::Send { message: Message::Handshake { last_durable, .. }, .. } if *last_durable == b(1, 1)
+        ));
     }
 
     #[test]

@@ -529,8 +529,13 @@ impl Leader {
                     return;
                 }
                 // Content, not only position: an ack of another record at
-                // the same bookmark never counts.
-                if self.chain_at(durable).is_some_and(|c| c != chain) {
+                // the same bookmark, or of one this history never held,
+                // never counts.
+                let foreign = match self.chain_at(durable) {
+                    Some(c) => c != chain,
+                    None => !self.history.holds(durable),
+                };
+                if foreign {
                     self.truncate_and_close(peer, out);
                     return;
                 }

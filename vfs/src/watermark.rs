@@ -112,6 +112,20 @@ pub enum WatermarkError {
     NoValidSlot(PathBuf),
 }
 
+/// The bookmark a replica at `db` last persisted as its watermark, read
+/// without opening the replica (None: no valid watermark file). Safe to
+/// call while the replica runs: it only reads the two slots.
+pub fn persisted_bookmark(db: &Path) -> Option<Bookmark> {
+    let mut buf = [0u8; 2 * SLOT_BYTES];
+    let file = File::open(WatermarkFile::path_for(db)).ok()?;
+    file.read_exact_at(&mut buf, 0).ok()?;
+    [&buf[..SLOT_BYTES], &buf[SLOT_BYTES..]]
+        .into_iter()
+        .filter_map(Watermark::decode)
+        .max_by_key(|(seq, _)| *seq)
+        .map(|(_, w)| w.bookmark)
+}
+
 /// The open watermark file.
 #[derive(Debug)]
 pub struct WatermarkFile {

@@ -47,6 +47,8 @@ pub(crate) struct Request<'a> {
     /// `Authorization`, as the client sent it.
     pub authorization: Option<&'a str>,
     pub payload: &'a [u8],
+    /// Sent by a replica on a client's behalf ([`super::forward`]).
+    pub forwarded: bool,
 }
 
 /// POSTs a query body to a node's endpoint (the client's request and a
@@ -68,6 +70,9 @@ pub(crate) fn post_query(
     }
     if let Some(a) = request.authorization {
         req = req.header("authorization", a);
+    }
+    if request.forwarded {
+        req = req.header(super::forward::FORWARDED_HEADER, "1");
     }
     let mut resp = req.send(request.payload)?;
     let status = resp.status().as_u16();
@@ -195,6 +200,7 @@ impl Client {
             .map_err(|e| ClientError::Decode(e.to_string()))?;
         let authorization = self.token.as_ref().map(ApiToken::bearer);
         let request = Request {
+            forwarded: false,
             database: &self.database,
             bookmark: header,
             authorization: authorization.as_deref(),

@@ -15,6 +15,7 @@
 pub mod api;
 pub mod auth;
 pub mod client;
+pub mod forward;
 pub mod metrics;
 pub mod server;
 pub mod token_store;

@@ -62,7 +62,8 @@ pub enum Role {
     Primary(Database),
     Replica {
         replica: Arc<ReplicatedReplica>,
-        /// The primary's HTTP base URL, e.g. `http://127.0.0.1:8100`.
+        /// The nodes that may be the primary, e.g.
+        /// `http://127.0.0.1:8100,http://127.0.0.1:8101` ([`super::forward`]).
         primary_url: String,
     },
 }
@@ -82,6 +83,9 @@ pub struct HttpConfig {
     /// turns a slow write into an ambiguous 503 ("may or may not have
     /// committed").
     pub forward_timeout_ms: u64,
+    /// How long a replica keeps looking for a primary to forward to while
+    /// none answers (a failover in progress); nothing has run meanwhile.
+    pub failover_wait_ms: u64,
 }
 
 impl Default for HttpConfig {
@@ -93,6 +97,7 @@ impl Default for HttpConfig {
             // Twice the default query time limit: room for the gate and
             // for shipping a large transaction after the statement ran.
             forward_timeout_ms: 2 * crate::Limits::default().query_timeout_ms,
+            failover_wait_ms: 5_000,
         }
     }
 }
@@ -105,6 +110,8 @@ pub struct Node {
     auth: Auth,
     metrics: Metrics,
     agent: ureq::Agent,
+    /// Where a replica forwards (None on a primary).
+    primaries: Option<super::forward::Primaries>,
     /// The last confirm lag seen, for the lag gauge between confirms.
     last_lag_us: std::sync::atomic::AtomicU64,
     /// Every request's cancel token is a child of this one.
@@ -223,6 +230,8 @@ fn retry_after_s(e: &QueryError) -> Option<u32> {
 pub struct Caller {
     access: Access,
     authorization: Option<String>,
+    /// The request came from a replica forwarding it.
+    forwarded: bool,
 }
 
 impl std::fmt::Debug for Caller {
@@ -248,7 +257,15 @@ impl Node {
     /// A node answering as `role`, checking requests with `auth`.
     pub fn new(role: Role, config: HttpConfig, auth: Auth) -> Node {
         let agent = super::client::agent(Duration::from_millis(config.forward_timeout_ms));
+        let primaries = match &role {
+            Role::Primary(_) => None,
+            Role::Replica { primary_url, .. } => Some(super::forward::Primaries::new(
+                primary_url,
+                config.failover_wait_ms,
+            )),
+        };
         Node {
+            primaries,
             role,
             config,
             auth,
@@ -293,6 +310,7 @@ impl Node {
                 authorization: authorization
                     .and_then(|h| std::str::from_utf8(h).ok())
                     .map(str::to_string),
+                forwarded: false,
             }),
             Err(e) => Err(self.refuse(auth_answer(&e))),
         }
@@ -365,12 +383,8 @@ impl Node {
             Role::Primary(db) => self
                 .run(db, caller, constraint, &parsed, cancel)
                 .into_answer(),
-            Role::Replica {
-                replica,
-                primary_url,
-            } => {
-                let forward =
-                    |reason| self.forward(caller, primary_url, name, header, body, reason);
+            Role::Replica { replica, .. } => {
+                let forward = |reason| self.forward(caller, name, header, body, reason);
                 if constraint == Constraint::FirstPrimary {
                     return forward("first-primary");
                 }
@@ -434,20 +448,32 @@ impl Node {
     fn forward(
         &self,
         caller: &Caller,
-        primary_url: &str,
         name: &str,
         header: Option<&str>,
         body: &[u8],
         reason: &'static str,
     ) -> Answer {
+        let Some(primaries) = &self.primaries else {
+            return Answer::error(503, codes::UNAVAILABLE, "no primary is known");
+        };
+        if caller.forwarded {
+            // Another replica took this for the primary: say it is not, so
+            // it tries the next node (and requests never loop).
+            return Answer::error(
+                super::forward::NOT_PRIMARY_STATUS,
+                codes::UNAVAILABLE,
+                "this node is not the primary",
+            );
+        }
         self.metrics.forwarded(reason);
         let request = super::client::Request {
             database: name,
             bookmark: header,
             authorization: caller.authorization.as_deref(),
             payload: body,
+            forwarded: true,
         };
-        match super::client::post_query(&self.agent, primary_url, &request, 64 << 20) {
+        match primaries.post(&self.agent, &request, 64 << 20) {
             Ok(raw) => Answer {
                 status: raw.status,
                 bookmark: raw.bookmark,
@@ -455,13 +481,24 @@ impl Node {
                 served: None,
                 retry_after_s: raw.retry_after_s,
             },
+            Err(super::forward::ForwardError::NoPrimary { tried, waited_ms }) => {
+                let mut a = Answer::error(
+                    503,
+                    codes::UNAVAILABLE,
+                    format!(
+                        "no primary answered ({tried} attempts in {waited_ms} ms); the request did not run"
+                    ),
+                );
+                a.retry_after_s = Some(1);
+                a
+            }
             // Whether the primary ran the request is unknown once it was
             // sent: say so, so a client does not blindly retry a write.
-            Err(e) => Answer::error(
+            Err(super::forward::ForwardError::Unknown { url, error }) => Answer::error(
                 503,
                 codes::UNAVAILABLE,
                 format!(
-                    "no answer from the primary at {primary_url} ({e}); a forwarded write may or may not have committed"
+                    "no answer from the primary at {url} ({error}); a forwarded write may or may not have committed"
                 ),
             ),
         }
@@ -622,10 +659,11 @@ async fn query_route(
     let authorization = headers.get(AUTHORIZATION).map(HeaderValue::as_bytes);
     // Cheap enough to run on the worker: a hash and a map lookup, and a
     // stat of the store at most once a second.
-    let caller = match node.authorize(authorization, Target::Database(&name)) {
+    let mut caller = match node.authorize(authorization, Target::Database(&name)) {
         Ok(c) => c,
         Err(answer) => return respond(answer),
     };
+    caller.forwarded = headers.contains_key(super::forward::FORWARDED_HEADER);
     let header = headers
         .get(BOOKMARK_HEADER)
         .map(|v| v.to_str().map(str::to_string));

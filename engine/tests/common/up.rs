@@ -119,28 +119,15 @@ impl Up {
     /// POSTs a D1 query body to node `i` with `token` (None: no
     /// credentials).
     pub fn query_as(&self, i: u16, bookmark: &str, body: &Json, token: Option<&str>) -> Reply {
-        let mut req = self
-            .agent
-            .post(format!("{}/v1/databases/main/query", self.http(i)))
-            .header("x-d1-bookmark", bookmark);
-        if let Some(t) = token {
-            req = req.header("authorization", &format!("Bearer {t}"));
-        }
-        match req.send_json(body) {
-            Ok(mut resp) => Reply {
-                status: resp.status().as_u16(),
-                bookmark: resp
-                    .headers()
-                    .get("x-d1-bookmark")
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string),
-                json: resp.body_mut().read_json().unwrap_or(Json::Null),
-            },
-            Err(e) => Reply {
-                status: 0,
-                bookmark: None,
-                json: Json::String(e.to_string()),
-            },
+        post(&self.agent, &self.http(i), bookmark, body, token)
+    }
+
+    /// A handle that queries the nodes from other threads.
+    pub fn client(&self) -> UpClient {
+        UpClient {
+            base: self.base,
+            token: self.token(),
+            agent: self.agent.clone(),
         }
     }
 
@@ -198,6 +185,54 @@ impl Up {
     pub fn drain(&mut self) -> &[String] {
         self.seen.extend(self.lines.try_iter());
         &self.seen
+    }
+}
+
+/// Queries `up`'s nodes with its admin token; cheap to clone, usable from
+/// any thread.
+#[derive(Clone)]
+pub struct UpClient {
+    base: u16,
+    token: Option<String>,
+    agent: ureq::Agent,
+}
+
+impl UpClient {
+    /// As [`Up::query`].
+    pub fn query(&self, i: u16, bookmark: &str, body: &Json) -> Reply {
+        let url = format!("http://127.0.0.1:{}", self.base + 10 + i);
+        post(&self.agent, &url, bookmark, body, self.token.as_deref())
+    }
+}
+
+fn post(
+    agent: &ureq::Agent,
+    node: &str,
+    bookmark: &str,
+    body: &Json,
+    token: Option<&str>,
+) -> Reply {
+    let mut req = agent
+        .post(format!("{node}/v1/databases/main/query"))
+        .header("x-d1-bookmark", bookmark);
+    if let Some(t) = token {
+        req = req.header("authorization", &format!("Bearer {t}"));
+    }
+    match req.send_json(body) {
+        Ok(mut resp) => Reply {
+            status: resp.status().as_u16(),
+            bookmark: resp
+                .headers()
+                .get("x-d1-bookmark")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
+            json: resp.body_mut().read_json().unwrap_or(Json::Null),
+        },
+        Err(e) => Reply {
+            status: 0,
+            bookmark: None,
+            json: Json::String(e.to_string()),
+        },
     }
 }
 

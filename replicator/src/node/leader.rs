@@ -202,6 +202,12 @@ impl LeaderNode {
         self.state.watch.lock().confirmed
     }
 
+    /// The newer epoch that fenced this leader, if one did: it must stop
+    /// serving writes.
+    pub fn fenced(&self) -> Option<Epoch> {
+        self.state.watch.lock().fenced
+    }
+
     /// The last record committed (or adopted) and its chain: what the next
     /// record must name as its previous.
     pub fn last_end(&self) -> (Bookmark, ChainHash) {

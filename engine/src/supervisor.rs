@@ -1,0 +1,428 @@
+//! The supervisor behind `walrelay up`: keeps the local cluster's
+//! processes running and replaces a primary that is gone.
+//!
+//! Detection: the primary's process exits with a failure (a crash, kill
+//! -9, or a fenced primary's exit), or, once it has served, its HTTP port
+//! stops accepting connections for [`LEASE`] (a hung or unreachable
+//! process, which is then killed).
+//!
+//! Replacement: the replica whose persisted watermark is highest is
+//! stopped, its directory becomes a primary's at that watermark
+//! ([`walrelay_engine::recovery::promote_replica`]) and a `walrelay primary` starts
+//! on it, on the same replication address and on the replica's own HTTP
+//! port. The new primary wins a newer epoch from the followers, rolls its
+//! database forward to the end of their log and confirms its epoch's first
+//! record before it serves. The old primary's node is rebuilt as a replica
+//! from the log (its directory is wiped: it may hold writes the quorum
+//! never confirmed). Replicas forward writes to whichever node answers as
+//! the primary ([`walrelay_engine::http::forward`]), so they need no restart.
+//!
+//! Safety does not rest on any of this: a supervisor that is wrong about a
+//! primary being gone only costs availability, because a primary that
+//! lost its epoch can confirm nothing (papers/failover.md).
+
+use crate::cmd::FENCED_EXIT_CODE;
+use anyhow::{Context, Result};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, ExitStatus};
+use std::time::{Duration, Instant};
+
+/// How long a primary that served may not accept connections before it is
+/// replaced.
+pub const LEASE: Duration = Duration::from_millis(3_000);
+/// How long `up` waits for a process it asked to stop before killing it.
+pub const STOP_WAIT: Duration = Duration::from_secs(15);
+
+/// A data node's place: its directory, HTTP port and region, whatever its
+/// role.
+#[derive(Debug, Clone)]
+pub struct Slot {
+    pub http: SocketAddr,
+    pub dir: PathBuf,
+    pub region: String,
+}
+
+/// What the supervisor needs to start nodes.
+pub struct Plan {
+    pub slots: Vec<Slot>,
+    pub follower_addrs: Vec<SocketAddr>,
+    /// Where the primary, whichever node it is, listens for replicas.
+    pub primary_addr: SocketAddr,
+    pub writers: usize,
+    pub max_transaction_bytes: u64,
+    pub net: &'static str,
+    pub key_file: PathBuf,
+    pub auth_flags: Vec<String>,
+    pub dir: PathBuf,
+    /// When the run ends (None: at Ctrl-C).
+    pub deadline: Option<Instant>,
+}
+
+type Spawn<'a> = dyn Fn(Vec<String>) -> Result<Child> + 'a;
+
+/// A child process with the arguments to start it again.
+pub struct Supervised {
+    pub name: String,
+    args: Vec<String>,
+    child: Child,
+    /// Where its process id is kept (for tests and tools).
+    pid_file: PathBuf,
+}
+
+impl Supervised {
+    /// Starts `args`; its pid goes to `pid_file`.
+    pub fn start(
+        name: String,
+        args: Vec<String>,
+        pid_file: PathBuf,
+        spawn: &Spawn<'_>,
+    ) -> Result<Supervised> {
+        let child = spawn(args.clone())?;
+        let _ = write_atomically(&pid_file, &child.id().to_string());
+        Ok(Supervised {
+            name,
+            args,
+            child,
+            pid_file,
+        })
+    }
+
+    fn restart(&mut self, spawn: &Spawn<'_>) -> Result<()> {
+        self.child = spawn(self.args.clone())?;
+        let _ = write_atomically(&self.pid_file, &self.child.id().to_string());
+        Ok(())
+    }
+
+    fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+}
+
+pub fn signal(child: &Child, sig: libc::c_int) {
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: kill(2) on a child we spawned and have not reaped; the
+        // worst case is a signal to an already exited child, which fails.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+/// Waits for a child asked to stop; past [`STOP_WAIT`] it is killed (a
+/// hung process must not hang `up`).
+pub fn wait_bounded(child: &mut Child, what: &str) -> Result<ExitStatus> {
+    let deadline = Instant::now() + STOP_WAIT;
+    loop {
+        if let Some(s) = child.try_wait()? {
+            return Ok(s);
+        }
+        if Instant::now() >= deadline {
+            eprintln!(
+                "walrelay up: {what} did not stop within {} s; killing it",
+                STOP_WAIT.as_secs()
+            );
+            signal(child, libc::SIGKILL);
+            return Ok(child.wait()?);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The running cluster.
+pub struct Cluster {
+    plan: Plan,
+    followers: Vec<Supervised>,
+    /// One process per slot; `primary` names the slot that leads.
+    nodes: Vec<Supervised>,
+    primary: usize,
+    /// When the primary was last seen accepting HTTP (None: not yet).
+    primary_seen: Option<Instant>,
+}
+
+fn primary_slot_file(plan: &Plan) -> PathBuf {
+    plan.dir.join("primary-slot")
+}
+
+/// `DIR/pids/slot-K`: the process id of the data node in slot K.
+fn slot_pid_file(plan: &Plan, k: usize) -> PathBuf {
+    pid_dir(&plan.dir).join(format!("slot-{k}"))
+}
+
+/// `DIR/pids`: one file per supervised process, holding its pid.
+pub fn pid_dir(dir: &std::path::Path) -> PathBuf {
+    dir.join("pids")
+}
+
+impl Cluster {
+    /// Starts the data nodes (followers are already up): the primary in the
+    /// slot DIR/primary-slot names (slot 0 at first), replicas elsewhere.
+    pub fn start(plan: Plan, followers: Vec<Supervised>, spawn: &Spawn<'_>) -> Result<Cluster> {
+        let primary = std::fs::read_to_string(primary_slot_file(&plan))
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .filter(|k| *k < plan.slots.len())
+            .unwrap_or(0);
+        let mut nodes = Vec::new();
+        for k in 0..plan.slots.len() {
+            let args = if k == primary {
+                primary_args(&plan, k)
+            } else {
+                replica_args(&plan, k, primary)
+            };
+            nodes.push(Supervised::start(
+                node_name(k, k == primary),
+                args,
+                slot_pid_file(&plan, k),
+                spawn,
+            )?);
+        }
+        let c = Cluster {
+            plan,
+            followers,
+            nodes,
+            primary,
+            primary_seen: None,
+        };
+        c.write_pid();
+        Ok(c)
+    }
+
+    /// Supervises until the run ends: Ctrl-C, or the primary finishing its
+    /// `--seconds` cleanly. Returns the last primary's exit status.
+    pub fn run(&mut self, spawn: &Spawn<'_>) -> Result<ExitStatus> {
+        let mut last_probe = Instant::now();
+        loop {
+            if crate::cmd::stopping() {
+                let p = &mut self.nodes[self.primary];
+                signal(&p.child, libc::SIGINT);
+                return wait_bounded(&mut p.child, "the primary");
+            }
+            if let Some(status) = self.nodes[self.primary].exited() {
+                // A clean exit ends the run (its --seconds, or a stop sent
+                // to it directly); anything else is a primary gone.
+                if status.success() {
+                    return Ok(status);
+                }
+                let why = if status.code() == Some(FENCED_EXIT_CODE) {
+                    "was fenced".to_string()
+                } else {
+                    format!("exited ({status})")
+                };
+                self.failover(&why, spawn)?;
+                continue;
+            }
+            if last_probe.elapsed() >= Duration::from_millis(250) {
+                last_probe = Instant::now();
+                self.probe_primary();
+            }
+            for f in &mut self.followers {
+                if let Some(status) = f.exited() {
+                    eprintln!("walrelay up: {} exited ({status}); restarting it", f.name);
+                    f.restart(spawn)?;
+                }
+            }
+            for k in 0..self.nodes.len() {
+                if k == self.primary {
+                    continue;
+                }
+                if let Some(status) = self.nodes[k].exited() {
+                    eprintln!(
+                        "walrelay up: {} exited ({status}); restarting it",
+                        self.nodes[k].name
+                    );
+                    self.nodes[k].restart(spawn)?;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The lease: a primary that served and then stops accepting for
+    /// [`LEASE`] is killed (its replacement follows on the next round).
+    fn probe_primary(&mut self) {
+        let addr = self.plan.slots[self.primary].http;
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            self.primary_seen = Some(Instant::now());
+        } else if self.primary_seen.is_some_and(|t| t.elapsed() >= LEASE) {
+            eprintln!(
+                "walrelay up: the primary has not accepted connections for {} ms; replacing it",
+                LEASE.as_millis()
+            );
+            signal(&self.nodes[self.primary].child, libc::SIGKILL);
+        }
+    }
+
+    /// Replaces a primary that is gone (see the module docs).
+    fn failover(&mut self, why: &str, spawn: &Spawn<'_>) -> Result<()> {
+        let started = Instant::now();
+        let old = self.primary;
+        let candidate = (0..self.nodes.len()).filter(|k| *k != old).max_by_key(|k| {
+            walrelay_vfs::watermark::persisted_bookmark(
+                &walrelay_engine::replication::database_path(&self.plan.slots[*k].dir),
+            )
+        });
+        tracing::warn!(slot = old, why, "primary gone: failing over");
+        let new = match candidate {
+            Some(k) => {
+                let n = &mut self.nodes[k];
+                signal(&n.child, libc::SIGINT);
+                wait_bounded(&mut n.child, "the replica being promoted")?;
+                match walrelay_engine::recovery::promote_replica(
+                    &walrelay_engine::replication::database_path(&self.plan.slots[k].dir),
+                ) {
+                    Ok(_) => k,
+                    Err(e) => {
+                        eprintln!(
+                            "walrelay up: could not promote slot {k} ({e}); restarting the old primary"
+                        );
+                        self.nodes[k].restart(spawn)?;
+                        old
+                    }
+                }
+            }
+            None => old,
+        };
+        if new != old {
+            // The old primary's files may hold writes the quorum never
+            // confirmed: its node comes back as a replica rebuilt from the
+            // log.
+            let slot = &self.plan.slots[old];
+            if slot.dir.exists() {
+                std::fs::remove_dir_all(&slot.dir)
+                    .with_context(|| format!("wiping {}", slot.dir.display()))?;
+            }
+            std::fs::create_dir_all(&slot.dir)?;
+        }
+        self.primary = new;
+        self.primary_seen = None;
+        write_atomically(&primary_slot_file(&self.plan), &new.to_string())?;
+        self.nodes[new] = Supervised::start(
+            node_name(new, true),
+            primary_args(&self.plan, new),
+            slot_pid_file(&self.plan, new),
+            spawn,
+        )?;
+        if new != old {
+            self.nodes[old] = Supervised::start(
+                node_name(old, false),
+                replica_args(&self.plan, old, new),
+                slot_pid_file(&self.plan, old),
+                spawn,
+            )?;
+        }
+        self.write_pid();
+        println!(
+            "walrelay up: the primary (slot {old}) {why}; slot {new} takes over as primary on {} (started in {} ms)",
+            self.plan.slots[new].http,
+            started.elapsed().as_millis()
+        );
+        Ok(())
+    }
+
+    /// `DIR/primary.pid`: the primary's process id (for tests and tools).
+    fn write_pid(&self) {
+        let _ = write_atomically(
+            &self.plan.dir.join("primary.pid"),
+            &self.nodes[self.primary].child.id().to_string(),
+        );
+    }
+
+    /// Stops every other process (the primary has stopped).
+    pub fn stop(self) {
+        let mut rest: Vec<Supervised> = Vec::new();
+        for (k, n) in self.nodes.into_iter().enumerate() {
+            if k != self.primary {
+                rest.push(n);
+            }
+        }
+        rest.extend(self.followers);
+        for c in &rest {
+            signal(&c.child, libc::SIGINT);
+        }
+        for mut c in rest {
+            let _ = wait_bounded(&mut c.child, "a follower or replica");
+        }
+    }
+}
+
+fn node_name(slot: usize, primary: bool) -> String {
+    format!(
+        "{} (slot {slot})",
+        if primary { "the primary" } else { "a replica" }
+    )
+}
+
+fn write_atomically(path: &std::path::Path, text: &str) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+fn common_args(plan: &Plan, args: &mut Vec<String>) {
+    args.extend([
+        "--followers".into(),
+        plan.follower_addrs
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+        "--net".into(),
+        plan.net.into(),
+        "--cluster-key".into(),
+        plan.key_file.display().to_string(),
+    ]);
+    args.extend(plan.auth_flags.iter().cloned());
+}
+
+fn primary_args(plan: &Plan, k: usize) -> Vec<String> {
+    let slot = &plan.slots[k];
+    let mut args = vec![
+        "primary".into(),
+        "--http".into(),
+        slot.http.to_string(),
+        "--region".into(),
+        slot.region.clone(),
+        "--dir".into(),
+        slot.dir.display().to_string(),
+        "--listen".into(),
+        plan.primary_addr.to_string(),
+        "--demo-writers".into(),
+        plan.writers.to_string(),
+        "--max-transaction-bytes".into(),
+        plan.max_transaction_bytes.to_string(),
+    ];
+    if let Some(d) = plan.deadline {
+        let left = d.saturating_duration_since(Instant::now()).as_secs().max(1);
+        args.extend(["--seconds".into(), left.to_string()]);
+    }
+    common_args(plan, &mut args);
+    args
+}
+
+fn replica_args(plan: &Plan, k: usize, primary: usize) -> Vec<String> {
+    let slot = &plan.slots[k];
+    // Every other data node may be the primary; the current one first.
+    let mut order: Vec<usize> = vec![primary];
+    order.extend((0..plan.slots.len()).filter(|j| *j != primary && *j != k));
+    let urls: Vec<String> = order
+        .iter()
+        .map(|j| format!("http://{}", plan.slots[*j].http))
+        .collect();
+    let mut args = vec![
+        "replica".into(),
+        "--http".into(),
+        slot.http.to_string(),
+        "--primary-http".into(),
+        urls.join(","),
+        "--region".into(),
+        slot.region.clone(),
+        "--dir".into(),
+        slot.dir.display().to_string(),
+        "--leader".into(),
+        plan.primary_addr.to_string(),
+    ];
+    common_args(plan, &mut args);
+    args
+}
