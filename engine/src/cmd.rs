@@ -155,6 +155,14 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
     })
     .with_context(|| format!("starting follower in {}", dir.display()))?;
     let r = node.recovery();
+    if let Some(good) = r.mid_log_corruption {
+        eprintln!(
+            "follower {}: a damaged record after {good} in the middle of the log ({} records after it quarantined in {}/log/quarantine); they are fetched again from the leader and peers",
+            node.addr(),
+            r.records_after_corruption,
+            dir.display()
+        );
+    }
     println!(
         "follower {} listening, log at {} ({} records, {} torn bytes cut, transport {}, storage {})",
         node.addr(),

@@ -104,6 +104,29 @@ fn corrupt_tail(dir: &Path) {
     std::fs::write(seg, &bytes).expect("write segment");
 }
 
+/// Flips a byte inside the third record of the follower's first segment
+/// (with many records after it): damage in the middle of the log.
+fn corrupt_middle(dir: &Path) {
+    let log = dir.join("log");
+    let mut segs: Vec<PathBuf> = std::fs::read_dir(&log)
+        .expect("log dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    segs.sort();
+    let seg = segs.first().expect("a segment");
+    let mut bytes = std::fs::read(seg).expect("read segment");
+    let third = bytes
+        .windows(4)
+        .enumerate()
+        .filter(|(_, w)| *w == b"WRRC")
+        .map(|(i, _)| i)
+        .nth(2)
+        .expect("three records");
+    bytes[third + 100] ^= 0xff;
+    std::fs::write(seg, &bytes).expect("write segment");
+}
+
 fn log_of(dir: &Path) -> Vec<Bookmark> {
     let (log, _) = SegmentLog::open(&dir.join("log"), 64 << 20, Bookmark::ZERO).expect("open log");
     log.read_after(Bookmark::ZERO)
@@ -309,6 +332,26 @@ fn scenario(net: &str) {
         !line.contains(" 0 torn bytes cut"),
         "corruption not detected: {line}"
     );
+    // Damage in the middle of another follower's log: reported, and what
+    // followed is fetched again (checked at the end).
+    followers[2].kill();
+    corrupt_middle(&followers[2].dir);
+    followers[2].start();
+    followers[2]
+        .proc
+        .as_mut()
+        .expect("running")
+        .wait_line("listening");
+    wait_for("the damage reported", Duration::from_secs(10), || {
+        followers[2]
+            .proc
+            .as_ref()
+            .expect("running")
+            .lines()
+            .iter()
+            .any(|l| l.contains("damaged record"))
+            .then_some(())
+    });
     followers[0].start();
     followers[1].start();
     for _ in 0..30 {
@@ -348,11 +391,17 @@ fn scenario(net: &str) {
         let holders = logs.iter().filter(|l| l.binary_search(b).is_ok()).count();
         assert!(holders >= W, "acknowledged {b} held by {holders} followers");
     }
-    // The corrupted follower fetched its cut records again.
+    // The corrupted followers fetched their cut records again.
     assert!(
         logs[3].binary_search(&last).is_ok(),
         "follower 3 did not catch up"
     );
+    for b in &acked {
+        assert!(
+            logs[2].binary_search(b).is_ok(),
+            "follower 2 did not fetch {b} again after the damage"
+        );
+    }
 
     // The replica matches the primary.
     let r = Replica::open(database_path(&replica_dir), ReplicaOptions::default()).expect("reopen");

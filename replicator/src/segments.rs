@@ -148,6 +148,13 @@ pub struct Recovery {
     pub records: usize,
     /// Bytes of a torn or corrupt tail that were cut.
     pub cut_bytes: u64,
+    /// A damaged record with valid records after it (not a torn tail: bit
+    /// rot, a bad sector, a stray write): the log ends at this bookmark,
+    /// the last good one, and what followed was moved to `quarantine/` to
+    /// be fetched again from the leader and peers.
+    pub mid_log_corruption: Option<Bookmark>,
+    /// Valid-looking records found after the damage (refetched, not kept).
+    pub records_after_corruption: usize,
     pub segments_removed: usize,
 }
 
@@ -257,6 +264,37 @@ impl SegmentLog {
                 let Some((bookmark, chain, used)) = ok else {
                     if let Some(len) = crate::record::legacy_v1_record_len(&rest) {
                         return Err(SegmentError::LegacyRecord { path, len });
+                    }
+                    // Valid records after the damage, here or in later
+                    // segments, mean it is not a torn tail: keep the bytes
+                    // aside and say so, loudly.
+                    let after = records_in(&rest.slice(1.min(rest.len())..))
+                        + indexes[n + 1..]
+                            .iter()
+                            .map(|i| {
+                                std::fs::read(Self::segment_path(dir, *i))
+                                    .map_or(0, |d| records_in(&Bytes::from(d)))
+                            })
+                            .sum::<usize>();
+                    if after > 0 {
+                        rec.mid_log_corruption = Some(last);
+                        rec.records_after_corruption = after;
+                        quarantine(dir, &format!("{index:016x}-{at}"), &rest)?;
+                        for i in &indexes[n + 1..] {
+                            let p = Self::segment_path(dir, *i);
+                            quarantine(
+                                dir,
+                                &format!("{i:016x}"),
+                                &std::fs::read(&p).map_err(io_at(&p))?,
+                            )?;
+                        }
+                        tracing::error!(
+                            segment = index,
+                            offset = at,
+                            last_good = %last,
+                            records_after = after,
+                            "a damaged record in the middle of the log: the log ends before it and what followed is quarantined, to be fetched again from the leader and peers"
+                        );
                     }
                     // Zero magic: the clean end. Anything else: a torn or
                     // corrupt tail, cut here.
@@ -646,6 +684,39 @@ impl SegmentLog {
     }
 }
 
+/// How many whole, valid records start somewhere in `buf` (a scan for
+/// the record magic; only for telling damage from a torn tail).
+fn records_in(buf: &Bytes) -> usize {
+    let mut n = 0;
+    let mut at = 0;
+    while let Some(i) = buf[at..]
+        .windows(crate::record::MAGIC.len())
+        .position(|w| w == crate::record::MAGIC)
+    {
+        let start = at + i;
+        match Encoded::decode(&buf.slice(start..)) {
+            Ok((_, used)) => {
+                n += 1;
+                at = start + used;
+            }
+            Err(_) => at = start + 1,
+        }
+    }
+    n
+}
+
+/// Keeps `bytes` as `<dir>/quarantine/<name>` (synced) before the log
+/// drops them.
+fn quarantine(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), SegmentError> {
+    let q = dir.join("quarantine");
+    std::fs::create_dir_all(&q).map_err(io_at(&q))?;
+    let path = q.join(name);
+    let f = File::create(&path).map_err(io_at(&path))?;
+    f.write_all_at(bytes, 0).map_err(io_at(&path))?;
+    f.sync_all().map_err(io_at(&path))?;
+    File::open(&q).and_then(|d| d.sync_all()).map_err(io_at(&q))
+}
+
 /// The poison marker, `<dir>/poisoned` (a [`crate::marker`]): written when
 /// a sync fails, naming the last bookmark known durable; the next open cuts
 /// the log back to it.
@@ -787,6 +858,48 @@ mod tests {
             std::fs::read(&path).expect("read") == raw,
             "the segment is untouched"
         );
+    }
+
+    #[test]
+    fn a_damaged_record_mid_log_is_reported_and_what_follows_is_quarantined_not_lost() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (mut log, _) = open(dir.path(), IoBackend::Std);
+        for s in 1..=8 {
+            log.append(&rec(s)).expect("append");
+        }
+        log.sync().expect("sync");
+        drop(log);
+        // Flip a byte inside record 2's page image (segment 0).
+        let seg = SegmentLog::segment_path(dir.path(), 0);
+        let mut bytes = std::fs::read(&seg).expect("read");
+        let second = rec(1).len() + crate::record::HEADER_BYTES + 10;
+        bytes[second] ^= 0xff;
+        std::fs::write(&seg, &bytes).expect("write");
+        let (log, r) = open(dir.path(), IoBackend::Std);
+        assert_eq!(r.mid_log_corruption, Some(b(1)), "{r:?}");
+        assert!(r.records_after_corruption >= 6, "{r:?}");
+        assert_eq!(log.last(), b(1), "the log is a chain up to the damage");
+        let q: Vec<_> = std::fs::read_dir(dir.path().join("quarantine"))
+            .expect("quarantine")
+            .collect();
+        assert!(!q.is_empty(), "what followed is kept aside");
+        // A torn tail is not reported as damage.
+        drop(log);
+        let dir2 = tempfile::tempdir().expect("tmp");
+        let (mut log, _) = open(dir2.path(), IoBackend::Std);
+        for s in 1..=3 {
+            log.append(&rec(s)).expect("append");
+        }
+        log.sync().expect("sync");
+        drop(log);
+        let seg = SegmentLog::segment_path(dir2.path(), 0);
+        let mut bytes = std::fs::read(&seg).expect("read");
+        let end = 3 * rec(1).len();
+        bytes[end - 3] ^= 0xff; // the last record's CRC: torn
+        std::fs::write(&seg, &bytes).expect("write");
+        let (_, r) = open(dir2.path(), IoBackend::Std);
+        assert_eq!(r.mid_log_corruption, None);
+        assert!(r.cut_bytes > 0);
     }
 
     #[test]
