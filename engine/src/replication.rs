@@ -19,7 +19,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use walrelay_replicator::net::Backend;
 use walrelay_replicator::node::leader::{ConfirmError, LeaderNode, LeaderNodeConfig, LeaderStatus};
-use walrelay_replicator::node::replica::{Applier, ReplicaNode, ReplicaNodeConfig};
+use walrelay_replicator::node::replica::{Applier, ApplierError, ReplicaNode, ReplicaNodeConfig};
 use walrelay_replicator::{
     Bookmark, ChainHash, ClusterKey, DatabaseId, Encoded, Record, Sequence, record,
 };
@@ -185,15 +185,24 @@ fn encode_chunk(
     .to_encoded_chunk(continued)
 }
 
+/// Why a log record is not a page set.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error(transparent)]
+    Record(#[from] walrelay_replicator::RecordError),
+    #[error(transparent)]
+    Pages(#[from] walrelay_vfs::PageSetError),
+}
+
 /// A log record as a page set for a replica.
-pub fn decode(record: &Encoded) -> Result<PageSet, String> {
-    let r = record.record().map_err(|e| e.to_string())?;
+pub fn decode(record: &Encoded) -> Result<PageSet, DecodeError> {
+    let r = record.record()?;
     let pages = r
         .pages
         .into_iter()
         .map(|(no, image)| (PageNo::new(no), image))
         .collect();
-    PageSet::new(r.page_size, r.db_pages, pages).map_err(|e| e.to_string())
+    Ok(PageSet::new(r.page_size, r.db_pages, pages)?)
 }
 
 impl CommitGate for Link {
@@ -260,6 +269,8 @@ pub enum PrimaryError {
     #[error(transparent)]
     Recovery(#[from] crate::recovery::RecoveryError),
     #[error("replication: {0}")]
+    Node(#[from] walrelay_replicator::node::NodeError),
+    #[error("replication: {0}")]
     Replication(String),
     #[error("stop: {0}")]
     Stop(String),
@@ -319,8 +330,7 @@ impl ReplicatedPrimary {
             redial_interval_ms: 100,
             backend: config.backend,
             auth: config.auth.clone(),
-        })
-        .map_err(|e| PrimaryError::Replication(e.to_string()))?;
+        })?;
         let _ = link.leader.set(leader.clone());
         // Consumed: from here a crash must not find it.
         stop_marker::remove(&config.path)?;
@@ -407,21 +417,35 @@ impl ReplicatedPrimary {
     }
 }
 
+/// The replica's refusals, sorted for the subscriber: a record out of
+/// order is the stream's fault, anything else the replica's storage.
+fn applier_error(e: walrelay_vfs::ApplyError) -> ApplierError {
+    match e {
+        e @ (walrelay_vfs::ApplyError::Gap { .. }
+        | walrelay_vfs::ApplyError::NotAppended { .. }) => ApplierError::OutOfOrder(Box::new(e)),
+        e
+        @ (walrelay_vfs::ApplyError::PageSize { .. } | walrelay_vfs::ApplyError::EmptyPageSet) => {
+            ApplierError::Record(Box::new(e))
+        }
+        e => ApplierError::Storage(Box::new(e)),
+    }
+}
+
 impl Applier for Replica {
-    fn apply(&self, record: &Encoded) -> Result<(), String> {
-        let pages = decode(record)?;
+    fn apply(&self, record: &Encoded) -> Result<(), ApplierError> {
+        let pages = decode(record).map_err(|e| ApplierError::Record(Box::new(e)))?;
         self.append_chunk(record.bookmark, &pages, !record.continued())
             .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(applier_error)
     }
-    fn confirm(&self, bookmark: Bookmark) -> Result<(), String> {
-        self.publish(bookmark).map_err(|e| e.to_string())
+    fn confirm(&self, bookmark: Bookmark) -> Result<(), ApplierError> {
+        self.publish(bookmark).map_err(applier_error)
     }
-    fn housekeeping(&self) -> Result<(), String> {
-        Replica::housekeeping(self).map_err(|e| e.to_string())
+    fn housekeeping(&self) -> Result<(), ApplierError> {
+        Replica::housekeeping(self).map_err(applier_error)
     }
-    fn discard_unconfirmed(&self) -> Result<(), String> {
-        Replica::discard_unconfirmed(self).map_err(|e| e.to_string())
+    fn discard_unconfirmed(&self) -> Result<(), ApplierError> {
+        Replica::discard_unconfirmed(self).map_err(applier_error)
     }
     fn confirmed(&self) -> Bookmark {
         Replica::confirmed(self)
@@ -472,8 +496,7 @@ impl ReplicatedReplica {
                 delay_ms: config.delay_ms,
             },
             Arc::new(replica.clone()) as Arc<dyn Applier>,
-        )
-        .map_err(|e| PrimaryError::Replication(e.to_string()))?;
+        )?;
         Ok(ReplicatedReplica { replica, node })
     }
 

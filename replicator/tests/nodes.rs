@@ -9,7 +9,7 @@ use std::time::Duration;
 use walrelay_replicator::net::Backend;
 use walrelay_replicator::node::follower::{FollowerNode, FollowerNodeConfig};
 use walrelay_replicator::node::leader::{LeaderNode, LeaderNodeConfig};
-use walrelay_replicator::node::replica::{Applier, ReplicaNode, ReplicaNodeConfig};
+use walrelay_replicator::node::replica::{Applier, ApplierError, ReplicaNode, ReplicaNodeConfig};
 use walrelay_replicator::{
     Bookmark, ChainHash, ClusterKey, DatabaseId, Encoded, Epoch, History, NodeId, Record, Sequence,
 };
@@ -53,11 +53,11 @@ struct Memory {
 }
 
 impl Applier for Memory {
-    fn apply(&self, record: &Encoded) -> Result<(), String> {
+    fn apply(&self, record: &Encoded) -> Result<(), ApplierError> {
         self.applied.lock().push(record.bookmark);
         Ok(())
     }
-    fn confirm(&self, bookmark: Bookmark) -> Result<(), String> {
+    fn confirm(&self, bookmark: Bookmark) -> Result<(), ApplierError> {
         assert!(self.applied.lock().contains(&bookmark));
         *self.visible.lock() = bookmark;
         Ok(())
@@ -65,7 +65,7 @@ impl Applier for Memory {
     fn confirmed(&self) -> Bookmark {
         *self.visible.lock()
     }
-    fn discard_unconfirmed(&self) -> Result<(), String> {
+    fn discard_unconfirmed(&self) -> Result<(), ApplierError> {
         let v = *self.visible.lock();
         self.applied.lock().retain(|b| *b <= v);
         Ok(())

@@ -151,7 +151,11 @@ mod tests {
             },
             1 << 20,
         );
-        assert!(matches!(r, Err(ForwardError::NoPrimary { .. })), "{r:?}");
+        assert!(
+            matches!(r, Err(ForwardError::NoPrimary { .. })),
+            "{:?}",
+            r.as_ref().err()
+        );
         assert!(started.elapsed() < Duration::from_secs(3));
     }
 }

@@ -84,15 +84,14 @@ impl std::fmt::Debug for FollowerNode {
 impl FollowerNode {
     /// Recovers the log (cutting a torn or corrupt tail), then listens.
     pub fn start(config: FollowerNodeConfig) -> Result<FollowerNode, NodeError> {
-        std::fs::create_dir_all(&config.dir).map_err(|e| NodeError::Io(e.to_string()))?;
-        let promise =
-            epoch_file::load(&config.dir).map_err(|e| NodeError::Storage(e.to_string()))?;
+        std::fs::create_dir_all(&config.dir)
+            .map_err(NodeError::io(format!("creating {}", config.dir.display())))?;
+        let promise = epoch_file::load(&config.dir)?;
         let (log, recovery) = SegmentLog::open(
             &config.dir.join("log"),
             config.segment_bytes,
             Bookmark::ZERO,
-        )
-        .map_err(|e| NodeError::Storage(e.to_string()))?;
+        )?;
         let end = LogEnd {
             last: log.last(),
             chain: log.last_chain().unwrap_or(ChainHash::GENESIS),
@@ -119,12 +118,15 @@ impl FollowerNode {
         )?;
         let addr = transport
             .listen(state.config.listen)
-            .map_err(|e| NodeError::Io(format!("listen on {}: {e}", state.config.listen)))?;
+            .map_err(NodeError::io(format!(
+                "listening on {}",
+                state.config.listen
+            )))?;
         let weak = Arc::downgrade(&state);
         std::thread::Builder::new()
             .name("walrelay-follower-watch".into())
             .spawn(move || watch_catch_up(weak))
-            .map_err(|e| NodeError::Io(e.to_string()))?;
+            .map_err(NodeError::io("starting the catch-up watchdog"))?;
         Ok(FollowerNode {
             state,
             addr,

@@ -158,7 +158,7 @@ impl LeaderNode {
             Some(addr) => Some(
                 transport
                     .listen(addr)
-                    .map_err(|e| NodeError::Io(format!("listen on {addr}: {e}")))?,
+                    .map_err(NodeError::io(format!("listening on {addr}")))?,
             ),
             None => None,
         };
@@ -167,7 +167,7 @@ impl LeaderNode {
         std::thread::Builder::new()
             .name("walrelay-leader-tick".into())
             .spawn(move || ticker(weak))
-            .map_err(|e| NodeError::Io(e.to_string()))?;
+            .map_err(NodeError::io("starting the ticker thread"))?;
         Ok(LeaderNode {
             state,
             replica_addr,

@@ -28,7 +28,8 @@ fn open_transport(
     key: Option<ClusterKey>,
     slot: &OnceLock<Arc<dyn Transport>>,
 ) -> Result<Arc<dyn Transport>, NodeError> {
-    let transport = net::open(backend, handler, key).map_err(|e| NodeError::Io(e.to_string()))?;
+    let transport =
+        net::open(backend, handler, key).map_err(NodeError::io("opening the transport"))?;
     let _ = slot.set(Arc::clone(&transport));
     Ok(transport)
 }
@@ -38,12 +39,26 @@ fn open_transport(
 pub const CATCH_UP_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Why a runtime could not start.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum NodeError {
-    #[error("io: {0}")]
-    Io(String),
-    #[error("storage: {0}")]
-    Storage(String),
+    /// Sockets, threads, directories: `what` was being done.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the follower's promise file: {0}")]
+    Promise(#[from] crate::epoch_file::EpochFileError),
+    #[error("the follower's log: {0}")]
+    Log(#[from] crate::segments::SegmentError),
     #[error(transparent)]
     Leader(LeaderError),
+}
+
+impl NodeError {
+    pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NodeError {
+        let what = what.into();
+        move |source| NodeError::Io { what, source }
+    }
 }

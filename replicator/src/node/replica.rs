@@ -16,20 +16,48 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
+/// An error from below the replicator (the replica's database), kept
+/// whole as a source.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a replica could not apply, reveal or discard: the subscriber starts
+/// over from what the database shows in every case, and reports which.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplierError {
+    /// The record does not decode into pages the replica can write.
+    #[error("the record is not valid: {0}")]
+    Record(#[source] BoxError),
+    /// The record does not follow what the replica holds.
+    #[error("the record does not follow the replica's log: {0}")]
+    OutOfOrder(#[source] BoxError),
+    /// The replica's storage failed (I/O, a full disk, its wal-index).
+    #[error("replica storage: {0}")]
+    Storage(#[source] BoxError),
+}
+
 /// What a replica database must do for its subscriber.
 pub trait Applier: Send + Sync {
     /// Applies a record invisibly (it follows the last applied one).
-    fn apply(&self, record: &Encoded) -> Result<(), String>;
+    fn apply(&self, record: &Encoded) -> Result<(), ApplierError>;
     /// Makes everything up to `bookmark` visible at once.
-    fn confirm(&self, bookmark: Bookmark) -> Result<(), String>;
-    fn discard_unconfirmed(&self) -> Result<(), String>;
+    fn confirm(&self, bookmark: Bookmark) -> Result<(), ApplierError>;
+    fn discard_unconfirmed(&self) -> Result<(), ApplierError>;
     /// What is visible now (where a resubscription starts).
     fn confirmed(&self) -> Bookmark;
     /// Deferred work after a confirm (checkpoints, persisting), run once
     /// the confirm's latency has been measured.
-    fn housekeeping(&self) -> Result<(), String> {
+    fn housekeeping(&self) -> Result<(), ApplierError> {
         Ok(())
     }
+}
+
+/// Why a subscription stopped and started over.
+#[derive(Debug, thiserror::Error)]
+enum Stopped {
+    #[error(transparent)]
+    Applier(#[from] ApplierError),
+    #[error("the leader refused this replica: {0:?}")]
+    Refused(crate::wire::RefuseReason),
 }
 
 /// How to run a replica's subscriber.
@@ -128,13 +156,13 @@ impl ReplicaNode {
         std::thread::Builder::new()
             .name("walrelay-replica-dial".into())
             .spawn(move || redialer(weak))
-            .map_err(|e| NodeError::Io(e.to_string()))?;
+            .map_err(NodeError::io("starting the replica's threads"))?;
         if state.config.delay_ms > 0 {
             let weak = Arc::downgrade(&state);
             std::thread::Builder::new()
                 .name("walrelay-replica-delay".into())
                 .spawn(move || release_delayed(weak))
-                .map_err(|e| NodeError::Io(e.to_string()))?;
+                .map_err(NodeError::io("starting the replica's threads"))?;
         }
         Ok(ReplicaNode { state })
     }
@@ -259,16 +287,21 @@ impl State {
         }
     }
 
-    fn fail(&self, why: String) {
-        *self.last_error.lock() = Some(why);
+    fn fail(&self, why: impl std::fmt::Display) {
+        tracing::warn!(%why, "replica subscription starts over");
+        *self.last_error.lock() = Some(why.to_string());
     }
 
     fn run(&self, core: &mut (Subscriber, Links), actions: Vec<SubscriberAction>) {
         for action in actions {
             let result = match action {
-                SubscriberAction::DiscardUnconfirmed => self.applier.discard_unconfirmed(),
-                SubscriberAction::Apply(record) => self.applier.apply(&record),
-                SubscriberAction::Confirm(b) => self.applier.confirm(b),
+                SubscriberAction::DiscardUnconfirmed => {
+                    self.applier.discard_unconfirmed().map_err(Stopped::from)
+                }
+                SubscriberAction::Apply(record) => {
+                    self.applier.apply(&record).map_err(Stopped::from)
+                }
+                SubscriberAction::Confirm(b) => self.applier.confirm(b).map_err(Stopped::from),
                 SubscriberAction::Send(source, m) => {
                     if let Some(c) = Self::conn_of(&core.1, source) {
                         self.transport().send(c, &m);
@@ -285,9 +318,7 @@ impl State {
                     core.1.need_catch_up = true;
                     Ok(())
                 }
-                SubscriberAction::Refused(r) => {
-                    Err(format!("the leader refused this replica: {r:?}"))
-                }
+                SubscriberAction::Refused(r) => Err(Stopped::Refused(r)),
             };
             if let Err(e) = result {
                 // The replica's database could not follow: drop the streams
