@@ -210,3 +210,33 @@ fn replica_metrics_report_lag_in_bookmarks_and_microseconds_and_a_confirm_lag_hi
     let primary = common::metrics_text(&c, &c.primary_http.url());
     assert!(!primary.contains("walrelay_replica_lag"));
 }
+
+#[test]
+fn a_session_goes_on_through_a_node_it_cannot_reach() {
+    // The client believes a node that is gone is the primary (as after a
+    // failover): the session skips it, and the write lands through a node
+    // that forwards it to the real primary.
+    let (_dir, c) = cluster(LocalClusterConfig::default());
+    let gone = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port");
+    let mut nodes = vec![walrelay_engine::http::client::NodeInfo {
+        url: format!("http://{gone}"),
+        region: "lost".into(),
+        primary: true,
+    }];
+    nodes.extend(c.nodes().into_iter().map(|mut n| {
+        n.primary = false;
+        n
+    }));
+    let mut client = walrelay_engine::http::client::Client::new(nodes, "region-a", "main");
+    if let Some(t) = c.admin_token() {
+        client = client.with_token(t);
+    }
+    let s = client.session("first-primary");
+    let r = s
+        .query("CREATE TABLE t(x)", vec![])
+        .expect("sent on to a node that can take it");
+    assert!(r.response.result[0].meta.served_by_primary);
+    assert_ne!(r.sent_to, format!("http://{gone}"));
+}

@@ -120,6 +120,10 @@ pub enum ClientError {
     },
     #[error("transport: {0}")]
     Transport(String),
+    /// The node could not be reached: the request never left (safe to
+    /// send elsewhere).
+    #[error("unreachable: {0}")]
+    Unreachable(String),
     #[error("undecodable answer: {0}")]
     Decode(String),
     #[error("no node to send to")]
@@ -206,8 +210,18 @@ impl Client {
             authorization: authorization.as_deref(),
             payload: &payload,
         };
-        let raw = post_query(&self.agent, url, &request, 256 << 20)
-            .map_err(|e| ClientError::Transport(e.to_string()))?;
+        let raw = post_query(&self.agent, url, &request, 256 << 20).map_err(|e| {
+            if super::forward::never_sent(&e) {
+                ClientError::Unreachable(e.to_string())
+            } else {
+                ClientError::Transport(e.to_string())
+            }
+        })?;
+        if raw.status == super::forward::NOT_PRIMARY_STATUS {
+            return Err(ClientError::Unreachable(format!(
+                "{url} is not the primary"
+            )));
+        }
         let (status, bookmark, bytes) = (raw.status, raw.bookmark, raw.body);
         let response: Response =
             serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(e.to_string()))?;
@@ -263,8 +277,29 @@ impl ClientSession<'_> {
             sql: sql.to_string(),
             params,
         });
-        let url = self.route()?;
-        self.query_via(&url, &body)
+        self.send_routed(&body)
+    }
+
+    /// Sends where the session's routing says; a node that cannot be
+    /// reached (the request never left) is skipped for the next one, so a
+    /// session goes on through a failover: replicas forward writes to
+    /// whichever node is the primary now.
+    fn send_routed(&self, body: &Body) -> Result<Reply, ClientError> {
+        let first = self.route()?;
+        let mut last = match self.query_via(&first, body) {
+            Err(e @ ClientError::Unreachable(_)) => e,
+            other => return other,
+        };
+        for node in &self.client.nodes {
+            if node.url == first {
+                continue;
+            }
+            match self.query_via(&node.url, body) {
+                Err(e @ ClientError::Unreachable(_)) => last = e,
+                other => return other,
+            }
+        }
+        Err(last)
     }
 
     /// Runs statements as one atomic batch.
@@ -275,8 +310,7 @@ impl ClientSession<'_> {
                 .map(|(sql, params)| Statement { sql, params })
                 .collect(),
         );
-        let url = self.route()?;
-        self.query_via(&url, &body)
+        self.send_routed(&body)
     }
 
     /// Sends through a chosen node (tests, or a caller with its own

@@ -41,7 +41,9 @@ pub enum ForwardError {
     Unknown { url: String, error: String },
 }
 
-fn never_sent(e: &ureq::Error) -> bool {
+/// Whether a request that failed with `e` certainly never reached a
+/// server (so sending it elsewhere cannot run it twice).
+pub(crate) fn never_sent(e: &ureq::Error) -> bool {
     match e {
         ureq::Error::ConnectionFailed | ureq::Error::HostNotFound => true,
         ureq::Error::Io(io) => matches!(
