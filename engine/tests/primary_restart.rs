@@ -119,12 +119,24 @@ fn a_primary_that_crashed_is_rebuilt_from_the_followers_log_with_every_acknowled
     let epoch = p.database().epoch();
     // A crash: no stop, no marker. Its leader is left running in this
     // process, as an old primary cut off would be.
+    let old = p.leader().clone();
     drop(p);
     // And its file is not to be trusted: damage it.
     std::fs::write(&path, b"not a database any more").expect("damage");
     let p = start(&path, &addrs);
     assert!(p.database().epoch() > epoch, "a newer epoch");
     assert_eq!(count(&p), Some(40), "every acknowledged write is there");
+    // The old leader, still running, is fenced as soon as it meets a
+    // follower that promised the newer epoch, and confirms nothing more.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while old.fenced().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old leader was never fenced"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(old.fenced(), Some(p.database().epoch()));
     let s = p
         .database()
         .session(Constraint::FirstPrimary)
