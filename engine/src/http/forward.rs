@@ -15,6 +15,7 @@
 //! never loop between replicas.
 
 use super::client::{self, RawAnswer, Request};
+use super::server::{Answer, codes};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -119,6 +120,43 @@ impl Primaries {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// What a client gets for a forward: the primary's answer as it came, or a
+/// 503 that says whether the request may have run.
+pub(crate) fn answer(result: Result<RawAnswer, ForwardError>) -> Answer {
+    match result {
+        Ok(raw) => Answer::relayed(raw),
+        Err(ForwardError::NoPrimary { tried, waited_ms }) => {
+            let mut a = Answer::error(
+                503,
+                codes::UNAVAILABLE,
+                format!(
+                    "no primary answered ({tried} attempts in {waited_ms} ms); the request did not run"
+                ),
+            );
+            a.retry_after_s = Some(1);
+            a
+        }
+        // Whether the primary ran the request is unknown once it was sent:
+        // say so, so a client does not blindly retry a write.
+        Err(ForwardError::Unknown { url, error }) => Answer::error(
+            503,
+            codes::UNAVAILABLE,
+            format!(
+                "no answer from the primary at {url} ({error}); a forwarded write may or may not have committed"
+            ),
+        ),
+    }
+}
+
+/// A replica's answer to a forwarded request it would have to forward.
+pub(crate) fn not_primary() -> Answer {
+    Answer::error(
+        NOT_PRIMARY_STATUS,
+        codes::UNAVAILABLE,
+        "this node is not the primary",
+    )
 }
 
 #[cfg(test)]

@@ -151,7 +151,18 @@ impl Answer {
             retry_after_s: None,
         }
     }
-    fn error(status: u16, code: u32, message: impl Into<String>) -> Answer {
+    /// A relayed answer, as the primary sent it.
+    pub(crate) fn relayed(raw: super::client::RawAnswer) -> Answer {
+        Answer {
+            status: raw.status,
+            bookmark: raw.bookmark,
+            body: raw.body,
+            served: None,
+            retry_after_s: raw.retry_after_s,
+        }
+    }
+
+    pub(crate) fn error(status: u16, code: u32, message: impl Into<String>) -> Answer {
         Answer::json(status, None, &Response::error(code, message))
     }
 }
@@ -459,11 +470,7 @@ impl Node {
         if caller.forwarded {
             // Another replica took this for the primary: say it is not, so
             // it tries the next node (and requests never loop).
-            return Answer::error(
-                super::forward::NOT_PRIMARY_STATUS,
-                codes::UNAVAILABLE,
-                "this node is not the primary",
-            );
+            return super::forward::not_primary();
         }
         self.metrics.forwarded(reason);
         let request = super::client::Request {
@@ -473,35 +480,7 @@ impl Node {
             payload: body,
             forwarded: true,
         };
-        match primaries.post(&self.agent, &request, 64 << 20) {
-            Ok(raw) => Answer {
-                status: raw.status,
-                bookmark: raw.bookmark,
-                body: raw.body,
-                served: None,
-                retry_after_s: raw.retry_after_s,
-            },
-            Err(super::forward::ForwardError::NoPrimary { tried, waited_ms }) => {
-                let mut a = Answer::error(
-                    503,
-                    codes::UNAVAILABLE,
-                    format!(
-                        "no primary answered ({tried} attempts in {waited_ms} ms); the request did not run"
-                    ),
-                );
-                a.retry_after_s = Some(1);
-                a
-            }
-            // Whether the primary ran the request is unknown once it was
-            // sent: say so, so a client does not blindly retry a write.
-            Err(super::forward::ForwardError::Unknown { url, error }) => Answer::error(
-                503,
-                codes::UNAVAILABLE,
-                format!(
-                    "no answer from the primary at {url} ({error}); a forwarded write may or may not have committed"
-                ),
-            ),
-        }
+        super::forward::answer(primaries.post(&self.agent, &request, 64 << 20))
     }
 
     /// Counts a refusal made before the request reached [`Node::query`]
