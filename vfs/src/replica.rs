@@ -246,6 +246,17 @@ impl ReplicaWal {
         let conn = open_rw(path)?;
         // A read transaction makes SQLite open the WAL and build the index.
         let _: i64 = conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?;
+        // Only a connection SQLite runs in WAL mode unmaps the wal-index
+        // when it closes: mapping it on any other (a damaged database file
+        // that reads as a rollback-mode one) would leak the mapping and its
+        // descriptor on every attempt.
+        let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(ReplicaOpenError::Corrupt {
+                path: path.to_path_buf(),
+                reason: format!("the database is not in WAL mode (journal_mode {mode})"),
+            });
+        }
         let mut file: *mut ffi::sqlite3_file = std::ptr::null_mut();
         // SAFETY: the handle is live; FILE_POINTER writes one pointer to
         // the main database's sqlite3_file into `file`.
