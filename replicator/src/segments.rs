@@ -265,41 +265,42 @@ impl SegmentLog {
                     if let Some(len) = crate::record::legacy_v1_record_len(&rest) {
                         return Err(SegmentError::LegacyRecord { path, len });
                     }
-                    // Valid records after the damage, here or in later
-                    // segments, mean it is not a torn tail: keep the bytes
-                    // aside and say so, loudly.
-                    let after = records_in(&rest.slice(1.min(rest.len())..))
-                        + indexes[n + 1..]
-                            .iter()
-                            .map(|i| {
-                                std::fs::read(Self::segment_path(dir, *i))
-                                    .map_or(0, |d| records_in(&Bytes::from(d)))
-                            })
-                            .sum::<usize>();
-                    if after > 0 {
-                        rec.mid_log_corruption = Some(last);
-                        rec.records_after_corruption = after;
-                        quarantine(dir, &format!("{index:016x}-{at}"), &rest)?;
-                        for i in &indexes[n + 1..] {
-                            let p = Self::segment_path(dir, *i);
-                            quarantine(
-                                dir,
-                                &format!("{i:016x}"),
-                                &std::fs::read(&p).map_err(io_at(&p))?,
-                            )?;
-                        }
-                        tracing::error!(
-                            segment = index,
-                            offset = at,
-                            last_good = %last,
-                            records_after = after,
-                            "a damaged record in the middle of the log: the log ends before it and what followed is quarantined, to be fetched again from the leader and peers"
-                        );
-                    }
                     // Zero magic: the clean end. Anything else: a torn or
                     // corrupt tail, cut here.
                     let tail_is_zero = rest.iter().all(|&b| b == 0);
                     if !tail_is_zero {
+                        // Valid records after the damage, here or in later
+                        // segments, mean it is not a torn tail: keep the bytes
+                        // aside and say so, loudly.
+                        let after = records_in(&rest.slice(1.min(rest.len())..))
+                            + indexes[n + 1..]
+                                .iter()
+                                .map(|i| {
+                                    std::fs::read(Self::segment_path(dir, *i))
+                                        .map_or(0, |d| records_in(&Bytes::from(d)))
+                                })
+                                .sum::<usize>();
+                        if after > 0 {
+                            rec.mid_log_corruption = Some(last);
+                            rec.records_after_corruption = after;
+                            quarantine(dir, &format!("{index:016x}-{at}"), &rest)?;
+                            for i in &indexes[n + 1..] {
+                                let p = Self::segment_path(dir, *i);
+                                quarantine(
+                                    dir,
+                                    &format!("{i:016x}"),
+                                    &std::fs::read(&p).map_err(io_at(&p))?,
+                                )?;
+                            }
+                            tracing::error!(
+                                segment = index,
+                                offset = at,
+                                last_good = %last,
+                                records_after = after,
+                                "a damaged record in the middle of the log: the log ends before it and what followed is quarantined, to be fetched again from the leader and peers"
+                            );
+                        }
+
                         rec.cut_bytes += rest.len() as u64;
                         file.write_all_at(&vec![0u8; rest.len()], at as u64)
                             .map_err(io_at(&path))?;
@@ -969,6 +970,11 @@ mod tests {
             drop(log);
             let (log, r) = open(dir.path(), backend);
             assert_eq!((r.records, r.cut_bytes), (3, 0));
+            assert_eq!(
+                r.mid_log_corruption, None,
+                "a segment's zero tail before the next segment is no damage"
+            );
+            assert!(!dir.path().join("quarantine").exists());
             assert_eq!(log.read_after(b(1)).expect("read"), vec![big, rec(3)]);
         }
     }
