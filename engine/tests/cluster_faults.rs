@@ -91,12 +91,7 @@ fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) 
 
 /// Flips a byte inside the last record of the follower's newest segment.
 fn corrupt_tail(dir: &Path) {
-    let log = dir.join("log");
-    let mut segs: Vec<PathBuf> = std::fs::read_dir(&log)
-        .expect("log dir")
-        .map(|e| e.expect("entry").path())
-        .collect();
-    segs.sort();
+    let segs = common::procs::segment_files(dir);
     let seg = segs.last().expect("a segment");
     let mut bytes = std::fs::read(seg).expect("read segment");
     let end = bytes.iter().rposition(|b| *b != 0).expect("data");
@@ -107,13 +102,7 @@ fn corrupt_tail(dir: &Path) {
 /// Flips a byte inside the third record of the follower's first segment
 /// (with many records after it): damage in the middle of the log.
 fn corrupt_middle(dir: &Path) {
-    let log = dir.join("log");
-    let mut segs: Vec<PathBuf> = std::fs::read_dir(&log)
-        .expect("log dir")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
-        .collect();
-    segs.sort();
+    let segs = common::procs::segment_files(dir);
     let seg = segs.first().expect("a segment");
     let mut bytes = std::fs::read(seg).expect("read segment");
     let third = bytes

@@ -29,15 +29,8 @@ use walrelay_replicator::{Bookmark, Encoded};
 /// it acknowledged, so synced) and leaves a torn run of garbage after the
 /// cut; later segments lose everything.
 fn lose_unsynced(dir: &Path, keep: Bookmark, rng: &mut SmallRng) {
-    let log = dir.join("log");
-    let mut segs: Vec<_> = std::fs::read_dir(&log)
-        .expect("log dir")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
-        .collect();
-    segs.sort();
     let mut cut_done = false;
-    for seg in segs {
+    for seg in common::procs::segment_files(dir) {
         let bytes = std::fs::read(&seg).expect("read segment");
         // Segments are preallocated with zeros: only the written part
         // matters.

@@ -235,3 +235,14 @@ pub fn spawn_followers_at(root: &Path, addrs: &[SocketAddr], key: &Path) -> Vec<
         })
         .collect()
 }
+
+/// A follower's segment files (`DIR/log/*.seg`), in log order.
+pub fn segment_files(follower_dir: &Path) -> Vec<PathBuf> {
+    let mut segs: Vec<PathBuf> = std::fs::read_dir(follower_dir.join("log"))
+        .expect("log dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    segs.sort();
+    segs
+}
