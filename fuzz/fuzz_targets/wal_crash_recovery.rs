@@ -1236,8 +1236,19 @@ fn check_primary(base: &Base, sc: &Scenario, files: &Files) {
 
 // ------------------------------------------------------------ target
 
+/// Open descriptors of this process, when `WALRELAY_FUZZ_FDS=1` asks for
+/// the leak check (an execution must close every file it opened).
+fn open_fds() -> Option<usize> {
+    static ON: OnceLock<bool> = OnceLock::new();
+    if !*ON.get_or_init(|| std::env::var_os("WALRELAY_FUZZ_FDS").is_some()) {
+        return None;
+    }
+    Some(std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count()))
+}
+
 fuzz_target!(|data: &[u8]| {
     let base = BASE.get_or_init(build);
+    let fds = open_fds();
     seed_prng();
     let mut input = Input(data);
     let pick = usize::from(input.byte().unwrap_or(0)) % base.scenarios.len();
@@ -1252,5 +1263,14 @@ fuzz_target!(|data: &[u8]| {
             write_files(&base.run.join("primary.db"), &files);
             check_primary(base, sc, &files);
         }
+    }
+    if let (Some(before), Some(after)) = (fds, open_fds()) {
+        assert!(
+            after <= before,
+            "{}: {} descriptors left open ({before} before, {after} after); {}",
+            sc.name,
+            after - before,
+            changes(sc, &files)
+        );
     }
 });
