@@ -38,7 +38,10 @@ fuzz_target!(|data: &[u8]| {
         let (e, used) = Encoded::decode(bytes).expect("only valid records survive");
         assert_eq!(used, bytes.len());
         assert_eq!(e.previous, prev, "a chain from the base");
-        assert_eq!(e.prev_chain, prev_chain, "and of content, not only positions");
+        assert_eq!(
+            e.prev_chain, prev_chain,
+            "and of content, not only positions"
+        );
         prev = e.bookmark;
         prev_chain = e.chain;
     }
@@ -66,7 +69,9 @@ fuzz_target!(|data: &[u8]| {
         let record = Record {
             bookmark: next,
             previous: prev,
-            prev_chain: log.last_chain().expect("a log from the start knows its chain"),
+            prev_chain: log
+                .last_chain()
+                .expect("a log from the start knows its chain"),
             page_size: 512,
             db_pages: 1,
             pages: vec![(1, Bytes::from(vec![0x5a; 512]))],

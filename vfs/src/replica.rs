@@ -218,6 +218,18 @@ impl ReplicaWal {
         let fresh = std::fs::metadata(path)
             .map(|m| m.len() == 0)
             .unwrap_or(true);
+        // No database file but the rest of a replica is there: its data
+        // was lost, not never written. Creating a new database would let
+        // SQLite delete the WAL that may hold the durable transactions, so
+        // refuse and leave every file as it is.
+        let wal_len = std::fs::metadata(sibling(path, "-wal")).map_or(0, |m| m.len());
+        if fresh && (wal_len > 0 || WatermarkFile::path_for(path).exists()) {
+            return Err(ReplicaOpenError::Corrupt {
+                path: path.to_path_buf(),
+                reason: "the database file is missing or empty but its WAL or watermark exists"
+                    .into(),
+            });
+        }
         if fresh {
             let c = Connection::open(path)?;
             c.execute_batch(&format!(

@@ -1,7 +1,5 @@
-//! Reproducers found by the `wal_crash_recovery` fuzz target
-//! (`papers/fuzz-crash-recovery.md`). One that still fails is ignored so that
-//! CI stays green until it is fixed:
-//! `cargo test -p walrelay-vfs --test crash_recovery_repro -- --ignored`.
+//! Reproducers of what the `wal_crash_recovery` fuzz target found
+//! (`papers/fuzz-crash-recovery.md`), kept as regression tests.
 
 use std::path::Path;
 use walrelay_replicator::Bookmark;
@@ -90,7 +88,6 @@ impl walrelay_vfs::CaptureSink for Recorder {
 /// before the open refuses with "the WAL holding confirmed frames is
 /// missing". A refused open should leave the files as it found them.
 #[test]
-#[ignore = "bug: a refused open deletes the WAL; remove once fixed"]
 fn a_refused_open_of_a_replica_without_its_database_file_keeps_its_wal() {
     let dir = tempfile::tempdir().expect("tmp");
     let primary = dir.path().join("primary.db");
