@@ -7,7 +7,7 @@
 //! process, which is then killed).
 //!
 //! Replacement: the replica whose persisted watermark is highest is
-//! stopped, its directory becomes a primary's at that watermark
+//! killed (it is crash-safe), its directory becomes a primary's at that watermark
 //! ([`walrelay_engine::recovery::promote_replica`]) and a `walrelay primary` starts
 //! on it, on the same replication address and on the replica's own HTTP
 //! port. The new primary wins a newer epoch from the followers, rolls its
@@ -265,8 +265,12 @@ impl Cluster {
         tracing::warn!(slot = old, why, "primary gone: failing over");
         let new = match candidate {
             Some(k) => {
+                // Killed, not asked to stop: a replica is crash-safe (it
+                // reopens at its persisted watermark), and a clean stop
+                // would wait for its in-flight forwards, which are waiting
+                // for the very primary this replaces.
                 let n = &mut self.nodes[k];
-                signal(&n.child, libc::SIGINT);
+                signal(&n.child, libc::SIGKILL);
                 wait_bounded(&mut n.child, "the replica being promoted")?;
                 match walrelay_engine::recovery::promote_replica(
                     &walrelay_engine::replication::database_path(&self.plan.slots[k].dir),

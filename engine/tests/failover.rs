@@ -1,9 +1,10 @@
 //! Automatic failover under `walrelay up`, as a user meets it: kill -9 the
 //! primary under load (and now and then a follower or a replica) and the
 //! writes sent to any node's HTTP port succeed again within seconds; every
-//! acknowledged write is there after every recovery; sessions (a bookmark
-//! carried from each write to the next read, on any node) never see an
-//! older state; and the cluster restarts from its directory afterwards.
+//! acknowledged write is there after every recovery; the session
+//! consistency checker (`common::consistency`) finds no violation in the
+//! recorded history across the failovers; and the cluster restarts from
+//! its directory afterwards.
 //!
 //! 20 primary kills by default, 200 under `WALRELAY_SOAK=1`. Recovery time
 //! (kill to the first acknowledged write) is printed as p50/p99 for
@@ -11,12 +12,15 @@
 
 mod common;
 
-use common::up::{Up, UpClient, free_base};
+use common::consistency::{CREATE, Event, INDEX, Op, Seen, check, request};
+use common::up::{Up, free_base};
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use walrelay_engine::http::auth::ApiToken;
+use walrelay_engine::http::client::{Client, NodeInfo};
 
 /// Node ports `up` serves HTTP on: slot 0 and two replicas.
 const NODES: u16 = 3;
@@ -37,56 +41,61 @@ fn kill9(pid: i32) {
     }
 }
 
-/// What the writers saw.
-#[derive(Default)]
-struct Ledger {
-    acked: Mutex<BTreeSet<i64>>,
-    violations: Mutex<Vec<String>>,
-    /// When the last write was acknowledged (ms since the test started).
+/// Sessions running through every node, recorded for the checker.
+struct Sessions {
+    events: Mutex<Vec<Event>>,
+    /// When a write was last acknowledged (ms since the test started).
     last_ack_ms: AtomicU64,
+    next_session: AtomicU64,
 }
 
-/// A client writing unique ids through the nodes in turn, each write's
-/// bookmark carried to a read of it on another node.
-fn writer(up: UpClient, w: i64, ledger: Arc<Ledger>, stop: Arc<AtomicBool>, t0: Instant) {
-    let mut n = 0i64;
+/// One client thread: sessions one after another, each a run of reads and
+/// writes sent through the nodes in turn (so through whichever is the
+/// primary now, and through replicas that forward), its bookmark carried
+/// from each request to the next.
+fn client(
+    nodes: Vec<NodeInfo>,
+    token: Option<ApiToken>,
+    log: Arc<Sessions>,
+    stop: Arc<AtomicBool>,
+    t0: Instant,
+) {
+    let mut c = Client::new(nodes.clone(), "region-a", "main");
+    if let Some(t) = &token {
+        c = c.with_token(t);
+    }
+    let mut k = 0usize;
     while !stop.load(Ordering::Relaxed) {
-        n += 1;
-        let id = w * 1_000_000_000 + n;
-        let node = (n as u16) % NODES;
-        let r = up.query(
-            node,
-            "first-unconstrained",
-            &json!({"sql": "INSERT INTO acked(id) VALUES (?1)", "params": [id]}),
-        );
-        if r.status != 200 || r.json["success"] != json!(true) {
-            std::thread::sleep(Duration::from_millis(20));
-            continue;
-        }
-        ledger.acked.lock().expect("ledger").insert(id);
-        ledger
-            .last_ack_ms
-            .store(t0.elapsed().as_millis() as u64, Ordering::Relaxed);
-        // Read-your-writes on another node, through the session bookmark.
-        let Some(b) = r.bookmark else {
-            ledger
-                .violations
-                .lock()
-                .expect("ledger")
-                .push(format!("write {id} came back without a bookmark"));
-            continue;
+        let session = log.next_session.fetch_add(1, Ordering::Relaxed) as usize;
+        let constraint = if session % 5 == 0 {
+            "first-primary"
+        } else {
+            "first-unconstrained"
         };
-        let other = (node + 1) % NODES;
-        let read = up.query(
-            other,
-            &b,
-            &json!({"sql": "SELECT count(*) AS n FROM acked WHERE id = ?1", "params": [id]}),
-        );
-        if read.status == 200 && read.json["result"][0]["results"][0]["n"] != json!(1) {
-            ledger.violations.lock().expect("ledger").push(format!(
-                "node {other} at bookmark {b} did not see write {id}: {}",
-                read.json
-            ));
+        let s = c.session(constraint);
+        let mut n = 0;
+        for step in 0..12 {
+            let op = if step % 3 == 0 {
+                Op::Read
+            } else {
+                n += 1;
+                Op::Write { n }
+            };
+            k += 1;
+            let e = request(&s, constraint, session, step, &nodes[k % nodes.len()], op);
+            if matches!((e.op, &e.answer), (Op::Write { .. }, Ok(_))) {
+                log.last_ack_ms
+                    .store(t0.elapsed().as_millis() as u64, Ordering::Relaxed);
+            }
+            let failed = e.answer.is_err();
+            log.events.lock().expect("events").push(e);
+            if failed {
+                // A session whose write may or may not have run ends
+                // here (its later answers could not be judged); the next
+                // starts after a pause, as a client backs off.
+                std::thread::sleep(Duration::from_millis(20));
+                break;
+            }
         }
     }
 }
@@ -102,21 +111,51 @@ fn killing_the_primary_under_load_fails_over_within_seconds_and_loses_no_acknowl
     let base = free_base();
     let mut up = Up::start(dir.path(), base, &["--writers", "1"]);
     up.wait_serving(2, Duration::from_secs(120));
-    let create = up.query(
-        0,
-        "first-primary",
-        &json!({"sql": "CREATE TABLE acked(id INTEGER PRIMARY KEY)"}),
-    );
-    assert_eq!(create.status, 200, "{}", create.json);
-    let ledger = Arc::new(Ledger::default());
-    let stop = Arc::new(AtomicBool::new(false));
-    let t0 = Instant::now();
-    let writers: Vec<_> = (1..=3)
-        .map(|w| {
-            let (up, ledger, stop) = (up.client(), Arc::clone(&ledger), Arc::clone(&stop));
-            std::thread::spawn(move || writer(up, w, ledger, stop, t0))
+    for sql in [CREATE, INDEX] {
+        let r = up.query(0, "first-primary", &json!({ "sql": sql }));
+        assert_eq!(r.status, 200, "{}", r.json);
+    }
+    // Every node is addressed as a replica of its own region: the checker
+    // then accepts an answer from whichever node is the primary now, and
+    // still checks that a node that answers as a replica is the one asked.
+    let nodes: Vec<NodeInfo> = ["primary-region", "region-a", "region-b"]
+        .iter()
+        .enumerate()
+        .map(|(i, region)| NodeInfo {
+            url: up.http(i as u16),
+            region: region.to_string(),
+            primary: false,
         })
         .collect();
+    let token = up
+        .token()
+        .map(|t| t.parse::<ApiToken>().expect("the admin token"));
+    let log = Arc::new(Sessions {
+        events: Mutex::new(Vec::new()),
+        last_ack_ms: AtomicU64::new(0),
+        next_session: AtomicU64::new(0),
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let t0 = Instant::now();
+    let clients: Vec<_> = (0..3)
+        .map(|_| {
+            let (nodes, token, log, stop) = (
+                nodes.clone(),
+                token.clone(),
+                Arc::clone(&log),
+                Arc::clone(&stop),
+            );
+            std::thread::spawn(move || client(nodes, token, log, stop, t0))
+        })
+        .collect();
+    let acked = |log: &Sessions| {
+        log.events
+            .lock()
+            .expect("events")
+            .iter()
+            .filter(|e| matches!((e.op, &e.answer), (Op::Write { .. }, Ok(_))))
+            .count()
+    };
     let mut recovery_ms = Vec::new();
     let mut rng_state = 0x9e37_79b9_u64;
     let mut next = || {
@@ -127,9 +166,9 @@ fn killing_the_primary_under_load_fails_over_within_seconds_and_loses_no_acknowl
     };
     for k in 0..kills {
         // Load first: acknowledged writes keep coming before each kill.
-        let before = ledger.acked.lock().expect("ledger").len();
+        let before = acked(&log);
         let deadline = Instant::now() + Duration::from_secs(30);
-        while ledger.acked.lock().expect("ledger").len() < before + 5 {
+        while acked(&log) < before + 5 {
             assert!(
                 Instant::now() < deadline,
                 "kill {k}: no writes before the kill"
@@ -164,7 +203,7 @@ fn killing_the_primary_under_load_fails_over_within_seconds_and_loses_no_acknowl
         kill9(primary);
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let last = ledger.last_ack_ms.load(Ordering::Relaxed);
+            let last = log.last_ack_ms.load(Ordering::Relaxed);
             if last > killed_ms {
                 recovery_ms.push(last - killed_ms);
                 break;
@@ -177,17 +216,32 @@ fn killing_the_primary_under_load_fails_over_within_seconds_and_loses_no_acknowl
         }
     }
     stop.store(true, Ordering::Relaxed);
-    for w in writers {
-        w.join().expect("writer");
+    for c in clients {
+        c.join().expect("client");
     }
-    let violations = ledger.violations.lock().expect("ledger").clone();
-    assert!(violations.is_empty(), "session violations: {violations:#?}");
-    let acked = ledger.acked.lock().expect("ledger").clone();
-    let check = |up: &Up| {
+    let events = std::mem::take(&mut *log.events.lock().expect("events"));
+    let report = check(&events);
+    assert!(
+        report.violations.is_empty(),
+        "the session checker found violations across the failovers:\n{}",
+        report.first_violations(20)
+    );
+    // Every acknowledged write is in the final history.
+    let written: BTreeSet<i64> = events
+        .iter()
+        .filter_map(|e| match (&e.op, &e.answer) {
+            (Op::Write { .. }, Ok(a)) => match a.seen {
+                Seen::Written { id } => Some(id),
+                Seen::State(_) => None,
+            },
+            _ => None,
+        })
+        .collect();
+    let check_held = |up: &Up| {
         let r = up.query(
             0,
             "first-primary",
-            &json!({"sql": "SELECT id FROM acked ORDER BY id"}),
+            &json!({"sql": "SELECT id FROM log ORDER BY id"}),
         );
         assert_eq!(r.status, 200, "{}", r.json);
         let held: BTreeSet<i64> = r.json["result"][0]["results"]
@@ -196,14 +250,15 @@ fn killing_the_primary_under_load_fails_over_within_seconds_and_loses_no_acknowl
             .iter()
             .filter_map(|row| row["id"].as_i64())
             .collect();
-        let lost: Vec<&i64> = acked.difference(&held).take(10).collect();
+        let lost: Vec<&i64> = written.difference(&held).take(10).collect();
         assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
     };
-    check(&up);
+    check_held(&up);
     recovery_ms.sort_unstable();
     eprintln!(
-        "failover: {kills} primary kills, {} acknowledged writes, recovery (kill to first acknowledged write) p50 {} ms p99 {} ms max {} ms",
-        acked.len(),
+        "failover: {kills} primary kills, {} acknowledged writes; checker: {}; recovery (kill to the first acknowledged write) p50 {} ms p99 {} ms max {} ms",
+        written.len(),
+        report.summary(),
         percentile(&recovery_ms, 50),
         percentile(&recovery_ms, 99),
         recovery_ms.last().copied().unwrap_or(0)
@@ -211,9 +266,17 @@ fn killing_the_primary_under_load_fails_over_within_seconds_and_loses_no_acknowl
     // And the cluster restarts from its directory with all of it.
     let (status, lines) = up.interrupt();
     assert!(status.success(), "up stopped with {status}: {lines:#?}");
+    for l in lines.iter().filter(|l| {
+        l.contains("takes over")
+            || l.contains("could not promote")
+            || l.contains("primary started")
+            || l.contains("election won")
+    }) {
+        eprintln!("{l}");
+    }
     let mut again = Up::start(dir.path(), base, &["--writers", "0"]);
     again.wait_serving(2, Duration::from_secs(120));
-    check(&again);
+    check_held(&again);
     let (status, lines) = again.interrupt();
     assert!(status.success(), "up stopped with {status}: {lines:#?}");
 }

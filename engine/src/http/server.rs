@@ -395,6 +395,13 @@ impl Node {
                 .run(db, caller, constraint, &parsed, cancel)
                 .into_answer(),
             Role::Replica { replica, .. } => {
+                if caller.forwarded {
+                    // Sent here as the primary by a replica that believes
+                    // this node leads (a failover moved it): whatever the
+                    // request, it was meant for the primary, so say this
+                    // is not it and the sender tries the next node.
+                    return super::forward::not_primary();
+                }
                 let forward = |reason| self.forward(caller, name, header, body, reason);
                 if constraint == Constraint::FirstPrimary {
                     return forward("first-primary");
@@ -467,11 +474,6 @@ impl Node {
         let Some(primaries) = &self.primaries else {
             return Answer::error(503, codes::UNAVAILABLE, "no primary is known");
         };
-        if caller.forwarded {
-            // Another replica took this for the primary: say it is not, so
-            // it tries the next node (and requests never loop).
-            return super::forward::not_primary();
-        }
         self.metrics.forwarded(reason);
         let request = super::client::Request {
             database: name,

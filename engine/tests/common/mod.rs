@@ -4,6 +4,7 @@
 //! children, loopback ports and cluster key files.
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod consistency;
 pub mod procs;
 pub mod up;
 
