@@ -1,6 +1,6 @@
-//! Power loss, simulated on real files: the followers (real processes) and
-//! the primary lose what they had not synced at a random point, round
-//! after round, and no acknowledged write is ever lost.
+//! Power loss, simulated on real files: the followers and a replica (real
+//! processes) and the primary lose what they had not synced at a random
+//! point, round after round, and no acknowledged write is ever lost.
 //!
 //! A power cut here: every follower is SIGKILLed and its log loses a random
 //! part of what follows the last position it acknowledged (what a sync did
@@ -8,8 +8,12 @@
 //! random run of garbage); the primary is dropped without a stop and its
 //! files (synchronous=OFF) are truncated or scribbled on. Then everything
 //! restarts: the primary wins a new epoch, rebuilds from the followers' log
-//! and must hold every acknowledged write, with `integrity_check` ok.
-//! Replicas' crash states are the `wal_crash_recovery` fuzz target's.
+//! and must hold every acknowledged write, with `integrity_check` ok. A
+//! replica (a process) loses the WAL frames past its persisted watermark at
+//! a random point, with a torn run of garbage, and its wal-index is
+//! scribbled on; restarted, it must catch up to every acknowledged write and
+//! pass `integrity_check`. (More replica crash states: the
+//! `wal_crash_recovery` fuzz target.)
 //!
 //! 4 rounds by default, 40 under `WALRELAY_SOAK=1`.
 
@@ -76,6 +80,101 @@ fn lose_unsynced(dir: &Path, keep: Bookmark, rng: &mut SmallRng) {
     }
 }
 
+/// A replica's files after a power cut: the WAL keeps what its last
+/// persist synced (up to the watermark's frame) and a random part of the
+/// rest, torn; the wal-index (never synced) holds anything.
+fn lose_replica_unsynced(db: &Path, rng: &mut SmallRng) {
+    let Some(w) = walrelay_vfs::watermark::persisted(db) else {
+        return;
+    };
+    let wal = {
+        let mut p = db.as_os_str().to_owned();
+        p.push("-wal");
+        std::path::PathBuf::from(p)
+    };
+    if let Ok(len) = std::fs::metadata(&wal).map(|m| m.len()) {
+        let synced = if w.frame == 0 {
+            0
+        } else {
+            walrelay_vfs::wal_format::WAL_HEADER_BYTES as u64
+                + u64::from(w.frame) * walrelay_vfs::wal_format::frame_bytes(w.page_size)
+        };
+        if len > synced {
+            let cut = rng.random_range(synced..=len);
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&wal)
+                .expect("open wal");
+            f.set_len(cut).expect("cut wal");
+            let torn: Vec<u8> = (0..rng.random_range(0..64)).map(|_| rng.random()).collect();
+            f.write_all_at(&torn, cut).expect("torn tail");
+        }
+    }
+    let mut shm = db.as_os_str().to_owned();
+    shm.push("-shm");
+    if let Ok(mut bytes) = std::fs::read(&shm) {
+        for _ in 0..8 {
+            if !bytes.is_empty() {
+                let i = rng.random_range(0..bytes.len());
+                bytes[i] = rng.random();
+            }
+        }
+        std::fs::write(&shm, &bytes).expect("write shm");
+    }
+}
+
+/// Starts the replica process.
+fn spawn_replica(
+    dir: &Path,
+    leader: std::net::SocketAddr,
+    followers: &[std::net::SocketAddr],
+    key: &Path,
+) -> common::procs::Proc {
+    let mut args = vec![
+        "replica".to_string(),
+        "--dir".into(),
+        dir.display().to_string(),
+        "--leader".into(),
+        leader.to_string(),
+        "--followers".into(),
+        common::procs::join_addrs(followers),
+    ];
+    args.extend(common::procs::key_args(key));
+    let mut p = common::procs::Proc::spawn("replica", &args);
+    p.wait_line("following");
+    p
+}
+
+/// The ids a stopped replica at `dir` shows, and its integrity check.
+fn replica_ids(dir: &Path) -> (BTreeSet<i64>, String) {
+    let r = walrelay_engine::Replica::open(
+        walrelay_engine::replication::database_path(dir),
+        walrelay_engine::ReplicaOptions::default(),
+    )
+    .expect("the replica reopens");
+    let s = r.session(Constraint::FirstUnconstrained).expect("session");
+    let ids = s
+        .prepare("SELECT id FROM t")
+        .all()
+        .map(|q| {
+            q.results
+                .iter()
+                .filter_map(|row| row.get("id").and_then(Value::as_i64))
+                .collect()
+        })
+        .unwrap_or_default();
+    let check = s
+        .prepare("PRAGMA integrity_check")
+        .first()
+        .expect("check")
+        .and_then(|row| {
+            row.get("integrity_check")
+                .and_then(|v| v.as_str().map(String::from))
+        })
+        .unwrap_or_default();
+    (ids, check)
+}
+
 /// The primary's files after a power cut at synchronous=OFF: anything.
 fn scribble_primary(path: &Path, rng: &mut SmallRng) {
     for suffix in ["", "-wal"] {
@@ -101,7 +200,7 @@ fn scribble_primary(path: &Path, rng: &mut SmallRng) {
 }
 
 #[test]
-fn after_power_cuts_on_the_followers_and_the_primary_no_acknowledged_write_is_lost() {
+fn after_power_cuts_on_the_followers_the_primary_and_a_replica_no_acknowledged_write_is_lost() {
     let rounds = if common::soak() { 40 } else { 4 };
     let seed = common::seeds(1, 1)[0];
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -110,12 +209,20 @@ fn after_power_cuts_on_the_followers_and_the_primary_no_acknowledged_write_is_lo
     let (key_path, key) = common::procs::cluster_key_file(dir.path());
     let (mut procs, addrs) = common::procs::spawn_followers(dir.path(), 3, &key_path);
     let path = dir.path().join("p.db");
+    let replica_dir = dir.path().join("replica");
+    let mut replica: Option<common::procs::Proc>;
     let mut acked: BTreeSet<i64> = BTreeSet::new();
     let mut next_id = 0i64;
     for round in 0..=rounds {
         let mut config = PrimaryConfig::new(&path, addrs.clone(), Some(key.clone()));
         config.confirm_timeout_ms = 5_000;
+        // A dropped primary's leader keeps its listening socket in this
+        // process: each round listens for the replica on a new port, and
+        // the replica restarts with it.
+        let leader = common::procs::free_port();
+        config.listen = Some(leader);
         let p = ReplicatedPrimary::start(config).expect("the primary recovers");
+        replica = Some(spawn_replica(&replica_dir, leader, &addrs, &key_path));
         let s = p
             .database()
             .session(Constraint::FirstPrimary)
@@ -148,6 +255,34 @@ fn after_power_cuts_on_the_followers_and_the_primary_no_acknowledged_write_is_lo
         assert_eq!(check.as_deref(), Some("ok"), "round {round}");
         if round == rounds {
             drop(s);
+            // The replica catches up with everything acknowledged.
+            let last = p.database().latest_bookmark();
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                let caught_up = replica.as_ref().expect("running").lines().iter().any(|l| {
+                    l.split("confirmed=")
+                        .nth(1)
+                        .and_then(|b| b.split_whitespace().next())
+                        .and_then(|b| b.parse::<Bookmark>().ok())
+                        .is_some_and(|b| b >= last)
+                });
+                if caught_up {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the replica never caught up to {last}"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            replica.take().expect("running").interrupt();
+            let (ids, check) = replica_ids(&replica_dir);
+            let missing: Vec<&i64> = acked.difference(&ids).take(10).collect();
+            assert!(
+                missing.is_empty(),
+                "the replica lacks acknowledged writes: {missing:?}"
+            );
+            assert_eq!(check, "ok", "the replica's integrity check");
             p.stop(Duration::from_secs(10))
                 .expect("a clean stop at the end");
             break;
@@ -164,11 +299,21 @@ fn after_power_cuts_on_the_followers_and_the_primary_no_acknowledged_write_is_lo
             .map(|i| p.leader().follower_durable(i).unwrap_or(Bookmark::ZERO))
             .collect();
         drop(s);
-        // The power goes: followers first, the primary with them.
+        // The power goes: followers first, the primary and the replica
+        // with them.
         for f in &mut procs {
             f.kill();
         }
         drop(p);
+        if round % 2 == 1 {
+            if let Some(mut r) = replica.take() {
+                r.kill();
+            }
+            lose_replica_unsynced(
+                &walrelay_engine::replication::database_path(&replica_dir),
+                &mut rng,
+            );
+        }
         for (i, keep) in durable.iter().enumerate() {
             lose_unsynced(&dir.path().join(format!("follower-{i}")), *keep, &mut rng);
         }

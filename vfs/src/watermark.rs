@@ -112,10 +112,10 @@ pub enum WatermarkError {
     NoValidSlot(PathBuf),
 }
 
-/// The bookmark a replica at `db` last persisted as its watermark, read
-/// without opening the replica (None: no valid watermark file). Safe to
-/// call while the replica runs: it only reads the two slots.
-pub fn persisted_bookmark(db: &Path) -> Option<Bookmark> {
+/// The watermark a replica at `db` last persisted, read without opening
+/// the replica (None: no valid watermark file). Safe to call while the
+/// replica runs: it only reads the two slots.
+pub fn persisted(db: &Path) -> Option<Watermark> {
     let mut buf = [0u8; 2 * SLOT_BYTES];
     let file = File::open(WatermarkFile::path_for(db)).ok()?;
     file.read_exact_at(&mut buf, 0).ok()?;
@@ -123,7 +123,12 @@ pub fn persisted_bookmark(db: &Path) -> Option<Bookmark> {
         .into_iter()
         .filter_map(Watermark::decode)
         .max_by_key(|(seq, _)| *seq)
-        .map(|(_, w)| w.bookmark)
+        .map(|(_, w)| w)
+}
+
+/// The bookmark of [`persisted`].
+pub fn persisted_bookmark(db: &Path) -> Option<Bookmark> {
+    persisted(db).map(|w| w.bookmark)
 }
 
 /// The open watermark file.
