@@ -238,11 +238,20 @@ fn killing_the_primary_under_load_fails_over_within_seconds_and_loses_no_acknowl
         })
         .collect();
     let check_held = |up: &Up| {
-        let r = up.query(
-            0,
-            "first-primary",
-            &json!({"sql": "SELECT id FROM log ORDER BY id"}),
-        );
+        // The last kill's node may still be coming back: ask until it
+        // answers.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let r = loop {
+            let r = up.query(
+                0,
+                "first-primary",
+                &json!({"sql": "SELECT id FROM log ORDER BY id"}),
+            );
+            if r.status == 200 || Instant::now() >= deadline {
+                break r;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
         assert_eq!(r.status, 200, "{}", r.json);
         let held: BTreeSet<i64> = r.json["result"][0]["results"]
             .as_array()
