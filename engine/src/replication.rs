@@ -128,6 +128,8 @@ impl TransactionSink for Link {
                 chunks: parts.len() as u64,
             })?;
         let window = (self.max_unconfirmed_bytes as u64 / record::CHUNK_PAGE_BYTES).max(2) as usize;
+        // One time for every chunk of the transaction.
+        let commit_us = walrelay_replicator::node::leader::wall_clock_us();
         let mut in_flight = std::collections::VecDeque::new();
         for (i, part) in parts.iter().enumerate() {
             let at = Bookmark::new(bookmark.epoch, Sequence(first_seq + i as u64));
@@ -138,7 +140,7 @@ impl TransactionSink for Link {
                     .map_err(|e| ShipError::Chunk(e.into()))?;
             }
             let continued = i + 1 < parts.len();
-            let record = encode_chunk(at, *previous, &txn.pages, part, continued)?;
+            let record = encode_chunk(at, *previous, &txn.pages, part, continued, commit_us)?;
             let chain = record.chain;
             leader.commit(record)?;
             *previous = (at, chain);
@@ -159,22 +161,26 @@ pub fn encode(
     previous: (Bookmark, ChainHash),
     pages: &PageSet,
 ) -> Result<Encoded, walrelay_replicator::RecordError> {
-    encode_chunk(bookmark, previous, pages, pages.pages(), false)
+    let now_us = walrelay_replicator::node::leader::wall_clock_us();
+    encode_chunk(bookmark, previous, pages, pages.pages(), false, now_us)
 }
 
 /// `part` of a captured page set as one record; `continued` when a later
-/// chunk of the same transaction follows.
+/// chunk of the same transaction follows; `commit_us` the transaction's
+/// commit time (the same for all its chunks).
 fn encode_chunk(
     bookmark: Bookmark,
     (previous, prev_chain): (Bookmark, ChainHash),
     pages: &PageSet,
     part: &[(PageNo, bytes::Bytes)],
     continued: bool,
+    commit_us: u64,
 ) -> Result<Encoded, walrelay_replicator::RecordError> {
     Record {
         bookmark,
         previous,
         prev_chain,
+        commit_us,
         page_size: pages.page_size(),
         db_pages: pages.db_size_pages(),
         pages: part

@@ -117,6 +117,7 @@ fn forged_record(bookmark: Bookmark, previous: Bookmark) -> Message {
         bookmark,
         previous,
         prev_chain: ChainHash::GENESIS,
+        commit_us: 0,
         page_size: 4096,
         db_pages: 1,
         pages: vec![(1, Bytes::from(vec![FORGED; 4096]))],

@@ -72,6 +72,7 @@ fuzz_target!(|data: &[u8]| {
             prev_chain: log
                 .last_chain()
                 .expect("a log from the start knows its chain"),
+            commit_us: 0,
             page_size: 512,
             db_pages: 1,
             pages: vec![(1, Bytes::from(vec![0x5a; 512]))],

@@ -510,6 +510,7 @@ mod tests {
                 bookmark: b(e, s),
                 previous: prev,
                 prev_chain: crate::chain::ChainHash::GENESIS,
+                commit_us: 0,
                 page_size: 512,
                 db_pages: 1,
                 pages: vec![(1, Bytes::from(vec![s as u8; 512]))],

@@ -685,6 +685,7 @@ mod tests {
             bookmark: Bookmark::new(Epoch(3), Sequence(1)),
             previous: Bookmark::ZERO,
             prev_chain: crate::chain::ChainHash::GENESIS,
+            commit_us: 0,
             page_size: 512,
             db_pages: 1,
             pages: vec![(1, bytes::Bytes::from(vec![0u8; 512]))],

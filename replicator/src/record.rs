@@ -4,7 +4,7 @@
 //! ```text
 //! record (big-endian)
 //!  0  magic        b"WRRC"                          4
-//!  4  version      u16 (2)                          2
+//!  4  version      u16 (3)                          2
 //!  6  flags        u16: bit 0 CONTINUED, others 0     2
 //!                  (CONTINUED: a chunk of a transaction whose
 //!                  last chunk follows; it commits nothing)
@@ -15,15 +15,19 @@
 //! 40  db_pages     u32: database size after commit  4
 //! 44  page_count   u32                              4
 //! 48  prev_chain   the previous record's chain     16
-//! 64  chain        BLAKE3-128 of bytes 0..64 and   16   (see `chain`)
-//!                  the pages (80 .. total_len-4)
-//! 80  pages        page_count x (page_no u32, image[page_size])
+//! 64  chain        BLAKE3-128 of every byte before  16   (see `chain`)
+//!                  it and after it up to the CRC
+//! 80  commit_us    u64: the leader's wall clock at   8
+//!                  commit, µs since the Unix epoch
+//!                  (maps times to bookmarks; never
+//!                  used for ordering)
+//! 88  pages        page_count x (page_no u32, image[page_size])
 //!  .. crc32        u32 over bytes 0 .. total_len-4  4
 //! ```
 //!
-//! Version 1 (before the chain) had no chain fields and 48 header bytes; a
-//! log holding one is refused by name ([`legacy_v1_record_len`]), never
-//! mistaken for a torn tail.
+//! Older versions: 1 had no chain fields (48 header bytes), 2 no commit
+//! time (80). A log holding one is refused by name
+//! ([`legacy_record_len`]), never mistaken for a torn tail.
 //!
 //! A transaction larger than [`CHUNK_PAGE_BYTES`] of page images travels as
 //! several records with consecutive bookmarks: every chunk but the last has
@@ -43,11 +47,13 @@ use crate::chain::ChainHash;
 use bytes::{BufMut, Bytes, BytesMut};
 
 pub const MAGIC: [u8; 4] = *b"WRRC";
-pub const VERSION: u16 = 2;
-pub const HEADER_BYTES: usize = 80;
+pub const VERSION: u16 = 3;
+pub const HEADER_BYTES: usize = 88;
 const PREV_CHAIN_AT: usize = 48;
 const CHAIN_AT: usize = 64;
-const V1_HEADER_BYTES: u64 = 48;
+const COMMIT_AT: usize = 80;
+/// Header bytes of the older versions, by version.
+const LEGACY_HEADER_BYTES: [(u16, u64); 2] = [(1, 48), (2, 80)];
 pub const CRC_BYTES: usize = 4;
 /// The largest page count one record may carry (512-byte pages filling
 /// [`MAX_RECORD_BYTES`]).
@@ -62,18 +68,23 @@ pub const CHUNK_PAGE_BYTES: u64 = 8 << 20;
 const LEGACY_MAX_PAGES: u32 = 262_144;
 const LEGACY_MAX_RECORD_BYTES: u64 = 1 << 30;
 
-/// The length of a whole, CRC-valid version 1 record at the start of
-/// `buf` (a log written before records carried their chain): such a log is
+/// The length of a whole, CRC-valid record of an older version at the
+/// start of `buf` (a log written by an older walrelay): such a log is
 /// refused by name rather than cut as a torn tail.
-pub fn legacy_v1_record_len(buf: &[u8]) -> Option<u64> {
-    if buf.len() < V1_HEADER_BYTES as usize || buf[..4] != MAGIC || buf[4..6] != [0, 1] {
+pub fn legacy_record_len(buf: &[u8]) -> Option<u64> {
+    if buf.len() < 48 || buf[..4] != MAGIC {
         return None;
     }
+    let version = u16::from_be_bytes([buf[4], buf[5]]);
+    let header = LEGACY_HEADER_BYTES
+        .iter()
+        .find(|(v, _)| *v == version)
+        .map(|(_, h)| *h)?;
     let (page_size, count) = (be32(buf, 36), be32(buf, 44));
     if !valid_page_size(page_size) || count > LEGACY_MAX_PAGES {
         return None;
     }
-    let len = V1_HEADER_BYTES + u64::from(count) * (4 + u64::from(page_size)) + CRC_BYTES as u64;
+    let len = header + u64::from(count) * (4 + u64::from(page_size)) + CRC_BYTES as u64;
     if len != u64::from(be32(buf, 8)) || len > LEGACY_MAX_RECORD_BYTES || (buf.len() as u64) < len {
         return None;
     }
@@ -103,6 +114,10 @@ pub struct Record {
     /// The chain of the record before it ([`ChainHash::GENESIS`] for the
     /// first record of a history); the record's own chain is computed.
     pub prev_chain: ChainHash,
+    /// The leader's wall clock when the transaction committed (µs since
+    /// the Unix epoch): what maps a time to a bookmark. Informational,
+    /// never used for ordering.
+    pub commit_us: u64,
     pub page_size: u32,
     pub db_pages: u32,
     /// Strictly increasing page numbers, each image `page_size` bytes.
@@ -145,6 +160,12 @@ pub enum RecordError {
 
 pub(crate) fn be32(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn be64(b: &[u8], at: usize) -> u64 {
+    let mut raw = [0u8; 8];
+    raw.copy_from_slice(&b[at..at + 8]);
+    u64::from_be_bytes(raw)
 }
 
 pub(crate) fn bookmark_at(b: &[u8], at: usize) -> Bookmark {
@@ -226,12 +247,13 @@ impl Record {
         b.put_u32(self.pages.len() as u32);
         b.put_slice(&self.prev_chain.to_bytes());
         b.put_slice(&[0u8; ChainHash::BYTE_LEN]); // the chain, once known
+        b.put_u64(self.commit_us);
         for (no, image) in &self.pages {
             b.put_u32(*no);
             b.put_slice(image);
         }
-        let chain = ChainHash::over(&[&b[..CHAIN_AT], &b[HEADER_BYTES..]]);
-        b[CHAIN_AT..HEADER_BYTES].copy_from_slice(&chain.to_bytes());
+        let chain = ChainHash::over(&[&b[..CHAIN_AT], &b[COMMIT_AT..]]);
+        b[CHAIN_AT..COMMIT_AT].copy_from_slice(&chain.to_bytes());
         let crc = crc32fast::hash(&b);
         b.put_u32(crc);
         debug_assert_eq!(b.len() as u64, total);
@@ -347,6 +369,7 @@ impl Record {
             bookmark: bookmark_at(buf, 12),
             previous: bookmark_at(buf, 24),
             prev_chain: ChainHash::at(buf, PREV_CHAIN_AT),
+            commit_us: be64(buf, COMMIT_AT),
             page_size,
             db_pages: be32(buf, 40),
             pages,
@@ -397,14 +420,18 @@ impl Encoded {
         Record::parse_checked(&self.bytes, self.bytes.len())
     }
 
+    /// The leader's wall clock at commit (see [`Record::commit_us`]).
+    pub fn commit_us(&self) -> u64 {
+        be64(&self.bytes, COMMIT_AT)
+    }
+
     /// Whether the stored chain is the hash of what it covers (a full pass
     /// over the record; the CRC already guards against damage, so this is
     /// for audits and tests, not the hot path).
     pub fn chain_is_valid(&self) -> bool {
         let b = &self.bytes;
         b.len() >= HEADER_BYTES + CRC_BYTES
-            && ChainHash::over(&[&b[..CHAIN_AT], &b[HEADER_BYTES..b.len() - CRC_BYTES]])
-                == self.chain
+            && ChainHash::over(&[&b[..CHAIN_AT], &b[COMMIT_AT..b.len() - CRC_BYTES]]) == self.chain
     }
 
     /// Whether a later chunk of the same transaction follows this record
@@ -462,6 +489,31 @@ pub(crate) mod testing {
 }
 
 #[cfg(test)]
+mod commit_time_tests {
+    use super::*;
+    use crate::bookmark::{Epoch, Sequence};
+
+    #[test]
+    fn the_commit_time_round_trips_and_is_part_of_the_chain() {
+        let r = |commit_us| Record {
+            bookmark: Bookmark::new(Epoch(1), Sequence(1)),
+            previous: Bookmark::ZERO,
+            prev_chain: ChainHash::GENESIS,
+            commit_us,
+            page_size: 512,
+            db_pages: 1,
+            pages: vec![(1, Bytes::from(vec![7u8; 512]))],
+        };
+        let a = r(1_700_000_000_123_456).to_encoded().expect("encode");
+        assert_eq!(a.commit_us(), 1_700_000_000_123_456);
+        assert_eq!(a.record().expect("decode").commit_us, 1_700_000_000_123_456);
+        assert!(a.chain_is_valid());
+        let b = r(1_700_000_000_123_457).to_encoded().expect("encode");
+        assert_ne!(a.chain, b.chain, "another time is another record");
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::bookmark::{Epoch, Sequence};
@@ -471,6 +523,7 @@ mod tests {
             bookmark: Bookmark::new(Epoch(1), Sequence(2)),
             previous: Bookmark::new(Epoch(1), Sequence(1)),
             prev_chain: crate::chain::ChainHash::GENESIS,
+            commit_us: 0,
             page_size: 512,
             db_pages: 10,
             pages: pages

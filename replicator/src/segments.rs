@@ -65,7 +65,7 @@ pub enum SegmentError {
     #[error("an earlier sync failed; reopen the log to recover")]
     Failed,
     #[error(
-        "{path} holds a valid version 1 record of {len} bytes (an older walrelay wrote it, before records carried their chain); refusing to open rather than cut it"
+        "{path} holds a valid record of {len} bytes in an older format (an older walrelay wrote it); refusing to open rather than cut it"
     )]
     LegacyRecord { path: PathBuf, len: u64 },
     #[error("record {bookmark} does not chain onto the log's last record")]
@@ -262,7 +262,7 @@ impl SegmentLog {
                     _ => None,
                 };
                 let Some((bookmark, chain, used)) = ok else {
-                    if let Some(len) = crate::record::legacy_v1_record_len(&rest) {
+                    if let Some(len) = crate::record::legacy_record_len(&rest) {
                         return Err(SegmentError::LegacyRecord { path, len });
                     }
                     // Zero magic: the clean end. Anything else: a torn or
@@ -785,6 +785,7 @@ mod tests {
                 bookmark: b(s),
                 previous: b(s - 1),
                 prev_chain: crate::chain::ChainHash::GENESIS,
+                commit_us: 0,
                 page_size: 512,
                 db_pages: 3,
                 pages: vec![
@@ -915,6 +916,7 @@ mod tests {
             bookmark: b(5),
             previous: b(4),
             prev_chain: crate::chain::ChainHash::over(&[b"another history"]),
+            commit_us: 0,
             page_size: 512,
             db_pages: 1,
             pages: vec![(1, Bytes::from(vec![0u8; 512]))],
@@ -954,6 +956,7 @@ mod tests {
                     bookmark: b(2),
                     previous: b(1),
                     prev_chain: crate::chain::ChainHash::GENESIS,
+                    commit_us: 0,
                     page_size: 4096,
                     db_pages: 4,
                     pages: (1..=4)

@@ -182,6 +182,7 @@ mod tests {
             bookmark: b(s),
             previous: b(s - 1),
             prev_chain: crate::chain::ChainHash::GENESIS,
+            commit_us: 0,
             page_size: 512,
             db_pages: 1,
             pages: vec![(1, Bytes::from(vec![s as u8; 512]))],

@@ -495,6 +495,7 @@ mod tests {
                     bookmark: b(3, 10),
                     previous: b(3, 9),
                     prev_chain: crate::chain::ChainHash::GENESIS,
+                    commit_us: 0,
                     page_size: 512,
                     db_pages: 2,
                     pages: vec![(2, Bytes::from(vec![7u8; 512]))],

@@ -35,6 +35,7 @@ fn record(s: u64) -> Encoded {
             bookmark: b(n),
             previous: if n == 1 { Bookmark::ZERO } else { b(n - 1) },
             prev_chain,
+            commit_us: 0,
             page_size: 4096,
             db_pages: 2,
             pages: vec![(2, Bytes::from(vec![n as u8; 4096]))],

@@ -1046,6 +1046,7 @@ fn record(epoch: Epoch, seq: u64, previous: Bookmark, prev_chain: ChainHash) -> 
         bookmark: Bookmark::new(epoch, Sequence(seq)),
         previous,
         prev_chain,
+        commit_us: 0,
         page_size: 512,
         db_pages: 1,
         pages: vec![(1, Bytes::from(vec![seq as u8; 512]))],

@@ -328,6 +328,7 @@ fn same_key_peers_exchange_messages_and_appends_on_both_transports() {
                 bookmark: Bookmark::new(Epoch(1), Sequence(1)),
                 previous: Bookmark::ZERO,
                 prev_chain: crate::chain::ChainHash::GENESIS,
+                commit_us: 0,
                 page_size: 4096,
                 db_pages: 2,
                 pages: vec![(2, bytes::Bytes::from(vec![9u8; 4096]))],
