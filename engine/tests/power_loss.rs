@@ -163,15 +163,7 @@ fn replica_ids(dir: &Path) -> (BTreeSet<i64>, String) {
                 .collect()
         })
         .unwrap_or_default();
-    let check = s
-        .prepare("PRAGMA integrity_check")
-        .first()
-        .expect("check")
-        .and_then(|row| {
-            row.get("integrity_check")
-                .and_then(|v| v.as_str().map(String::from))
-        })
-        .unwrap_or_default();
+    let check = common::integrity(&s);
     (ids, check)
 }
 
@@ -244,15 +236,7 @@ fn after_power_cuts_on_the_followers_the_primary_and_a_replica_no_acknowledged_w
             lost.is_empty(),
             "round {round}: acknowledged writes lost: {lost:?}"
         );
-        let check = s
-            .prepare("PRAGMA integrity_check")
-            .first()
-            .expect("check")
-            .and_then(|r| {
-                r.get("integrity_check")
-                    .and_then(|v| v.as_str().map(String::from))
-            });
-        assert_eq!(check.as_deref(), Some("ok"), "round {round}");
+        assert_eq!(common::integrity(&s), "ok", "round {round}");
         if round == rounds {
             drop(s);
             // The replica catches up with everything acknowledged.

@@ -144,15 +144,7 @@ fn a_primary_that_crashed_is_rebuilt_from_the_followers_log_with_every_acknowled
     s.prepare("INSERT INTO t VALUES (40)")
         .run()
         .expect("writes go on");
-    let check = s
-        .prepare("PRAGMA integrity_check")
-        .first()
-        .expect("check")
-        .and_then(|row| {
-            row.get("integrity_check")
-                .and_then(|v| v.as_str().map(String::from))
-        });
-    assert_eq!(check.as_deref(), Some("ok"));
+    assert_eq!(common::integrity(&s), "ok");
     drop(s);
     p.stop(Duration::from_secs(10)).expect("stop");
 }

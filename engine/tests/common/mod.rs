@@ -22,6 +22,18 @@ use walrelay_engine::{
     TransactionSink, Value,
 };
 
+/// What `PRAGMA integrity_check` says through `s` ("ok" when sound).
+pub fn integrity(s: &Session) -> String {
+    s.prepare("PRAGMA integrity_check")
+        .first()
+        .expect("integrity_check runs")
+        .and_then(|row| {
+            row.get("integrity_check")
+                .and_then(|v| v.as_str().map(String::from))
+        })
+        .unwrap_or_default()
+}
+
 /// Remembers every committed transaction with its bookmark.
 #[derive(Default)]
 pub struct Recorder {
