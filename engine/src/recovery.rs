@@ -370,7 +370,11 @@ pub fn promote_replica(path: &Path) -> Result<Bookmark, RecoveryError> {
 /// Commits the new epoch's first record (a write of page 1 that changes
 /// nothing a reader can see) and waits until it is confirmed: with it, the
 /// adopted tail is confirmed too, and the primary serves nothing before.
-pub fn commit_barrier(db: &Database) -> Result<Bookmark, RecoveryError> {
+pub fn commit_barrier(
+    db: &Database,
+    leader: &walrelay_replicator::node::leader::LeaderNode,
+    timeout: Duration,
+) -> Result<Bookmark, RecoveryError> {
     let Some(p) = db.primary() else {
         return Ok(db.latest_bookmark());
     };
@@ -386,6 +390,13 @@ pub fn commit_barrier(db: &Database) -> Result<Bookmark, RecoveryError> {
     }
     db.check_capture().map_err(RecoveryError::Barrier)?;
     let at = db.latest_bookmark();
-    p.gate_wait(at).map_err(RecoveryError::Barrier)?;
+    // Bounded by the start's own timeout, not a result's: followers that
+    // just restarted may take longer than a write may wait.
+    leader.wait_confirmed(at, timeout).map_err(|e| {
+        RecoveryError::Barrier(crate::QueryError::NotConfirmed {
+            bookmark: at,
+            reason: e.into(),
+        })
+    })?;
     Ok(at)
 }

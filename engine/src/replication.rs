@@ -340,7 +340,11 @@ impl ReplicatedPrimary {
         let _ = link.leader.set(leader.clone());
         // Consumed: from here a crash must not find it.
         stop_marker::remove(&config.path)?;
-        let first = crate::recovery::commit_barrier(&db)?;
+        let first = crate::recovery::commit_barrier(
+            &db,
+            &leader,
+            Duration::from_millis(config.election_timeout_ms.max(config.confirm_timeout_ms)),
+        )?;
         tracing::info!(
             epoch = adopted.epoch.0,
             after = %adopted.end,
