@@ -130,11 +130,9 @@ pub fn adopt(config: &PrimaryConfig) -> Result<Adopted, RecoveryError> {
             upto = %adopted_end.last,
             "no clean stop: rebuilding the database from the followers' log"
         );
-        for p in [
-            path.clone(),
-            with_suffix(path, "-wal"),
-            with_suffix(path, "-shm"),
-        ] {
+        // The database, its WAL and its wal-index (the files
+        // `replica_files` names first; a primary has no watermark).
+        for p in walrelay_vfs::replica_files(path).into_iter().take(3) {
             match std::fs::remove_file(&p) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -178,12 +176,6 @@ pub fn adopt(config: &PrimaryConfig) -> Result<Adopted, RecoveryError> {
     })
 }
 
-fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
-    let mut p = path.as_os_str().to_owned();
-    p.push(suffix);
-    PathBuf::from(p)
-}
-
 /// Copies the WAL into the database file and empties it, with the plain
 /// unix VFS (no capture yet: the walrelay VFS attaches after this).
 fn checkpoint_truncate(path: &Path) -> Result<(), RecoveryError> {
@@ -212,7 +204,6 @@ struct Roll {
     tail: Vec<Encoded>,
     confirmed: Bookmark,
     applied: u64,
-    first_prev_chain: Option<ChainHash>,
 }
 
 impl Roll {
@@ -225,7 +216,6 @@ impl Roll {
             tail: Vec::new(),
             confirmed,
             applied: 0,
-            first_prev_chain: None,
         })
     }
 
@@ -244,11 +234,10 @@ impl Roll {
     }
 
     fn take(&mut self, r: Encoded) -> Result<(), RecoveryError> {
-        if self.first_prev_chain.is_none() {
-            self.first_prev_chain = Some(r.prev_chain);
-            if self.start.1.is_none() {
-                self.start.1 = Some(r.prev_chain);
-            }
+        // The start's chain, when not known, is the first record's
+        // predecessor's.
+        if self.start.1.is_none() {
+            self.start.1 = Some(r.prev_chain);
         }
         let complete = !r.continued();
         self.txn.push(r);

@@ -87,11 +87,7 @@ fn lose_replica_unsynced(db: &Path, rng: &mut SmallRng) {
     let Some(w) = walrelay_vfs::watermark::persisted(db) else {
         return;
     };
-    let wal = {
-        let mut p = db.as_os_str().to_owned();
-        p.push("-wal");
-        std::path::PathBuf::from(p)
-    };
+    let [_, wal, shm, _] = walrelay_vfs::replica_files(db);
     if let Ok(len) = std::fs::metadata(&wal).map(|m| m.len()) {
         let synced = if w.frame == 0 {
             0
@@ -110,8 +106,6 @@ fn lose_replica_unsynced(db: &Path, rng: &mut SmallRng) {
             f.write_all_at(&torn, cut).expect("torn tail");
         }
     }
-    let mut shm = db.as_os_str().to_owned();
-    shm.push("-shm");
     if let Ok(mut bytes) = std::fs::read(&shm) {
         for _ in 0..8 {
             if !bytes.is_empty() {
