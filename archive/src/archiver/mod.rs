@@ -1,0 +1,285 @@
+//! The uploader: runs beside a durability follower, off the commit path,
+//! and moves the follower's confirmed records into the store; cuts
+//! snapshots; prunes what the retention no longer needs; and lets the
+//! follower delete local segments the store covers.
+//!
+//! One round ([`Archiver::round`]):
+//! 1. Load the manifest. An uploader whose epoch is older than the
+//!    manifest's is fenced and does nothing.
+//! 2. If the confirmed records after the archived end are old enough
+//!    (`max_lag_ms`) or many enough (`max_lag_bytes`), read them from the
+//!    local log in runs of up to `object_bytes`, ending at a transaction's
+//!    end, upload each as a log object (create-only), and publish a
+//!    manifest whose archived end covers them (compare-and-swap: on a lost
+//!    race, reload and go on from what won). (`upload`)
+//! 3. If enough log (`snapshot_log_bytes`) or time (`snapshot_every_ms`)
+//!    has passed since the newest snapshot, build the database at the
+//!    archived end from the store, upload it as a snapshot and publish it.
+//!    (`snapshots`)
+//! 4. Drop snapshots older than the retention (keeping the newest of
+//!    them, so the horizon stays restorable), publish, then delete their
+//!    parts and the log objects before the new horizon; then release the
+//!    local segments the store covers, keeping the newest
+//!    `local_keep_bytes` for fast catch-up of peers. (`prune`)
+//!
+//! Several followers may run an uploader for the same database: they
+//! produce identical objects for identical runs, and the manifest's
+//! compare-and-swap orders their publishes. A follower of `rank` r waits
+//! (1 + 2r) times as long before acting, so normally the rank 0 follower
+//! uploads and the others step in only when it is gone.
+//!
+//! A crash between any two steps leaves a store that restores exactly:
+//! objects are published by the manifest only after they exist, and are
+//! deleted only after a manifest that no longer needs them exists.
+
+mod prune;
+mod snapshots;
+mod upload;
+
+use crate::error::{ArchiveError, RestoreError};
+use crate::manifest::{self, Manifest, Published};
+use crate::reader::Archive;
+use crate::store::Store;
+use bytes::Bytes;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+use walrelay_replicator::{Bookmark, DatabaseId, Epoch};
+
+/// Where the uploader reads confirmed records from and releases local
+/// segments: a durability follower's log.
+pub trait Source: Send + Sync {
+    /// The newest bookmark known confirmed and held durably here.
+    fn confirmed(&self) -> Bookmark;
+    /// The epoch this follower has promised (names the uploads).
+    fn epoch(&self) -> Epoch;
+    /// Where the local log starts (records up to it were released).
+    fn log_start(&self) -> Bookmark;
+    /// Encoded confirmed records after `after`, up to about `max_bytes`
+    /// (at least one if there is one).
+    fn read_confirmed(&self, after: Bookmark, max_bytes: usize) -> Result<Vec<Bytes>, SourceError>;
+    /// Bytes of log on local disk.
+    fn disk_bytes(&self) -> u64;
+    /// The newest point up to which releasing still keeps at least
+    /// `keep_bytes` of the newest records.
+    fn release_point(&self, keep_bytes: u64) -> Bookmark;
+    /// Deletes local segments whose records are all at or before `upto`.
+    fn release_through(&self, upto: Bookmark) -> Result<(), SourceError>;
+}
+
+/// A [`Source`]'s own error, carried as it is.
+pub type SourceError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How an uploader runs.
+#[derive(Debug, Clone)]
+pub struct ArchiverConfig {
+    pub database: DatabaseId,
+    /// Scratch space for building snapshots (one database image at a time).
+    pub work_dir: PathBuf,
+    /// 0 for the preferred uploader; higher ranks wait longer.
+    pub rank: u32,
+    /// Upload once the oldest unarchived confirmed record is this old...
+    pub max_lag_ms: u64,
+    /// ...or this many bytes of records are unarchived.
+    pub max_lag_bytes: u64,
+    /// Record bytes per log object (a target; one record may pass it).
+    pub object_bytes: u64,
+    /// Snapshot after this much log since the newest snapshot...
+    pub snapshot_log_bytes: u64,
+    /// ...or after this long with any new log.
+    pub snapshot_every_ms: u64,
+    /// History kept restorable in the store.
+    pub retention_ms: u64,
+    /// Newest log bytes kept on local disk after they are archived.
+    pub local_keep_bytes: u64,
+}
+
+impl ArchiverConfig {
+    /// The defaults: upload within 10 s or 16 MiB, snapshot every 256 MiB
+    /// of log or hour, keep 30 days, keep 64 MiB of archived log locally.
+    pub fn new(database: DatabaseId, work_dir: PathBuf) -> ArchiverConfig {
+        ArchiverConfig {
+            database,
+            work_dir,
+            rank: 0,
+            max_lag_ms: 10_000,
+            max_lag_bytes: 16 << 20,
+            object_bytes: 16 << 20,
+            snapshot_log_bytes: 256 << 20,
+            snapshot_every_ms: 3_600_000,
+            retention_ms: 30 * 24 * 3_600_000,
+            local_keep_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Counters and gauges an operator reads.
+#[derive(Debug, Default)]
+pub struct ArchiverStats {
+    pub objects_uploaded: AtomicU64,
+    pub bytes_uploaded: AtomicU64,
+    pub snapshots_uploaded: AtomicU64,
+    pub snapshot_bytes_uploaded: AtomicU64,
+    pub manifests_published: AtomicU64,
+    pub races_lost: AtomicU64,
+    pub objects_deleted: AtomicU64,
+    pub failures: AtomicU64,
+    /// Gauges: how far the store is behind this follower's confirmed log.
+    pub lag_bytes: AtomicU64,
+    pub lag_ms: AtomicU64,
+    /// Gauge: the archived end's sequence and epoch.
+    pub archived_epoch: AtomicU64,
+    pub archived_sequence: AtomicU64,
+}
+
+/// What a round did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RoundReport {
+    pub archived_to: Bookmark,
+    pub objects: u32,
+    pub snapshot: Option<Bookmark>,
+    pub deleted: u32,
+    pub released_to: Option<Bookmark>,
+    pub fenced: bool,
+}
+
+/// One follower's uploader.
+#[derive(Debug)]
+pub struct Archiver {
+    archive: Archive,
+    config: ArchiverConfig,
+    stats: Arc<ArchiverStats>,
+    /// Record bytes archived since the newest snapshot, as this uploader
+    /// counted them (a restart counts from zero: at worst a late snapshot).
+    since_snapshot_bytes: u64,
+    /// When garbage was last swept (µs); sweeps list whole prefixes, so
+    /// they run at most once per `SWEEP_EVERY_US`.
+    last_sweep_us: u64,
+}
+
+/// The wall clock in µs since the Unix epoch.
+pub fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+impl Archiver {
+    pub fn new(store: Store, config: ArchiverConfig) -> Archiver {
+        Archiver {
+            archive: Archive::new(store, config.database),
+            config,
+            stats: Arc::default(),
+            since_snapshot_bytes: 0,
+            last_sweep_us: 0,
+        }
+    }
+
+    pub fn stats(&self) -> Arc<ArchiverStats> {
+        Arc::clone(&self.stats)
+    }
+
+    pub fn archive(&self) -> &Archive {
+        &self.archive
+    }
+
+    pub fn config(&self) -> &ArchiverConfig {
+        &self.config
+    }
+
+    fn load(&self) -> Result<Manifest, ArchiveError> {
+        match self.archive.manifest() {
+            Ok(m) => Ok(m),
+            Err(RestoreError::NoManifest) => Ok(Manifest::empty(self.config.database)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The rank's patience: how many times the configured lag it waits
+    /// before acting.
+    fn patience(&self) -> u64 {
+        1 + 2 * u64::from(self.config.rank)
+    }
+
+    /// One round of work (see the module docs). `force` uploads whatever
+    /// is confirmed and snapshots if anything is new, ignoring the lag
+    /// and snapshot thresholds (a clean stop, a time-travel request).
+    pub fn round(&mut self, source: &dyn Source, force: bool) -> Result<RoundReport, ArchiveError> {
+        let r = self.round_inner(source, force);
+        match &r {
+            Ok(report) => {
+                self.stats
+                    .archived_epoch
+                    .store(u64::from(report.archived_to.epoch.0), Ordering::Relaxed);
+                self.stats
+                    .archived_sequence
+                    .store(report.archived_to.sequence.0, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(database = %self.config.database, error = %e, "archive round failed; retrying later");
+            }
+        }
+        r
+    }
+
+    fn round_inner(
+        &mut self,
+        source: &dyn Source,
+        force: bool,
+    ) -> Result<RoundReport, ArchiveError> {
+        let mine = source.epoch();
+        let mut m = self.load()?;
+        let mut report = RoundReport {
+            archived_to: m.log_end,
+            ..RoundReport::default()
+        };
+        if m.epoch > mine {
+            report.fenced = true;
+            return Ok(report);
+        }
+        report.objects = self.upload_log(source, &mut m, force)?;
+        report.archived_to = m.log_end;
+        if m.epoch > mine {
+            report.fenced = true;
+            return Ok(report);
+        }
+        report.snapshot = self.maybe_snapshot(&mut m, mine, force)?;
+        report.deleted = self.prune(&mut m, mine)?;
+        report.released_to = self.release(source, &m)?;
+        Ok(report)
+    }
+
+    /// Publishes `next` (built from `m` with the next sequence); on a
+    /// lost race reloads `m` and returns false.
+    fn publish(&self, m: &mut Manifest, next: Manifest) -> Result<bool, ArchiveError> {
+        debug_assert_eq!(next.sequence, m.sequence + 1);
+        match manifest::publish(self.archive.store(), &next)? {
+            Published::Done => {
+                self.stats
+                    .manifests_published
+                    .fetch_add(1, Ordering::Relaxed);
+                *m = next;
+                Ok(true)
+            }
+            Published::Lost => {
+                self.stats.races_lost.fetch_add(1, Ordering::Relaxed);
+                *m = self.load()?;
+                Ok(false)
+            }
+        }
+    }
+}
+
+/// The next version of `m`, written by an uploader of epoch `mine`.
+fn successor(m: &Manifest, mine: Epoch) -> Manifest {
+    let mut next = m.clone();
+    // A manifest sequence cannot run out: one per upload for 2^64.
+    next.sequence = m
+        .sequence
+        .checked_add(1)
+        .expect("manifest sequence overflow");
+    next.epoch = m.epoch.max(mine);
+    next
+}

@@ -1,0 +1,142 @@
+//! Step 2 of a round: confirmed records into log objects.
+
+use super::{Archiver, Source, now_us, successor};
+use crate::error::{ArchiveError, FormatError};
+use crate::log_object::{LogObject, MAX_RAW_BYTES};
+use crate::manifest::Manifest;
+use crate::names;
+use bytes::Bytes;
+use std::sync::atomic::Ordering;
+use walrelay_replicator::{Bookmark, ChainHash, Encoded};
+
+impl Archiver {
+    /// Uploads what is due; returns how many objects it put.
+    pub(super) fn upload_log(
+        &mut self,
+        source: &dyn Source,
+        m: &mut Manifest,
+        force: bool,
+    ) -> Result<u32, ArchiveError> {
+        let mut uploaded = 0;
+        // Where the next object starts: the archived end, or past objects
+        // of a giant transaction put up but not yet published.
+        let mut cursor: (Bookmark, ChainHash) = (m.log_end, m.log_end_chain);
+        let mut pending: Vec<Bookmark> = Vec::new();
+        loop {
+            let confirmed = source.confirmed();
+            if confirmed <= cursor.0 {
+                if pending.is_empty() {
+                    self.stats.lag_bytes.store(0, Ordering::Relaxed);
+                    self.stats.lag_ms.store(0, Ordering::Relaxed);
+                }
+                return Ok(uploaded);
+            }
+            if source.log_start() > cursor.0 {
+                return Err(ArchiveError::LocalGap {
+                    start: source.log_start(),
+                    archived: cursor.0,
+                });
+            }
+            let run = self.next_run(source, cursor.0)?;
+            let Some(first) = run.records.first() else {
+                return Ok(uploaded);
+            };
+            if first.prev_chain != cursor.1 {
+                // The local log does not continue the archived history:
+                // this follower's log diverged, or the store belongs to
+                // another history. Never upload it.
+                return Err(ArchiveError::Format(FormatError::Invalid {
+                    what: "local log",
+                    why: "it does not chain onto the archived history",
+                }));
+            }
+            let age_ms = now_us().saturating_sub(first.commit_us()) / 1000;
+            self.stats.lag_bytes.store(run.bytes, Ordering::Relaxed);
+            self.stats.lag_ms.store(age_ms, Ordering::Relaxed);
+            let due = force
+                || !pending.is_empty()
+                || age_ms >= self.config.max_lag_ms * self.patience()
+                || run.bytes >= self.config.max_lag_bytes * self.patience();
+            if !due {
+                return Ok(uploaded);
+            }
+            let obj = LogObject::new(self.config.database, run.records)?;
+            let key = names::log_key(self.config.database, &obj.name(source.epoch()));
+            let encoded = obj.encode()?;
+            let n = encoded.len() as u64;
+            self.archive.store().create(&key, Bytes::from(encoded))?;
+            self.stats.objects_uploaded.fetch_add(1, Ordering::Relaxed);
+            self.stats.bytes_uploaded.fetch_add(n, Ordering::Relaxed);
+            uploaded += 1;
+            pending.extend(obj.records.iter().map(|r| r.bookmark));
+            cursor = (obj.last, obj.last_chain);
+            if obj.records.last().is_some_and(Encoded::continued) {
+                // Inside a giant transaction: the manifest moves once its
+                // last chunk is up.
+                continue;
+            }
+            let mut next = successor(m, source.epoch());
+            next.log_end = obj.last;
+            next.log_end_chain = obj.last_chain;
+            next.log_end_us = obj.last_us;
+            for b in pending.drain(..) {
+                next.history.record(b);
+            }
+            let raw = obj.raw_len();
+            if self.publish(m, next)? {
+                self.since_snapshot_bytes += raw;
+                tracing::debug!(database = %self.config.database, archived = %m.log_end, "log archived");
+            } else {
+                // Another uploader published: go on from its end.
+                cursor = (m.log_end, m.log_end_chain);
+                if m.epoch > source.epoch() {
+                    return Ok(uploaded);
+                }
+            }
+        }
+    }
+
+    /// The next object's records after `after`: about `object_bytes`,
+    /// cut at the last transaction end (or whole, if one transaction
+    /// alone fills it).
+    fn next_run(&self, source: &dyn Source, after: Bookmark) -> Result<Run, ArchiveError> {
+        let target = self.config.object_bytes.max(1);
+        let mut run = Run::default();
+        let mut at = after;
+        while run.bytes < target {
+            let want = target - run.bytes;
+            let got = source
+                .read_confirmed(at, want as usize)
+                .map_err(ArchiveError::Source)?;
+            if got.is_empty() {
+                break;
+            }
+            for b in got {
+                let (e, _) = Encoded::decode(&b).map_err(|source| FormatError::Record {
+                    what: "local log",
+                    source,
+                })?;
+                run.bytes += e.bytes.len() as u64;
+                at = e.bookmark;
+                run.records.push(e);
+            }
+            if run.bytes + target > MAX_RAW_BYTES {
+                break;
+            }
+        }
+        let keep = match run.records.iter().rposition(|e| !e.continued()) {
+            Some(i) => i + 1,
+            None if run.bytes >= target => run.records.len(),
+            None => 0,
+        };
+        run.records.truncate(keep);
+        run.bytes = run.records.iter().map(|e| e.bytes.len() as u64).sum();
+        Ok(run)
+    }
+}
+
+#[derive(Default)]
+struct Run {
+    records: Vec<Encoded>,
+    bytes: u64,
+}

@@ -1,0 +1,144 @@
+//! A database image being built page by page: from snapshot parts and
+//! then log records, applied in history order. Used by restores (into a
+//! temporary file renamed into place when complete) and by the archiver
+//! (its working copy of the database at the archived end, from which it
+//! cuts snapshots).
+
+use crate::error::RestoreError;
+use crate::snapshot::Part;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use walrelay_replicator::{Encoded, Record};
+
+/// A page file: page `n` (1-based) at byte `(n - 1) * page_size`.
+#[derive(Debug)]
+pub struct Image {
+    file: File,
+    path: PathBuf,
+    page_size: u32,
+    db_pages: u32,
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> RestoreError + '_ {
+    move |source| RestoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl Image {
+    /// Creates (or empties) the image at `path`.
+    pub fn create(path: &Path, page_size: u32, db_pages: u32) -> Result<Image, RestoreError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(io(path))?;
+        file.set_len(u64::from(db_pages) * u64::from(page_size))
+            .map_err(io(path))?;
+        Ok(Image {
+            file,
+            path: path.to_path_buf(),
+            page_size,
+            db_pages,
+        })
+    }
+
+    /// Opens an existing image of `db_pages` pages.
+    pub fn open(path: &Path, page_size: u32, db_pages: u32) -> Result<Image, RestoreError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(io(path))?;
+        Ok(Image {
+            file,
+            path: path.to_path_buf(),
+            page_size,
+            db_pages,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn page_size(&self) -> u32 {
+        self.page_size
+    }
+
+    pub fn db_pages(&self) -> u32 {
+        self.db_pages
+    }
+
+    /// Writes a snapshot part's pages (parts may be written from several
+    /// threads at once: they touch disjoint ranges).
+    pub fn write_part(&self, part: &Part) -> Result<(), RestoreError> {
+        let at = u64::from(part.first_page - 1) * u64::from(self.page_size);
+        self.file
+            .write_all_at(&part.pages, at)
+            .map_err(io(&self.path))
+    }
+
+    /// Applies one record: its pages, and at a transaction's end the
+    /// database size it commits. A record of another page size is refused.
+    pub fn apply(&mut self, encoded: &Encoded) -> Result<(), RestoreError> {
+        let r: Record = encoded.record().map_err(|source| RestoreError::Format {
+            key: format!("record {}", encoded.bookmark),
+            source: crate::error::FormatError::Record {
+                what: "log object",
+                source,
+            },
+        })?;
+        if r.page_size != self.page_size {
+            // The first record of an empty image sets its page size.
+            if self.db_pages == 0 {
+                self.page_size = r.page_size;
+            } else {
+                return Err(RestoreError::Format {
+                    key: format!("record {}", r.bookmark),
+                    source: crate::error::FormatError::Invalid {
+                        what: "log object",
+                        why: "a record's page size differs from the database's",
+                    },
+                });
+            }
+        }
+        for (page_no, image) in &r.pages {
+            let at = u64::from(page_no - 1) * u64::from(self.page_size);
+            self.file.write_all_at(image, at).map_err(io(&self.path))?;
+        }
+        if !encoded.continued() && r.db_pages != self.db_pages {
+            self.set_pages(r.db_pages)?;
+        }
+        Ok(())
+    }
+
+    fn set_pages(&mut self, db_pages: u32) -> Result<(), RestoreError> {
+        self.file
+            .set_len(u64::from(db_pages) * u64::from(self.page_size))
+            .map_err(io(&self.path))?;
+        self.db_pages = db_pages;
+        Ok(())
+    }
+
+    /// `count` pages from page `first`.
+    pub fn read_pages(&self, first: u32, count: u32) -> Result<Vec<u8>, RestoreError> {
+        let mut buf = vec![0u8; count as usize * self.page_size as usize];
+        self.file
+            .read_exact_at(
+                &mut buf,
+                u64::from(first.max(1) - 1) * u64::from(self.page_size),
+            )
+            .map_err(io(&self.path))?;
+        Ok(buf)
+    }
+
+    /// Makes the image durable.
+    pub fn sync(&self) -> Result<(), RestoreError> {
+        self.file.sync_all().map_err(io(&self.path))
+    }
+}

@@ -1,0 +1,316 @@
+//! The shared test kit for cold storage (feature `test-support`): a local
+//! S3 emulator process, a follower log in memory, and a workload with
+//! shadow copies of the database at every bookmark.
+
+use crate::archiver::{Source, SourceError};
+use bytes::Bytes;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use walrelay_replicator::{Bookmark, ChainHash, Encoded, Epoch, Record, Sequence};
+
+/// A `moto_server` (PyPI moto) on 127.0.0.1, with one bucket; stopped by
+/// PID on drop.
+#[derive(Debug)]
+pub struct S3Emulator {
+    child: Child,
+    port: u16,
+}
+
+/// Why the emulator is not there.
+#[derive(Debug, thiserror::Error)]
+pub enum EmulatorError {
+    #[error("moto_server is not installed (pip install 'moto[server]==5.2.1')")]
+    NotInstalled,
+    #[error("moto_server did not come up: {0}")]
+    Start(String),
+}
+
+impl S3Emulator {
+    /// Starts one. Tests that need it and are run under `CI=true` must
+    /// fail, not skip, when this errors.
+    pub fn start() -> Result<S3Emulator, EmulatorError> {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| EmulatorError::Start(e.to_string()))?
+            .port();
+        let child = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => EmulatorError::NotInstalled,
+                _ => EmulatorError::Start(e.to_string()),
+            })?;
+        let mut emu = S3Emulator { child, port };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Some(status)) = emu.child.try_wait() {
+                return Err(EmulatorError::Start(format!("exited with {status}")));
+            }
+            if emu.create_bucket("walrelay").is_ok() {
+                return Ok(emu);
+            }
+            if Instant::now() > deadline {
+                return Err(EmulatorError::Start("not listening after 60 s".into()));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// A store URL for a fresh prefix of the bucket.
+    pub fn url(&self, prefix: &str) -> String {
+        format!(
+            "s3://walrelay/{prefix}?endpoint={}&region=us-east-1&access_key_id=test&secret_access_key=test",
+            self.endpoint()
+        )
+    }
+
+    fn create_bucket(&self, name: &str) -> std::io::Result<()> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            s,
+            "PUT /{name} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            self.port
+        )?;
+        let mut reply = String::new();
+        s.read_to_string(&mut reply)?;
+        if reply.starts_with("HTTP/1.1 200") || reply.starts_with("HTTP/1.0 200") {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(
+                reply.lines().next().unwrap_or("").to_string(),
+            ))
+        }
+    }
+}
+
+impl Drop for S3Emulator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A durability follower's log in memory: records appended by a
+/// [`Workload`], a confirmed point, and releases.
+#[derive(Debug, Default)]
+pub struct MemSource {
+    inner: Mutex<MemLog>,
+}
+
+#[derive(Debug, Default)]
+struct MemLog {
+    records: Vec<Encoded>,
+    start: Bookmark,
+    confirmed: Bookmark,
+    epoch: Epoch,
+}
+
+impl MemSource {
+    pub fn new(epoch: Epoch) -> MemSource {
+        let s = MemSource::default();
+        s.inner.lock().epoch = epoch;
+        s
+    }
+
+    pub fn push(&self, e: Encoded) {
+        self.inner.lock().records.push(e);
+    }
+
+    pub fn confirm(&self, upto: Bookmark) {
+        self.inner.lock().confirmed = upto;
+    }
+
+    pub fn set_epoch(&self, epoch: Epoch) {
+        self.inner.lock().epoch = epoch;
+    }
+
+    pub fn held(&self) -> usize {
+        self.inner.lock().records.len()
+    }
+}
+
+impl Source for MemSource {
+    fn confirmed(&self) -> Bookmark {
+        let l = self.inner.lock();
+        l.confirmed
+            .min(l.records.last().map_or(l.start, |r| r.bookmark))
+    }
+    fn epoch(&self) -> Epoch {
+        self.inner.lock().epoch
+    }
+    fn log_start(&self) -> Bookmark {
+        self.inner.lock().start
+    }
+    fn read_confirmed(&self, after: Bookmark, max_bytes: usize) -> Result<Vec<Bytes>, SourceError> {
+        let l = self.inner.lock();
+        if after < l.start {
+            return Err(format!("released: {after} < {}", l.start).into());
+        }
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for r in l
+            .records
+            .iter()
+            .filter(|r| r.bookmark > after && r.bookmark <= l.confirmed)
+        {
+            if !out.is_empty() && bytes + r.bytes.len() > max_bytes {
+                break;
+            }
+            bytes += r.bytes.len();
+            out.push(r.bytes.clone());
+        }
+        Ok(out)
+    }
+    fn disk_bytes(&self) -> u64 {
+        self.inner
+            .lock()
+            .records
+            .iter()
+            .map(|r| r.bytes.len() as u64)
+            .sum()
+    }
+    fn release_point(&self, keep_bytes: u64) -> Bookmark {
+        let l = self.inner.lock();
+        let mut kept = 0u64;
+        for r in l.records.iter().rev() {
+            kept += r.bytes.len() as u64;
+            if kept >= keep_bytes {
+                return r.previous;
+            }
+        }
+        l.start
+    }
+    fn release_through(&self, upto: Bookmark) -> Result<(), SourceError> {
+        let mut l = self.inner.lock();
+        if upto > l.confirmed {
+            return Err("release past confirmed".into());
+        }
+        l.records.retain(|r| r.bookmark > upto);
+        l.start = l.start.max(upto);
+        Ok(())
+    }
+}
+
+/// A random workload over a small database, with the database's exact
+/// image after every transaction (the shadow copies restores are compared
+/// with).
+#[derive(Debug)]
+pub struct Workload {
+    rng: rand::rngs::SmallRng,
+    pub page_size: u32,
+    pages: Vec<Vec<u8>>,
+    at: Bookmark,
+    /// The last record's bookmark (what the next record follows).
+    last: Bookmark,
+    chain: ChainHash,
+    /// The database after each transaction (and at ZERO: empty).
+    pub shadows: BTreeMap<Bookmark, Vec<u8>>,
+    /// Each transaction's commit time (µs; the clock starts a day ago and
+    /// advances up to 2 s per transaction).
+    pub times: BTreeMap<Bookmark, u64>,
+    pub clock_us: u64,
+}
+
+impl Workload {
+    pub fn new(seed: u64, page_size: u32) -> Workload {
+        use rand::SeedableRng;
+        let mut shadows = BTreeMap::new();
+        shadows.insert(Bookmark::ZERO, Vec::new());
+        Workload {
+            rng: rand::rngs::SmallRng::seed_from_u64(seed),
+            page_size,
+            pages: Vec::new(),
+            at: Bookmark::ZERO,
+            last: Bookmark::ZERO,
+            chain: ChainHash::GENESIS,
+            shadows,
+            times: BTreeMap::new(),
+            // A day ago, so retention windows measured from now hold it.
+            clock_us: crate::archiver::now_us().saturating_sub(86_400_000_000),
+        }
+    }
+
+    pub fn at(&self) -> Bookmark {
+        self.at
+    }
+
+    /// Starts a new epoch (a failover): the next transaction is its first.
+    pub fn new_epoch(&mut self, epoch: Epoch) {
+        assert!(epoch > self.at.epoch);
+        self.at = Bookmark::new(epoch, Sequence(0));
+        // Sequence 0 of an epoch is never a record: the history continues
+        // from the last record, which `previous` keeps naming.
+    }
+
+    /// One random transaction of up to `max_pages` pages (it may grow or
+    /// shrink the database), split into chunks of at most `chunk_pages`;
+    /// returns its records.
+    pub fn transaction(&mut self, max_pages: u32, chunk_pages: usize) -> Vec<Encoded> {
+        use rand::Rng;
+        let len = self.pages.len() as u32;
+        let db_pages = match self.rng.random_range(0..10) {
+            0 if len > 2 => len - self.rng.random_range(1..=len / 2),
+            0..=3 => len + self.rng.random_range(1..=max_pages),
+            _ => len.max(1),
+        };
+        self.pages
+            .resize(db_pages as usize, vec![0; self.page_size as usize]);
+        let mut touched: Vec<u32> = (0..self.rng.random_range(1..=max_pages))
+            .map(|_| self.rng.random_range(1..=db_pages))
+            .collect();
+        if db_pages > len {
+            touched.extend(len + 1..=db_pages);
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        self.clock_us += self.rng.random_range(1_000..200_000);
+        let mut pages = Vec::new();
+        for p in touched {
+            let mut img = vec![0u8; self.page_size as usize];
+            self.rng.fill(&mut img[..64]);
+            img[64..].fill((p % 251) as u8);
+            self.pages[p as usize - 1] = img.clone();
+            pages.push((p, Bytes::from(img)));
+        }
+        let chunks: Vec<Vec<(u32, Bytes)>> = pages
+            .chunks(chunk_pages.max(1))
+            .map(|c| c.to_vec())
+            .collect();
+        let n = chunks.len();
+        let mut out = Vec::new();
+        let mut previous = self.last;
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let bookmark = Bookmark::new(self.at.epoch, self.at.sequence.next().expect("sequence"));
+            self.at = bookmark;
+            let r = Record {
+                bookmark,
+                previous,
+                prev_chain: self.chain,
+                commit_us: self.clock_us,
+                page_size: self.page_size,
+                db_pages,
+                pages: chunk,
+            };
+            let e = r.to_encoded_chunk(i + 1 < n).expect("encode");
+            self.chain = e.chain;
+            previous = bookmark;
+            out.push(e);
+        }
+        self.last = self.at;
+        self.shadows.insert(self.at, self.pages.concat());
+        self.times.insert(self.at, self.clock_us);
+        out
+    }
+}
