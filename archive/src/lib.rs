@@ -25,6 +25,7 @@
 pub mod archiver;
 mod codec;
 pub mod error;
+pub mod fork;
 pub mod image;
 pub mod log_object;
 pub mod manifest;
@@ -38,6 +39,7 @@ pub mod testing;
 
 pub use archiver::{Archiver, ArchiverConfig, ArchiverStats, RoundReport, Source, SourceError};
 pub use error::{ArchiveError, FormatError, RestoreError, StoreError};
+pub use fork::{ForkError, Forked, fork};
 pub use manifest::{Manifest, SnapshotEntry};
 pub use reader::{Archive, Plan};
 pub use restore::{NoProgress, Progress, Restored, restore_to_file};

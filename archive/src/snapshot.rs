@@ -23,9 +23,12 @@
 //!
 //! Part `i` holds pages `i * pages_per_part + 1 ..` up to `db_pages`; a
 //! database of 0 pages has one empty part. Every part repeats the whole
-//! snapshot's identity, so a part of another snapshot (or database) is
-//! refused, never mixed in. The manifest keeps a digest over the parts'
-//! digests, so a part replaced by another valid one is refused too.
+//! snapshot's identity, so a part of another snapshot is refused, never
+//! mixed in. The identity is the history's chain at the bookmark, which
+//! names the whole history up to it; `database` is the database the
+//! snapshot was first cut for (a fork reuses its origin's parts as they
+//! are, so it is informational). The manifest keeps a digest over the
+//! parts' digests, so a part replaced by another valid one is refused too.
 
 use crate::codec::{self, Put, Reader};
 use crate::error::FormatError;
@@ -141,7 +144,11 @@ pub fn decode_part(object: &[u8], expected: &SnapshotId, part: u32) -> Result<Pa
     let (at, parts) = (r.u32()?, r.u32()?);
     let (first, count) = (r.u32()?, r.u32()?);
     let zlen = r.u64()?;
-    if id != *expected || at != part || parts != expected.parts() {
+    let same = SnapshotId {
+        database: expected.database,
+        ..id
+    } == *expected;
+    if !same || at != part || parts != expected.parts() {
         return Err(invalid("the part belongs to another snapshot"));
     }
     if (first, count) != expected.part_pages(part) {

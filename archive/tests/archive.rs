@@ -461,3 +461,44 @@ fn a_follower_releases_only_archived_records_and_keeps_its_local_bytes() {
         Ok(())
     });
 }
+
+#[test]
+fn a_fork_at_any_bookmark_restores_equal_to_its_origin_there_and_reuses_snapshot_parts() {
+    each_store("fork", |store, dir| {
+        let mut w = Workload::new(31, 1024);
+        let s = MemSource::new(Epoch(1));
+        let mut up = Archiver::new(store.clone(), config(dir));
+        for _ in 0..4 {
+            run(&mut w, &s, 12);
+            up.round(&s, true)?;
+        }
+        let points: Vec<Bookmark> = w.shadows.keys().copied().collect();
+        let m = Archive::new(store.clone(), DB).manifest()?;
+        let at_snapshot = m.snapshots[1].bookmark;
+        let between = points[points.len() * 2 / 3];
+        for (i, at) in [at_snapshot, between].into_iter().enumerate() {
+            let to = DatabaseId(0x100 + i as u64);
+            let forked = walrelay_archive::fork(store, DB, at, to)?;
+            assert!(forked.parts_reused >= 1, "the snapshot's parts are reused");
+            let fa = Archive::new(store.clone(), to);
+            let fm = fa.manifest()?;
+            assert_eq!(fm.log_end, at);
+            restore_to_file(&fa, &fm, at, &dir.join("fork.db"), &NoProgress)?;
+            assert_eq!(
+                Db(std::fs::read(dir.join("fork.db"))?),
+                Db(w.shadows[&at].clone()),
+                "fork at {at}"
+            );
+            assert!(matches!(
+                walrelay_archive::fork(store, DB, at, to),
+                Err(walrelay_archive::ForkError::Exists(_))
+            ));
+        }
+        // The origin is untouched.
+        assert_eq!(
+            restore(store, w.at(), &dir.join("o.db"))?,
+            Db(w.shadows[&w.at()].clone())
+        );
+        Ok(())
+    });
+}
