@@ -37,7 +37,9 @@ pub mod store;
 #[cfg(feature = "test-support")]
 pub mod testing;
 
-pub use archiver::{Archiver, ArchiverConfig, ArchiverStats, RoundReport, Source, SourceError};
+pub use archiver::{
+    Archiver, ArchiverConfig, ArchiverStats, Flush, RoundReport, Source, SourceError,
+};
 pub use error::{ArchiveError, FormatError, RestoreError, StoreError};
 pub use fork::{ForkError, Forked, fork};
 pub use manifest::{Manifest, SnapshotEntry};

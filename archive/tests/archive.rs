@@ -7,7 +7,8 @@ use rand::{Rng, SeedableRng};
 use std::path::Path;
 use walrelay_archive::testing::{MemSource, S3Emulator, Workload};
 use walrelay_archive::{
-    Archive, Archiver, ArchiverConfig, NoProgress, RestoreError, Store, names, restore_to_file,
+    Archive, Archiver, ArchiverConfig, Flush, NoProgress, RestoreError, Store, names,
+    restore_to_file,
 };
 use walrelay_replicator::{Bookmark, DatabaseId, Epoch, Sequence};
 
@@ -84,7 +85,7 @@ fn a_restore_at_random_archived_bookmarks_equals_the_shadow_copy() {
                     source.set_epoch(Epoch(2));
                 }
                 run(&mut w, &source, 15);
-                up.round(&source, false)?;
+                up.round(&source, Flush::No)?;
             }
             let m = Archive::new(store.clone(), DB).manifest()?;
             assert_eq!(
@@ -143,7 +144,7 @@ fn a_time_names_the_last_transaction_committed_by_then() {
         let source = MemSource::new(Epoch(1));
         let mut up = Archiver::new(store.clone(), config(dir));
         run(&mut w, &source, 40);
-        up.round(&source, false)?;
+        up.round(&source, Flush::No)?;
         let a = Archive::new(store.clone(), DB);
         let m = a.manifest()?;
         for (&b, &t) in w.times.iter().step_by(3) {
@@ -170,7 +171,7 @@ fn bookmarks_not_archived_inside_a_transaction_or_outside_history_are_refused() 
             }
         }
         source.confirm(w.at());
-        up.round(&source, false)?;
+        up.round(&source, Flush::No)?;
         let out = dir.join("x.db");
         let end = w.at();
         let later = Bookmark::new(end.epoch, Sequence(end.sequence.0 + 1));
@@ -207,13 +208,13 @@ fn a_corrupt_missing_or_foreign_object_is_a_clear_error_never_a_wrong_restore() 
         c.snapshot_every_ms = u64::MAX / 8;
         let mut up = Archiver::new(store.clone(), c);
         run(&mut w, &source, 30);
-        up.round(&source, true)?;
+        up.round(&source, Flush::All)?;
         let out = dir.join("d.db");
         let m = Archive::new(store.clone(), DB).manifest()?;
         let snap = *m.snapshots.last().unwrap();
         let part = names::snapshot_part_key(DB, snap.bookmark, snap.generation, 0);
         run(&mut w, &source, 5);
-        up.round(&source, false)?;
+        up.round(&source, Flush::No)?;
         let end = w.at();
         let logs: Vec<_> = store.list(&names::log_prefix(DB), None)?;
         // Damage a log object the restore of `end` needs: one after the
@@ -311,12 +312,12 @@ fn an_uploader_of_an_older_epoch_is_fenced_and_writes_nothing() {
         let mut a = Archiver::new(store.clone(), config(&dir.join("a")));
         let mut b = Archiver::new(store.clone(), config(&dir.join("b")));
         run(&mut w, &new, 5);
-        a.round(&new, false)?;
+        a.round(&new, Flush::No)?;
         for r in w.transaction(4, 4) {
             old.push(r);
         }
         let before = store.list(&names::database_prefix(DB), None)?;
-        let report = b.round(&old, false)?;
+        let report = b.round(&old, Flush::No)?;
         assert!(report.fenced);
         assert_eq!(store.list(&names::database_prefix(DB), None)?, before);
         Ok(())
@@ -333,11 +334,11 @@ fn two_uploaders_racing_write_identical_objects_and_one_history() {
         for i in 0..8 {
             run(&mut w, &s, 6);
             if i % 2 == 0 {
-                a.round(&s, false)?;
-                b.round(&s, false)?;
+                a.round(&s, Flush::No)?;
+                b.round(&s, Flush::No)?;
             } else {
-                b.round(&s, false)?;
-                a.round(&s, false)?;
+                b.round(&s, Flush::No)?;
+                a.round(&s, Flush::No)?;
             }
         }
         let got = restore(store, w.at(), &dir.join("r.db"))?;
@@ -353,7 +354,7 @@ fn a_crash_at_any_step_of_an_upload_leaves_a_store_that_restores_exactly() {
         let s = MemSource::new(Epoch(1));
         let mut up = Archiver::new(store.clone(), config(dir));
         run(&mut w, &s, 10);
-        up.round(&s, false)?;
+        up.round(&s, Flush::No)?;
         let archived = w.at();
         // Crash after uploading a log object, before publishing it: the
         // object is there, the manifest does not cover it.
@@ -378,7 +379,7 @@ fn a_crash_at_any_step_of_an_upload_leaves_a_store_that_restores_exactly() {
         );
         // The next round (a restarted uploader) publishes on top of it.
         let mut again = Archiver::new(store.clone(), config(dir));
-        again.round(&s, false)?;
+        again.round(&s, Flush::No)?;
         assert_eq!(
             restore(store, w.at(), &dir.join("c.db"))?,
             Db(w.shadows[&w.at()].clone())
@@ -398,7 +399,7 @@ fn retention_drops_old_snapshots_and_log_but_keeps_the_horizon_restorable() {
         let mut up = Archiver::new(store.clone(), c.clone());
         for _ in 0..5 {
             run(&mut w, &s, 15);
-            up.round(&s, true)?;
+            up.round(&s, Flush::All)?;
         }
         let a = Archive::new(store.clone(), DB);
         let m = a.manifest()?;
@@ -409,7 +410,7 @@ fn retention_drops_old_snapshots_and_log_but_keeps_the_horizon_restorable() {
         c.retention_ms = 1;
         let mut pruner = Archiver::new(store.clone(), c);
         run(&mut w, &s, 3);
-        pruner.round(&s, true)?;
+        pruner.round(&s, Flush::All)?;
         let m = a.manifest()?;
         assert_eq!(m.snapshots.len(), 1, "only the horizon's snapshot stays");
         assert_eq!(m.retained_from, m.snapshots[0].bookmark);
@@ -448,13 +449,13 @@ fn a_follower_releases_only_archived_records_and_keeps_its_local_bytes() {
         c.max_lag_bytes = u64::MAX / 8;
         let mut up = Archiver::new(store.clone(), c);
         run(&mut w, &s, 30);
-        let report = up.round(&s, false)?;
+        let report = up.round(&s, Flush::No)?;
         assert_eq!(
             report.released_to, None,
             "nothing archived, nothing released"
         );
         assert!(s.held() > 0);
-        up.round(&s, true)?;
+        up.round(&s, Flush::All)?;
         use walrelay_archive::Source;
         assert!(s.log_start() > Bookmark::ZERO);
         assert!(s.disk_bytes() >= 20 << 10, "keeps its local bytes");
@@ -470,7 +471,7 @@ fn a_fork_at_any_bookmark_restores_equal_to_its_origin_there_and_reuses_snapshot
         let mut up = Archiver::new(store.clone(), config(dir));
         for _ in 0..4 {
             run(&mut w, &s, 12);
-            up.round(&s, true)?;
+            up.round(&s, Flush::All)?;
         }
         let points: Vec<Bookmark> = w.shadows.keys().copied().collect();
         let m = Archive::new(store.clone(), DB).manifest()?;

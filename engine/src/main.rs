@@ -1,5 +1,6 @@
 //! The `walrelay` binary.
 
+mod archive_cmd;
 mod cmd;
 mod supervisor;
 mod token_cmd;
@@ -50,6 +51,12 @@ enum Command {
     Replica(cmd::ReplicaArgs),
     /// Prepare a stopped replica's directory to start as the primary.
     Promote(cmd::PromoteArgs),
+    /// Write a database as it was at a bookmark or time, from cold
+    /// storage, as a standalone SQLite file.
+    Restore(archive_cmd::RestoreArgs),
+    /// Create a new database from another's history at a bookmark or
+    /// time, in cold storage.
+    Fork(archive_cmd::ForkArgs),
     /// Manage the HTTP API's tokens.
     #[command(subcommand)]
     Token(token_cmd::TokenCommand),
@@ -220,6 +227,8 @@ fn main() -> Result<()> {
         Command::Primary(a) => cmd::primary(a),
         Command::Replica(a) => cmd::replica(a),
         Command::Promote(a) => cmd::promote(a),
+        Command::Restore(a) => archive_cmd::restore(a),
+        Command::Fork(a) => archive_cmd::fork(a),
         Command::Token(c) => token_cmd::token(c),
     }
 }

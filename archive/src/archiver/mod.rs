@@ -133,6 +133,18 @@ pub struct ArchiverStats {
     pub archived_sequence: AtomicU64,
 }
 
+/// Whether a round waits for its thresholds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flush {
+    /// Upload and snapshot only when due.
+    No,
+    /// Upload every confirmed record now (a clean stop, a time-travel
+    /// request); snapshot when due.
+    Log,
+    /// Upload everything and snapshot if anything is new.
+    All,
+}
+
 /// What a round did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RoundReport {
@@ -202,11 +214,14 @@ impl Archiver {
         1 + 2 * u64::from(self.config.rank)
     }
 
-    /// One round of work (see the module docs). `force` uploads whatever
-    /// is confirmed and snapshots if anything is new, ignoring the lag
-    /// and snapshot thresholds (a clean stop, a time-travel request).
-    pub fn round(&mut self, source: &dyn Source, force: bool) -> Result<RoundReport, ArchiveError> {
-        let r = self.round_inner(source, force);
+    /// One round of work (see the module docs); `flush` overrides the
+    /// thresholds.
+    pub fn round(
+        &mut self,
+        source: &dyn Source,
+        flush: Flush,
+    ) -> Result<RoundReport, ArchiveError> {
+        let r = self.round_inner(source, flush);
         match &r {
             Ok(report) => {
                 self.stats
@@ -227,7 +242,7 @@ impl Archiver {
     fn round_inner(
         &mut self,
         source: &dyn Source,
-        force: bool,
+        flush: Flush,
     ) -> Result<RoundReport, ArchiveError> {
         let mine = source.epoch();
         let mut m = self.load()?;
@@ -239,13 +254,13 @@ impl Archiver {
             report.fenced = true;
             return Ok(report);
         }
-        report.objects = self.upload_log(source, &mut m, force)?;
+        report.objects = self.upload_log(source, &mut m, flush != Flush::No)?;
         report.archived_to = m.log_end;
         if m.epoch > mine {
             report.fenced = true;
             return Ok(report);
         }
-        report.snapshot = self.maybe_snapshot(&mut m, mine, force)?;
+        report.snapshot = self.maybe_snapshot(&mut m, mine, flush == Flush::All)?;
         report.deleted = self.prune(&mut m, mine)?;
         report.released_to = self.release(source, &m)?;
         Ok(report)
