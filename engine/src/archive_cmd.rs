@@ -5,6 +5,7 @@ use anyhow::{Context, Result, bail};
 use std::path::PathBuf;
 use std::time::Instant;
 use walrelay_archive::{Archive, Progress, Store, restore_to_file};
+use walrelay_engine::http::time_travel::parse_timestamp_us;
 use walrelay_replicator::{Bookmark, DatabaseId};
 
 /// Where in the history: a bookmark, or a time.
@@ -50,19 +51,6 @@ pub struct ForkArgs {
     /// The new database's id (must not exist in the store).
     #[arg(long)]
     pub to: u64,
-}
-
-/// `2026-11-30T18:00:00Z` (any RFC 3339 offset) or Unix seconds, as µs.
-pub fn parse_timestamp_us(s: &str) -> Result<u64, String> {
-    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
-        let secs: u64 = s.parse().map_err(|e| format!("{e}"))?;
-        return secs
-            .checked_mul(1_000_000)
-            .ok_or_else(|| "timestamp out of range".to_string());
-    }
-    let t = chrono::DateTime::parse_from_rfc3339(s)
-        .map_err(|e| format!("not RFC 3339 or Unix seconds: {e}"))?;
-    u64::try_from(t.timestamp_micros()).map_err(|_| "timestamp before 1970".to_string())
 }
 
 /// The bookmark a point names in `archive`'s current manifest.

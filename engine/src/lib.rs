@@ -86,6 +86,7 @@ mod pool;
 pub mod recovery;
 mod replica;
 pub mod replication;
+mod restore_in_place;
 mod sandbox;
 mod session;
 mod statement;

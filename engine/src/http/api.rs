@@ -20,6 +20,17 @@
 //!    "errors": [{"code": n, "message": "..."}], "messages": []}
 //! ```
 //!
+//! Time travel (D1's shape; see `super::time_travel`):
+//!
+//! ```text
+//! GET  /v1/databases/{name}/time_travel/bookmark?timestamp=<RFC 3339 | Unix seconds>
+//! 200  {"result": {"bookmark": "..."}, "success": true, "errors": [], "messages": []}
+//! POST /v1/databases/{name}/time_travel/restore?bookmark=<b> | ?timestamp=<t>
+//! 200  {"result": {"bookmark": "<the restore's own commit>",
+//!                  "previous_bookmark": "<the state before it>",
+//!                  "message": "..."}, "success": true, "errors": [], "messages": []}
+//! ```
+//!
 //! Result values: null, integers and reals as numbers, text as strings,
 //! blobs as arrays of byte values (as D1 returns them).
 
@@ -316,5 +327,35 @@ mod tests {
             parse_body(br#"{"sql": "SELECT 1", "extra": 1}"#),
             Err(BodyError::Shape)
         );
+    }
+}
+
+/// A time-travel answer's result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimeTravelResult {
+    pub bookmark: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_bookmark: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// A successful time-travel answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimeTravelResponse {
+    pub result: TimeTravelResult,
+    pub success: bool,
+    pub errors: Vec<ErrorJson>,
+    pub messages: Vec<String>,
+}
+
+impl TimeTravelResponse {
+    pub fn ok(result: TimeTravelResult) -> TimeTravelResponse {
+        TimeTravelResponse {
+            result,
+            success: true,
+            errors: Vec::new(),
+            messages: Vec::new(),
+        }
     }
 }

@@ -49,6 +49,9 @@ pub(crate) struct Request<'a> {
     pub payload: &'a [u8],
     /// Sent by a replica on a client's behalf ([`super::forward`]).
     pub forwarded: bool,
+    /// Another endpoint's path and query (time travel); None: the query
+    /// endpoint.
+    pub path: Option<&'a str>,
 }
 
 /// POSTs a query body to a node's endpoint (the client's request and a
@@ -59,12 +62,11 @@ pub(crate) fn post_query(
     request: &Request<'_>,
     max_answer_bytes: u64,
 ) -> Result<RawAnswer, ureq::Error> {
-    let mut req = agent
-        .post(format!(
-            "{base_url}/v1/databases/{}/query",
-            request.database
-        ))
-        .header("content-type", "application/json");
+    let url = match request.path {
+        Some(path) => format!("{base_url}{path}"),
+        None => format!("{base_url}/v1/databases/{}/query", request.database),
+    };
+    let mut req = agent.post(url).header("content-type", "application/json");
     if let Some(h) = request.bookmark {
         req = req.header(BOOKMARK_HEADER, h);
     }
@@ -205,6 +207,7 @@ impl Client {
         let authorization = self.token.as_ref().map(ApiToken::bearer);
         let request = Request {
             forwarded: false,
+            path: None,
             database: &self.database,
             bookmark: header,
             authorization: authorization.as_deref(),

@@ -188,6 +188,7 @@ mod tests {
                 authorization: None,
                 payload: b"{}",
                 forwarded: true,
+                path: None,
             },
             1 << 20,
         );

@@ -7,6 +7,8 @@
 //! - [`token_store`]: the file of token hashes a node checks against.
 //! - [`server`]: a node's endpoint (`POST /v1/databases/{name}/query`,
 //!   `GET /metrics`), with write forwarding and read fallback on replicas.
+//! - [`time_travel`]: which bookmark a time names, and restoring the
+//!   database in place from cold storage (D1's Time Travel API).
 //! - [`metrics`]: the Prometheus exposition.
 //! - [`client`]: a session handle that sends a session's queries to the
 //!   nearest replica (the first to the primary under `first-primary`) and
@@ -18,4 +20,5 @@ pub mod client;
 pub mod forward;
 pub mod metrics;
 pub mod server;
+pub mod time_travel;
 pub mod token_store;

@@ -86,6 +86,9 @@ pub struct HttpConfig {
     /// How long a replica keeps looking for a primary to forward to while
     /// none answers (a failover in progress); nothing has run meanwhile.
     pub failover_wait_ms: u64,
+    /// Cold storage, for time travel on a primary (None: its endpoints
+    /// answer 501).
+    pub time_travel: Option<super::time_travel::TimeTravelConfig>,
 }
 
 impl Default for HttpConfig {
@@ -98,6 +101,7 @@ impl Default for HttpConfig {
             // for shipping a large transaction after the statement ran.
             forward_timeout_ms: 2 * crate::Limits::default().query_timeout_ms,
             failover_wait_ms: 5_000,
+            time_travel: None,
         }
     }
 }
@@ -116,6 +120,8 @@ pub struct Node {
     last_lag_us: std::sync::atomic::AtomicU64,
     /// Every request's cancel token is a child of this one.
     requests: CancelToken,
+    /// Cold storage, for time travel (None without a store).
+    time_travel: Option<super::time_travel::TimeTravel>,
 }
 
 /// An answer: status, the session's bookmark, the body.
@@ -164,6 +170,17 @@ impl Answer {
 
     pub(crate) fn error(status: u16, code: u32, message: impl Into<String>) -> Answer {
         Answer::json(status, None, &Response::error(code, message))
+    }
+
+    /// An answer with a body encoded elsewhere (time travel's).
+    pub(crate) fn raw_json(status: u16, body: Vec<u8>) -> Answer {
+        Answer {
+            status,
+            bookmark: None,
+            body,
+            served: None,
+            retry_after_s: None,
+        }
     }
 }
 
@@ -258,6 +275,14 @@ impl Caller {
     pub fn access(&self) -> Access {
         self.access
     }
+
+    pub fn may_write(&self) -> bool {
+        self.access == Access::ReadWrite
+    }
+
+    pub(super) fn set_forwarded(&mut self, forwarded: bool) {
+        self.forwarded = forwarded;
+    }
 }
 
 fn auth_answer(e: &AuthError) -> Answer {
@@ -278,13 +303,57 @@ impl Node {
         Node {
             primaries,
             role,
-            config,
             auth,
             metrics: Metrics::default(),
             agent,
             last_lag_us: std::sync::atomic::AtomicU64::new(0),
             requests: CancelToken::new(),
+            time_travel: config
+                .time_travel
+                .clone()
+                .map(super::time_travel::TimeTravel::new),
+            config,
         }
+    }
+
+    pub(super) fn config(&self) -> &HttpConfig {
+        &self.config
+    }
+
+    pub(super) fn time_travel_state(&self) -> Option<&super::time_travel::TimeTravel> {
+        self.time_travel.as_ref()
+    }
+
+    pub(super) fn primary_database(&self) -> Option<&Database> {
+        match &self.role {
+            Role::Primary(db) => Some(db),
+            Role::Replica { .. } => None,
+        }
+    }
+
+    /// Forwards a request to another endpoint of the primary (`path` with
+    /// its query), with the caller's credentials.
+    pub(super) fn forward_path(
+        &self,
+        caller: &Caller,
+        name: &str,
+        path: &str,
+        write: bool,
+    ) -> Answer {
+        let Some(primaries) = &self.primaries else {
+            return Answer::error(503, codes::UNAVAILABLE, "no primary is known");
+        };
+        self.metrics
+            .forwarded(if write { "write" } else { "time_travel" });
+        let request = super::client::Request {
+            database: name,
+            bookmark: None,
+            authorization: caller.authorization.as_deref(),
+            payload: b"",
+            forwarded: true,
+            path: Some(path),
+        };
+        super::forward::answer(primaries.post(&self.agent, &request, 1 << 20))
     }
 
     /// A cancel token for one request: cancelled by the caller (its client
@@ -481,13 +550,14 @@ impl Node {
             authorization: caller.authorization.as_deref(),
             payload: body,
             forwarded: true,
+            path: None,
         };
         super::forward::answer(primaries.post(&self.agent, &request, 64 << 20))
     }
 
     /// Counts a refusal made before the request reached [`Node::query`]
     /// (the framework layer), and passes it through.
-    fn refuse(&self, answer: Answer) -> Answer {
+    pub(super) fn refuse(&self, answer: Answer) -> Answer {
         log_refusal(&answer);
         self.metrics.refused(answer.status);
         answer
@@ -706,7 +776,7 @@ async fn query_route(
 }
 
 /// An answer as an HTTP response (JSON; a 401 names the scheme expected).
-fn respond(answer: Answer) -> (StatusCode, HeaderMap, Vec<u8>) {
+pub(super) fn respond(answer: Answer) -> (StatusCode, HeaderMap, Vec<u8>) {
     let mut out = HeaderMap::new();
     out.insert("content-type", HeaderValue::from_static("application/json"));
     if answer.status == 401 {
@@ -776,6 +846,14 @@ pub fn serve(node: Arc<Node>, addr: SocketAddr) -> io::Result<HttpServer> {
     let app = Router::new()
         .route("/v1/databases/{name}/query", post(query_route))
         .route("/metrics", get(metrics_route))
+        .route(
+            "/v1/databases/{name}/time_travel/bookmark",
+            get(super::time_travel::bookmark_route).post(super::time_travel::bookmark_route),
+        )
+        .route(
+            "/v1/databases/{name}/time_travel/restore",
+            post(super::time_travel::restore_route),
+        )
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(Arc::clone(&node));
     let (tx, rx) = tokio::sync::watch::channel(false);
