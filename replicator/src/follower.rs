@@ -31,6 +31,25 @@
 //!   (a new leader adopting it). A follower the leader sends away
 //!   (`Behind`) fetches confirmed history from a peer, whatever its epoch,
 //!   as long as it chains.
+//! - **Retention.** The archiver releases a confirmed prefix of the log
+//!   once cold storage holds it ([`FollowerEvent::Released`]); the log then
+//!   starts there. A catch-up from before the start is answered with
+//!   [`Message::Archived`] (the start, its chain and the epoch history up
+//!   to it) instead of records. A follower catching up that is told so,
+//!   and whose log ends before that start, starts its log over there
+//!   ([`FollowerAction::ResetToArchived`]) and goes on catching up from it.
+//!   Why that is safe: the peer released only records it knew confirmed,
+//!   so everything up to the start is committed history, which every
+//!   later leader holds (the start's chain pins which history). This log
+//!   ends before the start, so what it drops is either a prefix of that
+//!   same history (kept by the peers and cold storage) or an unconfirmed
+//!   tail that left it (never acknowledged as part of a confirmed record,
+//!   as a confirmed record would be in that history). Afterwards the log
+//!   is a prefix of committed history (now ending further on), as before;
+//!   its end only moved forward, so a promise it gives still covers every
+//!   confirmed record it held (the election's argument needs a promiser's
+//!   log to end at or past them; the records themselves are in cold
+//!   storage).
 
 use crate::bookmark::{Bookmark, Epoch};
 use crate::chain::ChainHash;
@@ -57,6 +76,18 @@ pub enum FollowerEvent {
     /// A cut asked for with [`FollowerAction::Truncate`] is done (and
     /// durable): the log now ends at `last`, whose chain is `chain`.
     Truncated { last: Bookmark, chain: ChainHash },
+    /// The log's prefix up to `start` (a confirmed record whose chain is
+    /// `chain`) was released to cold storage: catch-up from before it is
+    /// answered with [`Message::Archived`].
+    Released { start: Bookmark, chain: ChainHash },
+    /// The reset asked for with [`FollowerAction::ResetToArchived`] is done
+    /// (and durable): the log is empty and starts at `start`, whose chain
+    /// is `chain`, with `history` up to it.
+    Reset {
+        start: Bookmark,
+        chain: ChainHash,
+        history: History,
+    },
 }
 
 /// What the follower asks its IO to do, in order.
@@ -95,6 +126,15 @@ pub enum FollowerAction {
     /// Connect to a peer follower to catch up from; report
     /// [`FollowerEvent::CatchUpConnected`] or [`FollowerEvent::CatchUpFailed`].
     DialCatchUp,
+    /// Drop the whole log (it ends before `start`) and start it over,
+    /// empty, at `start` (whose chain is `chain`, with `history` the epoch
+    /// history up to it), durably; then report [`FollowerEvent::Reset`].
+    /// Everything up to `start` is confirmed and in cold storage.
+    ResetToArchived {
+        start: Bookmark,
+        chain: ChainHash,
+        history: History,
+    },
 }
 
 /// Where the follower stands in fetching history from a peer.
@@ -128,6 +168,8 @@ impl LogEnd {
 pub struct Follower {
     database: DatabaseId,
     promise: Promise,
+    /// Where the log starts: records up to here were released.
+    start: LogEnd,
     appended: LogEnd,
     durable: LogEnd,
     /// The epoch history of the appended log.
@@ -151,6 +193,7 @@ impl Follower {
         Follower {
             database,
             promise,
+            start: LogEnd::GENESIS,
             appended: end,
             durable: end,
             history,
@@ -163,8 +206,25 @@ impl Follower {
         }
     }
 
+    /// The same follower for a log whose prefix up to `start` was
+    /// released (confirmed records, archived): catch-up from before it is
+    /// answered with [`Message::Archived`].
+    pub fn with_start(mut self, start: LogEnd) -> Follower {
+        self.start = start;
+        self.confirmed = self.confirmed.max(start.last);
+        self
+    }
+
     pub fn epoch(&self) -> Epoch {
         self.promise.epoch
+    }
+    /// Where the log starts (the last released record).
+    pub fn start(&self) -> LogEnd {
+        self.start
+    }
+    /// The newest bookmark known confirmed and durable here.
+    pub fn confirmed(&self) -> Bookmark {
+        self.confirmed.min(self.durable.last)
     }
     pub fn promise(&self) -> Promise {
         self.promise
@@ -318,6 +378,32 @@ impl Follower {
                 self.history.cut_after(last);
                 self.confirmed = self.confirmed.min(last);
             }
+            FollowerEvent::Released { start, chain } => {
+                if start > self.start.last && start <= self.durable.last {
+                    self.start = LogEnd { last: start, chain };
+                    self.confirmed = self.confirmed.max(start);
+                }
+            }
+            FollowerEvent::Reset {
+                start,
+                chain,
+                history,
+            } => {
+                let end = LogEnd { last: start, chain };
+                self.truncating = false;
+                self.sync_in_flight = None;
+                self.sync_wanted = false;
+                self.start = end;
+                self.appended = end;
+                self.durable = end;
+                self.history = history;
+                // The peer released only what it knew confirmed.
+                self.confirmed = self.confirmed.max(start);
+                if let CatchUp::From { peer, .. } = self.catch_up {
+                    self.catch_up = CatchUp::From { peer, from: start };
+                    out.push(Self::send(peer, Message::CatchUp { from: start }));
+                }
+            }
         }
         out
     }
@@ -379,6 +465,8 @@ impl Follower {
                     .common_with(&history)
                     .unwrap_or(Bookmark::ZERO)
                     .min(self.appended.last);
+                // The released prefix is confirmed history: never cut.
+                let keep = keep.max(self.start.last);
                 if keep < self.appended.last && !self.truncating {
                     self.truncating = true;
                     tracing::warn!(
@@ -422,6 +510,20 @@ impl Follower {
                     out.push(FollowerAction::DialCatchUp);
                 }
             }
+            Message::CatchUp { from } if from < self.start.last => {
+                // Released: the requester fetches that part from cold
+                // storage, or starts its log over at our start.
+                let mut history = self.history.clone();
+                history.cut_after(self.start.last);
+                out.push(Self::send(
+                    peer,
+                    Message::Archived {
+                        start: self.start.last,
+                        chain: self.start.chain,
+                        history,
+                    },
+                ));
+            }
             Message::CatchUp { from } => {
                 // Serve others only what is both confirmed and durable here;
                 // the leader this follower promised to may read all of it.
@@ -440,7 +542,10 @@ impl Follower {
                     out.push(Self::send(peer, Message::CatchUpDone { upto }));
                 }
             }
-            Message::Ack { .. } | Message::CatchUpDone { .. } | Message::Refuse { .. } => {}
+            Message::Ack { .. }
+            | Message::CatchUpDone { .. }
+            | Message::Refuse { .. }
+            | Message::Archived { .. } => {}
         }
     }
 
@@ -466,6 +571,26 @@ impl Follower {
                     out.push(FollowerAction::Close { peer });
                 } else {
                     self.confirmed = self.confirmed.max(at);
+                }
+            }
+            Message::Archived {
+                start,
+                chain,
+                history,
+            } => {
+                // The peer's log starts after ours ends: start over at its
+                // start (see the module's "Retention"). Anything else is a
+                // confused peer: drop it.
+                if self.truncating || start <= self.appended.last || history.last() != start {
+                    self.catch_up = CatchUp::Idle;
+                    out.push(FollowerAction::Close { peer });
+                } else {
+                    self.truncating = true;
+                    out.push(FollowerAction::ResetToArchived {
+                        start,
+                        chain,
+                        history,
+                    });
                 }
             }
             Message::CatchUpDone { upto } => {

@@ -3,12 +3,16 @@
 //! open.
 //!
 //! ```text
-//! <dir>/<index:016x>.seg   index = 0, 1, 2, ...; each segment is set to
-//!                           `segment_bytes` at creation (or to the size of
-//!                           a larger record, which then has a segment of
-//!                           its own) and holds records
+//! <dir>/<index:016x>.seg   index = 0, 1, 2, ... (or from the first index
+//!                           the `released` marker keeps); each segment is
+//!                           set to `segment_bytes` at creation (or to the
+//!                           size of a larger record, which then has a
+//!                           segment of its own) and holds records
 //!                           (see `record`) back to back from offset 0;
 //!                           the rest is zero (a zero magic ends the scan)
+//! <dir>/released           where the log starts once a prefix archived in
+//!                           cold storage was released (see `release`)
+//! <dir>/poisoned           left by a failed sync (see `poison`)
 //! ```
 //!
 //! Durability is explicit: `append` checks a record and stages it (no I/O
@@ -28,12 +32,19 @@
 //! everything after it is cut: its bytes are zeroed so later scans stop
 //! there too, and later segments are removed. Cut records are fetched again
 //! from the leader or a peer.
+//!
+//! Retention: once cold storage holds a confirmed prefix, whole segments of
+//! it are released (`release_through`) and the log starts after them (its
+//! "base", kept in the `released` marker with its chain and epoch
+//! history); reads from before the start are refused
+//! ([`SegmentError::Released`]), never silently skipped.
 
 use crate::bookmark::Bookmark;
 use crate::chain::ChainHash;
 use crate::history::History;
 use crate::record::{Encoded, RecordError};
 use bytes::Bytes;
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -70,6 +81,34 @@ pub enum SegmentError {
     LegacyRecord { path: PathBuf, len: u64 },
     #[error("record {bookmark} does not chain onto the log's last record")]
     ChainMismatch { bookmark: Bookmark },
+    /// The records after `after` up to `start` were released to cold
+    /// storage: this log cannot serve them.
+    #[error(
+        "the records after {after} were released (the log starts at {start}); fetch them from cold storage"
+    )]
+    Released { after: Bookmark, start: Bookmark },
+    /// The `released` marker and the first segment kept disagree: the
+    /// first record does not chain onto the released base. Refused rather
+    /// than cut (nothing here says which of the two is wrong).
+    #[error(
+        "{path}: the first record kept ({bookmark}, after {previous}) does not chain onto the released base {start}"
+    )]
+    BaseMismatch {
+        path: PathBuf,
+        start: Bookmark,
+        bookmark: Bookmark,
+        previous: Bookmark,
+    },
+    /// The `released` marker cannot be read: where the log starts is not
+    /// known, so it is not opened.
+    #[error("{path} is damaged ({why}); refusing to open a log whose start is unknown")]
+    BaseMarker { path: PathBuf, why: String },
+    #[error("cannot reset the log to start at {start}: {why}")]
+    Reset { start: Bookmark, why: &'static str },
+    /// A record read without the log's lock is not the one located there
+    /// (its segment was released or rewritten in between).
+    #[error("record {bookmark} is no longer where the log located it")]
+    Moved { bookmark: Bookmark },
 }
 
 /// How `sync` does its I/O.
@@ -156,6 +195,9 @@ pub struct Recovery {
     /// Valid-looking records found after the damage (refetched, not kept).
     pub records_after_corruption: usize,
     pub segments_removed: usize,
+    /// Segments the `released` marker says were released that a crash
+    /// (between the marker and their unlink) left behind, removed now.
+    pub released_removed: usize,
 }
 
 /// The log of one follower.
@@ -163,7 +205,17 @@ pub struct Recovery {
 pub struct SegmentLog {
     dir: PathBuf,
     segment_bytes: u64,
+    /// Where the log starts: the bookmark before its first record (the
+    /// last released one, or the start given to `open`).
     base: Bookmark,
+    /// The base's chain, if known (always, once a prefix was released).
+    base_chain: Option<ChainHash>,
+    /// The epoch history up to the base (of the released prefix).
+    base_history: History,
+    /// The first segment's index (the next segment's, when there is none).
+    first_index: u64,
+    /// The size of every segment file, by index.
+    sizes: BTreeMap<u64, u64>,
     entries: Vec<Entry>,
     current: Option<(u64, File)>,
     write_offset: u64,
@@ -192,7 +244,10 @@ impl SegmentLog {
     }
 
     /// Opens (creating) the log in `dir`. `base` is the bookmark the log
-    /// starts after (the first record's `previous`).
+    /// starts after (the first record's `previous`), unless a prefix was
+    /// released: then the `released` marker says where it starts (and
+    /// segments it names as released that a crash left behind are
+    /// removed).
     pub fn open(
         dir: &Path,
         segment_bytes: u64,
@@ -209,6 +264,7 @@ impl SegmentLog {
         backend: IoBackend,
     ) -> Result<(SegmentLog, Recovery), SegmentError> {
         std::fs::create_dir_all(dir).map_err(io_at(dir))?;
+        let released = release::base::load(dir)?;
         let mut indexes: Vec<u64> = std::fs::read_dir(dir)
             .map_err(io_at(dir))?
             .filter_map(|e| e.ok())
@@ -218,10 +274,34 @@ impl SegmentLog {
             })
             .collect();
         indexes.sort_unstable();
+        let mut rec = Recovery::default();
+        let first_index = released.as_ref().map_or(0, |m| m.first_kept);
+        // A crash between the marker and the unlinks leaves released
+        // segments behind: finish the job.
+        let kept = indexes.partition_point(|i| *i < first_index);
+        for &index in &indexes[..kept] {
+            let path = Self::segment_path(dir, index);
+            std::fs::remove_file(&path).map_err(io_at(&path))?;
+            rec.released_removed += 1;
+        }
+        let indexes = indexes.split_off(kept);
+        let marked = released.is_some();
+        let (base, base_chain, base_history) = match released {
+            Some(m) => (m.start, Some(m.chain), m.history),
+            None => (
+                base,
+                (base == Bookmark::ZERO).then_some(ChainHash::GENESIS),
+                History::new(),
+            ),
+        };
         let mut log = SegmentLog {
             dir: dir.to_path_buf(),
             segment_bytes,
             base,
+            base_chain,
+            base_history,
+            first_index,
+            sizes: BTreeMap::new(),
             entries: Vec::new(),
             current: None,
             write_offset: 0,
@@ -232,11 +312,10 @@ impl SegmentLog {
             io: Io::choose(backend),
             failed: false,
         };
-        let mut rec = Recovery::default();
         let mut cut = false;
         for (n, &index) in indexes.iter().enumerate() {
             let path = Self::segment_path(dir, index);
-            if cut || index != n as u64 {
+            if cut || index != first_index + n as u64 {
                 std::fs::remove_file(&path).map_err(io_at(&path))?;
                 rec.segments_removed += 1;
                 cut = true;
@@ -258,6 +337,16 @@ impl SegmentLog {
                         if r.previous == last && last_chain.is_none_or(|c| c == r.prev_chain) =>
                     {
                         Some((r.bookmark, r.chain, used))
+                    }
+                    // A valid first record that does not follow the
+                    // released base: the marker and the log disagree.
+                    Ok((r, _)) if marked && log.entries.is_empty() => {
+                        return Err(SegmentError::BaseMismatch {
+                            path,
+                            start: log.base,
+                            bookmark: r.bookmark,
+                            previous: r.previous,
+                        });
                     }
                     _ => None,
                 };
@@ -324,6 +413,7 @@ impl SegmentLog {
             log.current = Some((index, file));
             log.write_offset = at as u64;
             log.current_bytes = data.len() as u64;
+            log.sizes.insert(index, data.len() as u64);
         }
         if let Some(good) = poison::load(dir)? {
             rec.cut_bytes += log.cut_after(good)?;
@@ -379,6 +469,7 @@ impl SegmentLog {
             } else {
                 cut += std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
                 std::fs::remove_file(&path).map_err(io_at(&path))?;
+                self.sizes.remove(&seg);
             }
         }
         self.entries.truncate(first);
@@ -398,21 +489,21 @@ impl SegmentLog {
         self.entries.last().map_or(self.base, |e| e.bookmark)
     }
 
-    /// The newest record's chain; for an empty log, the genesis chain if
-    /// it starts at the beginning of history, None (not known) otherwise.
+    /// The newest record's chain; for an empty log, the base's: the
+    /// genesis chain if it starts at the beginning of history, the last
+    /// released record's after a release, None (not known) otherwise.
     pub fn last_chain(&self) -> Option<ChainHash> {
         match self.entries.last() {
             Some(e) => Some(e.chain),
-            None if self.base == Bookmark::ZERO => Some(ChainHash::GENESIS),
-            None => None,
+            None => self.base_chain,
         }
     }
 
     /// The chain of the record at `at` (the base's if it is the base and
-    /// known).
+    /// known: after a release, the last released record's).
     pub fn chain_at(&self, at: Bookmark) -> Option<ChainHash> {
         if at == self.base {
-            return (at == Bookmark::ZERO).then_some(ChainHash::GENESIS);
+            return self.base_chain;
         }
         let i = self
             .entries
@@ -421,9 +512,9 @@ impl SegmentLog {
         Some(self.entries[i].chain)
     }
 
-    /// The log's epoch history.
+    /// The log's epoch history, the released prefix's included.
     pub fn history(&self) -> History {
-        let mut h = History::new();
+        let mut h = self.base_history.clone();
         for e in &self.entries {
             h.record(e.bookmark);
         }
@@ -432,8 +523,13 @@ impl SegmentLog {
 
     /// Cuts every record after `keep` (a bookmark the log holds, or its
     /// base), durably: what was staged is written first, so nothing cut
-    /// comes back at the next sync. Returns the bytes cut.
+    /// comes back at the next sync. Returns the bytes cut. Never cuts
+    /// below the base: a released prefix is confirmed history.
     pub fn truncate_after(&mut self, keep: Bookmark) -> Result<u64, SegmentError> {
+        if keep < self.base {
+            tracing::warn!(keep = %keep, start = %self.base, "a cut below the released start stops at the start");
+        }
+        let keep = keep.max(self.base);
         self.sync()?;
         let cut = self.cut_after(keep)?;
         self.durable = self.durable.min(self.last());
@@ -460,7 +556,10 @@ impl SegmentLog {
 
     fn roll(&mut self, at_least: u64) -> Result<(), SegmentError> {
         let size = self.segment_bytes.max(at_least);
-        let index = self.current.as_ref().map_or(0, |(i, _)| i + 1);
+        let index = self
+            .current
+            .as_ref()
+            .map_or(self.first_index, |(i, _)| i + 1);
         let path = Self::segment_path(&self.dir, index);
         // Really preallocated: zeros written and synced once, so every later
         // sync is a pure overwrite (no block allocation or unwritten-extent
@@ -487,6 +586,7 @@ impl SegmentLog {
         if let Ok(d) = File::open(&self.dir) {
             d.sync_all().map_err(io_at(&self.dir))?;
         }
+        self.sizes.insert(index, size);
         if let Some((old, old_file)) = self.current.replace((index, file)) {
             // Its staged records are written at the next sync.
             if self.pending.last().is_some_and(|p| p.segment == old) {
@@ -645,12 +745,35 @@ impl SegmentLog {
     /// The durable records after `after` and up to `upto`, in order, up to
     /// about `max_bytes` (always at least one record if there is one):
     /// catch-up is served in bounded batches.
+    /// Refused ([`SegmentError::Released`]) for `after` before the log's
+    /// start.
     pub fn read_batch(
         &self,
         after: Bookmark,
         upto: Bookmark,
         max_bytes: usize,
     ) -> Result<Vec<Bytes>, SegmentError> {
+        self.plan_batch(after, upto, max_bytes)?.read()
+    }
+
+    /// Where the batch `read_batch` would return lies, to be read later
+    /// ([`ReadPlan::read`]) without the log: a caller holding the log
+    /// under a lock reads outside it. The plan stays valid as long as its
+    /// segments are not deleted, and only `release_through` (or a
+    /// `reset_to`) deletes segments holding durable records that `cut`s
+    /// never reach (a cut only removes records after a kept position).
+    pub fn plan_batch(
+        &self,
+        after: Bookmark,
+        upto: Bookmark,
+        max_bytes: usize,
+    ) -> Result<ReadPlan, SegmentError> {
+        if after < self.base {
+            return Err(SegmentError::Released {
+                after,
+                start: self.base,
+            });
+        }
         let start = self.entries.partition_point(|e| e.bookmark <= after);
         let end = self
             .entries
@@ -666,11 +789,39 @@ impl SegmentLog {
             bytes += e.len as usize;
             chosen += 1;
         }
-        let batch = &self.entries[start..start + chosen];
-        let mut out = Vec::with_capacity(chosen);
-        for run in batch.chunk_by(|a, b| a.segment == b.segment) {
+        Ok(ReadPlan {
+            dir: self.dir.clone(),
+            entries: self.entries[start..start + chosen].to_vec(),
+        })
+    }
+}
+
+/// A batch of records located in the log's files, read by [`read`]
+/// (see [`SegmentLog::plan_batch`]).
+///
+/// [`read`]: ReadPlan::read
+#[derive(Debug, Clone)]
+pub struct ReadPlan {
+    dir: PathBuf,
+    entries: Vec<Entry>,
+}
+
+impl ReadPlan {
+    /// How many records the plan reads.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The encoded records, in order: each segment's share with one read.
+    pub fn read(&self) -> Result<Vec<Bytes>, SegmentError> {
+        let mut out = Vec::with_capacity(self.entries.len());
+        for run in self.entries.chunk_by(|a, b| a.segment == b.segment) {
             let (first, last) = (run[0], run[run.len() - 1]);
-            let path = Self::segment_path(&self.dir, first.segment);
+            let path = SegmentLog::segment_path(&self.dir, first.segment);
             let file = File::open(&path).map_err(io_at(&path))?;
             let mut buf = vec![0u8; (last.offset + last.len - first.offset) as usize];
             file.read_exact_at(&mut buf, first.offset)
@@ -679,6 +830,26 @@ impl SegmentLog {
             for e in run {
                 let at = (e.offset - first.offset) as usize;
                 out.push(buf.slice(at..at + e.len as usize));
+            }
+        }
+        Ok(out)
+    }
+
+    /// [`read`](ReadPlan::read), each record decoded (its CRC checked) and
+    /// checked to be the one located there (bookmark and chain): for a read
+    /// made after the log's lock was released. [`SegmentError::Moved`]
+    /// otherwise.
+    pub fn read_checked(&self) -> Result<Vec<Bytes>, SegmentError> {
+        let out = self.read()?;
+        for (bytes, e) in out.iter().zip(&self.entries) {
+            match Encoded::decode(bytes) {
+                Ok((r, used))
+                    if r.bookmark == e.bookmark && r.chain == e.chain && used == bytes.len() => {}
+                _ => {
+                    return Err(SegmentError::Moved {
+                        bookmark: e.bookmark,
+                    });
+                }
             }
         }
         Ok(out)
@@ -768,6 +939,10 @@ mod poison {
         marker::remove(&dir.join(NAME)).map_err(|e| err(dir, e))
     }
 }
+
+#[path = "segments_release.rs"]
+mod release;
+pub use release::Released;
 
 #[cfg(test)]
 #[path = "segments_tests.rs"]
