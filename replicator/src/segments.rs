@@ -277,13 +277,9 @@ impl SegmentLog {
         let mut rec = Recovery::default();
         let first_index = released.as_ref().map_or(0, |m| m.first_kept);
         // A crash between the marker and the unlinks leaves released
-        // segments behind: finish the job.
+        // segments behind: removed once the kept ones checked out.
         let kept = indexes.partition_point(|i| *i < first_index);
-        for &index in &indexes[..kept] {
-            let path = Self::segment_path(dir, index);
-            std::fs::remove_file(&path).map_err(io_at(&path))?;
-            rec.released_removed += 1;
-        }
+        let leftover = indexes[..kept].to_vec();
         let indexes = indexes.split_off(kept);
         let marked = released.is_some();
         let (base, base_chain, base_history) = match released {
@@ -414,6 +410,11 @@ impl SegmentLog {
             log.write_offset = at as u64;
             log.current_bytes = data.len() as u64;
             log.sizes.insert(index, data.len() as u64);
+        }
+        for index in leftover {
+            let path = Self::segment_path(dir, index);
+            std::fs::remove_file(&path).map_err(io_at(&path))?;
+            rec.released_removed += 1;
         }
         if let Some(good) = poison::load(dir)? {
             rec.cut_bytes += log.cut_after(good)?;
@@ -947,3 +948,7 @@ pub use release::Released;
 #[cfg(test)]
 #[path = "segments_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "segments_release_tests.rs"]
+mod release_tests;
