@@ -38,18 +38,19 @@
 //!   to it) instead of records. A follower catching up that is told so,
 //!   and whose log ends before that start, starts its log over there
 //!   ([`FollowerAction::ResetToArchived`]) and goes on catching up from it.
-//!   Why that is safe: the peer released only records it knew confirmed,
-//!   so everything up to the start is committed history, which every
-//!   later leader holds (the start's chain pins which history). This log
-//!   ends before the start, so what it drops is either a prefix of that
-//!   same history (kept by the peers and cold storage) or an unconfirmed
-//!   tail that left it (never acknowledged as part of a confirmed record,
-//!   as a confirmed record would be in that history). Afterwards the log
-//!   is a prefix of committed history (now ending further on), as before;
-//!   its end only moved forward, so a promise it gives still covers every
-//!   confirmed record it held (the election's argument needs a promiser's
-//!   log to end at or past them; the records themselves are in cold
-//!   storage).
+//!   Why that is safe: a peer releases only records it knows confirmed,
+//!   so everything up to its start is committed history: every later
+//!   leader's history holds it, and the start's chain pins which history.
+//!   This log ends before that start, so each record it drops either is in
+//!   that history (its copies live on in the peers and in cold storage) or
+//!   is not (a tail from an epoch that lost, never confirmed: a confirmed
+//!   record at or before the start is in that history). No confirmed
+//!   record is lost with it, and afterwards the log is again a prefix of
+//!   committed history, with no unconfirmed tail at all. Its end only
+//!   moves forward, so the election's argument still holds for the
+//!   promises it gives: a promiser's log ends at or past every confirmed
+//!   record it acknowledged (the ones before its start are read from cold
+//!   storage by a new leader, see `CandidateError::Archived`).
 
 use crate::bookmark::{Bookmark, Epoch};
 use crate::chain::ChainHash;

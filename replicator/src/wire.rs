@@ -641,6 +641,37 @@ mod tests {
     }
 
     #[test]
+    fn an_archived_answer_carries_its_prefix_history_and_a_body_short_of_its_runs_is_refused() {
+        let m = Message::Archived {
+            start: b(3, 9),
+            chain: crate::chain::ChainHash::over(&[b"z"]),
+            history: runs(),
+        };
+        let frame = m.encode().expect("encode").to_vec();
+        assert_eq!(frame.len(), FRAME_HEADER_BYTES + 30 + 12 * 2);
+        assert_eq!(
+            Message::decode(&Bytes::from(frame.clone())),
+            Ok((m, frame.len()))
+        );
+        // One run fewer than the count says.
+        let mut short = frame[..frame.len() - 12].to_vec();
+        let len = (short.len() - 4) as u32;
+        short[..4].copy_from_slice(&len.to_be_bytes());
+        assert!(matches!(
+            Message::decode(&Bytes::from(short)),
+            Err(WireError::BodySize { kind: 10, .. })
+        ));
+        // Runs out of order are not a history.
+        let mut unordered = frame;
+        unordered[FRAME_HEADER_BYTES + 30..FRAME_HEADER_BYTES + 34]
+            .copy_from_slice(&9u32.to_be_bytes());
+        assert_eq!(
+            Message::decode(&Bytes::from(unordered)),
+            Err(WireError::History(2))
+        );
+    }
+
+    #[test]
     fn appends_share_the_encoded_record() {
         let rec = match &all()[1] {
             Message::Append(r) => r.bytes.clone(),
