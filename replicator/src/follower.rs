@@ -31,6 +31,26 @@
 //!   (a new leader adopting it). A follower the leader sends away
 //!   (`Behind`) fetches confirmed history from a peer, whatever its epoch,
 //!   as long as it chains.
+//! - **Retention.** The archiver releases a confirmed prefix of the log
+//!   once cold storage holds it ([`FollowerEvent::Released`]); the log then
+//!   starts there. A catch-up from before the start is answered with
+//!   [`Message::Archived`] (the start, its chain and the epoch history up
+//!   to it) instead of records. A follower catching up that is told so,
+//!   and whose log ends before that start, starts its log over there
+//!   ([`FollowerAction::ResetToArchived`]) and goes on catching up from it.
+//!   Why that is safe: a peer releases only records it knows confirmed,
+//!   so everything up to its start is committed history: every later
+//!   leader's history holds it, and the start's chain pins which history.
+//!   This log ends before that start, so each record it drops either is in
+//!   that history (its copies live on in the peers and in cold storage) or
+//!   is not (a tail from an epoch that lost, never confirmed: a confirmed
+//!   record at or before the start is in that history). No confirmed
+//!   record is lost with it, and afterwards the log is again a prefix of
+//!   committed history, with no unconfirmed tail at all. Its end only
+//!   moves forward, so the election's argument still holds for the
+//!   promises it gives: a promiser's log ends at or past every confirmed
+//!   record it acknowledged (the ones before its start are read from cold
+//!   storage by a new leader, see `CandidateError::Archived`).
 
 use crate::bookmark::{Bookmark, Epoch};
 use crate::chain::ChainHash;
@@ -57,6 +77,18 @@ pub enum FollowerEvent {
     /// A cut asked for with [`FollowerAction::Truncate`] is done (and
     /// durable): the log now ends at `last`, whose chain is `chain`.
     Truncated { last: Bookmark, chain: ChainHash },
+    /// The log's prefix up to `start` (a confirmed record whose chain is
+    /// `chain`) was released to cold storage: catch-up from before it is
+    /// answered with [`Message::Archived`].
+    Released { start: Bookmark, chain: ChainHash },
+    /// The reset asked for with [`FollowerAction::ResetToArchived`] is done
+    /// (and durable): the log is empty and starts at `start`, whose chain
+    /// is `chain`, with `history` up to it.
+    Reset {
+        start: Bookmark,
+        chain: ChainHash,
+        history: History,
+    },
 }
 
 /// What the follower asks its IO to do, in order.
@@ -95,6 +127,15 @@ pub enum FollowerAction {
     /// Connect to a peer follower to catch up from; report
     /// [`FollowerEvent::CatchUpConnected`] or [`FollowerEvent::CatchUpFailed`].
     DialCatchUp,
+    /// Drop the whole log (it ends before `start`) and start it over,
+    /// empty, at `start` (whose chain is `chain`, with `history` the epoch
+    /// history up to it), durably; then report [`FollowerEvent::Reset`].
+    /// Everything up to `start` is confirmed and in cold storage.
+    ResetToArchived {
+        start: Bookmark,
+        chain: ChainHash,
+        history: History,
+    },
 }
 
 /// Where the follower stands in fetching history from a peer.
@@ -128,6 +169,8 @@ impl LogEnd {
 pub struct Follower {
     database: DatabaseId,
     promise: Promise,
+    /// Where the log starts: records up to here were released.
+    start: LogEnd,
     appended: LogEnd,
     durable: LogEnd,
     /// The epoch history of the appended log.
@@ -151,6 +194,7 @@ impl Follower {
         Follower {
             database,
             promise,
+            start: LogEnd::GENESIS,
             appended: end,
             durable: end,
             history,
@@ -163,8 +207,25 @@ impl Follower {
         }
     }
 
+    /// The same follower for a log whose prefix up to `start` was
+    /// released (confirmed records, archived): catch-up from before it is
+    /// answered with [`Message::Archived`].
+    pub fn with_start(mut self, start: LogEnd) -> Follower {
+        self.start = start;
+        self.confirmed = self.confirmed.max(start.last);
+        self
+    }
+
     pub fn epoch(&self) -> Epoch {
         self.promise.epoch
+    }
+    /// Where the log starts (the last released record).
+    pub fn start(&self) -> LogEnd {
+        self.start
+    }
+    /// The newest bookmark known confirmed and durable here.
+    pub fn confirmed(&self) -> Bookmark {
+        self.confirmed.min(self.durable.last)
     }
     pub fn promise(&self) -> Promise {
         self.promise
@@ -318,6 +379,32 @@ impl Follower {
                 self.history.cut_after(last);
                 self.confirmed = self.confirmed.min(last);
             }
+            FollowerEvent::Released { start, chain } => {
+                if start > self.start.last && start <= self.durable.last {
+                    self.start = LogEnd { last: start, chain };
+                    self.confirmed = self.confirmed.max(start);
+                }
+            }
+            FollowerEvent::Reset {
+                start,
+                chain,
+                history,
+            } => {
+                let end = LogEnd { last: start, chain };
+                self.truncating = false;
+                self.sync_in_flight = None;
+                self.sync_wanted = false;
+                self.start = end;
+                self.appended = end;
+                self.durable = end;
+                self.history = history;
+                // The peer released only what it knew confirmed.
+                self.confirmed = self.confirmed.max(start);
+                if let CatchUp::From { peer, .. } = self.catch_up {
+                    self.catch_up = CatchUp::From { peer, from: start };
+                    out.push(Self::send(peer, Message::CatchUp { from: start }));
+                }
+            }
         }
         out
     }
@@ -379,6 +466,8 @@ impl Follower {
                     .common_with(&history)
                     .unwrap_or(Bookmark::ZERO)
                     .min(self.appended.last);
+                // The released prefix is confirmed history: never cut.
+                let keep = keep.max(self.start.last);
                 if keep < self.appended.last && !self.truncating {
                     self.truncating = true;
                     tracing::warn!(
@@ -422,6 +511,20 @@ impl Follower {
                     out.push(FollowerAction::DialCatchUp);
                 }
             }
+            Message::CatchUp { from } if from < self.start.last => {
+                // Released: the requester fetches that part from cold
+                // storage, or starts its log over at our start.
+                let mut history = self.history.clone();
+                history.cut_after(self.start.last);
+                out.push(Self::send(
+                    peer,
+                    Message::Archived {
+                        start: self.start.last,
+                        chain: self.start.chain,
+                        history,
+                    },
+                ));
+            }
             Message::CatchUp { from } => {
                 // Serve others only what is both confirmed and durable here;
                 // the leader this follower promised to may read all of it.
@@ -440,7 +543,10 @@ impl Follower {
                     out.push(Self::send(peer, Message::CatchUpDone { upto }));
                 }
             }
-            Message::Ack { .. } | Message::CatchUpDone { .. } | Message::Refuse { .. } => {}
+            Message::Ack { .. }
+            | Message::CatchUpDone { .. }
+            | Message::Refuse { .. }
+            | Message::Archived { .. } => {}
         }
     }
 
@@ -466,6 +572,26 @@ impl Follower {
                     out.push(FollowerAction::Close { peer });
                 } else {
                     self.confirmed = self.confirmed.max(at);
+                }
+            }
+            Message::Archived {
+                start,
+                chain,
+                history,
+            } => {
+                // The peer's log starts after ours ends: start over at its
+                // start (see the module's "Retention"). Anything else is a
+                // confused peer: drop it.
+                if self.truncating || start <= self.appended.last || history.last() != start {
+                    self.catch_up = CatchUp::Idle;
+                    out.push(FollowerAction::Close { peer });
+                } else {
+                    self.truncating = true;
+                    out.push(FollowerAction::ResetToArchived {
+                        start,
+                        chain,
+                        history,
+                    });
                 }
             }
             Message::CatchUpDone { upto } => {

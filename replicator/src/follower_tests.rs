@@ -376,3 +376,196 @@ fn sent_away_as_behind_it_fetches_confirmed_history_in_batches_then_stops() {
     let a = recv(&mut f, SOURCE, Message::Append(rec(1, 5, b(1, 4))));
     assert_eq!(a, vec![FollowerAction::Close { peer: SOURCE }]);
 }
+
+// ---- retention: a released prefix, and starting over at a peer's start ----
+
+/// The epoch-1 history up to sequence `s`.
+fn runs_to(s: u64) -> History {
+    History::from_runs(vec![(Epoch(1), Sequence(s))]).expect("runs")
+}
+
+/// Records (1,1)..=(1,n), chained, so `chain_at` knows each of them.
+fn build_chain(n: u64) {
+    for s in 1..=n {
+        rec(1, s, b(1, s - 1));
+    }
+}
+
+fn archived(start: Bookmark) -> Message {
+    Message::Archived {
+        start,
+        chain: chain_at(start),
+        history: runs_to(start.sequence.0),
+    }
+}
+
+#[test]
+fn catch_up_from_before_the_released_start_is_answered_archived_with_the_prefix_history() {
+    build_chain(9);
+    let mut f = led(1, b(1, 9));
+    recv(
+        &mut f,
+        LEADER,
+        Message::Confirm {
+            confirmed: b(1, 9),
+            confirmed_us: 0,
+        },
+    );
+    // Only a durable start is taken.
+    f.handle(FollowerEvent::Released {
+        start: b(1, 12),
+        chain: chain_at(b(1, 9)),
+    });
+    assert_eq!(f.start(), LogEnd::GENESIS);
+    f.handle(FollowerEvent::Released {
+        start: b(1, 5),
+        chain: chain_at(b(1, 5)),
+    });
+    assert_eq!(f.start().last, b(1, 5));
+    for (peer, from) in [(OTHER, b(1, 2)), (OTHER, Bookmark::ZERO), (LEADER, b(1, 4))] {
+        let a = recv(&mut f, peer, Message::CatchUp { from });
+        assert_eq!(
+            a,
+            vec![send(peer, archived(b(1, 5)))],
+            "{peer:?} from {from}"
+        );
+    }
+    // From the start on, records are served as before.
+    let a = recv(&mut f, OTHER, Message::CatchUp { from: b(1, 5) });
+    assert_eq!(
+        a,
+        vec![FollowerAction::ServeCatchUp {
+            peer: OTHER,
+            after: b(1, 5),
+            upto: b(1, 9)
+        }]
+    );
+    // A restarted follower knows its start (and that it is confirmed).
+    let restarted = at(1, b(1, 9)).with_start(LogEnd {
+        last: b(1, 5),
+        chain: chain_at(b(1, 5)),
+    });
+    assert_eq!(restarted.confirmed(), b(1, 5));
+    let mut restarted = restarted;
+    let a = recv(&mut restarted, OTHER, Message::CatchUp { from: b(1, 1) });
+    assert_eq!(a, vec![send(OTHER, archived(b(1, 5)))]);
+}
+
+#[test]
+fn told_archived_while_catching_up_it_starts_its_log_over_at_the_peers_start_and_goes_on() {
+    build_chain(7);
+    let mut f = led(2, b(1, 2));
+    recv(
+        &mut f,
+        LEADER,
+        Message::Refuse {
+            epoch: Epoch(2),
+            reason: RefuseReason::Behind,
+        },
+    );
+    let a = f.handle(FollowerEvent::CatchUpConnected { peer: SOURCE });
+    assert_eq!(a, vec![send(SOURCE, Message::CatchUp { from: b(1, 2) })]);
+    let a = recv(&mut f, SOURCE, archived(b(1, 5)));
+    assert_eq!(
+        a,
+        vec![FollowerAction::ResetToArchived {
+            start: b(1, 5),
+            chain: chain_at(b(1, 5)),
+            history: runs_to(5),
+        }]
+    );
+    let a = f.handle(FollowerEvent::Reset {
+        start: b(1, 5),
+        chain: chain_at(b(1, 5)),
+        history: runs_to(5),
+    });
+    assert_eq!(a, vec![send(SOURCE, Message::CatchUp { from: b(1, 5) })]);
+    assert_eq!(
+        (
+            f.start().last,
+            f.last_appended(),
+            f.durable(),
+            f.confirmed()
+        ),
+        (b(1, 5), b(1, 5), b(1, 5), b(1, 5))
+    );
+    assert_eq!(f.history(), &runs_to(5));
+    // The peer's records after its start chain onto the new log.
+    let a = recv(&mut f, SOURCE, Message::Append(rec(1, 6, b(1, 5))));
+    assert!(matches!(
+        a[..],
+        [FollowerAction::Append(_), FollowerAction::Sync { upto }] if upto == b(1, 6)
+    ));
+    let a = recv(&mut f, SOURCE, Message::CatchUpDone { upto: b(1, 6) });
+    assert_eq!(a, vec![send(SOURCE, Message::CatchUp { from: b(1, 6) })]);
+}
+
+#[test]
+fn an_archived_answer_that_would_move_the_log_back_or_lacks_its_history_drops_the_peer() {
+    build_chain(7);
+    let bad = [
+        archived(b(1, 4)), // the log already reaches it
+        Message::Archived {
+            start: b(1, 6),
+            chain: chain_at(b(1, 6)),
+            history: runs_to(5), // not its history
+        },
+    ];
+    for message in bad {
+        let mut f = led(2, b(1, 4));
+        recv(
+            &mut f,
+            LEADER,
+            Message::Refuse {
+                epoch: Epoch(2),
+                reason: RefuseReason::Behind,
+            },
+        );
+        f.handle(FollowerEvent::CatchUpConnected { peer: SOURCE });
+        let a = recv(&mut f, SOURCE, message);
+        assert_eq!(a, vec![FollowerAction::Close { peer: SOURCE }]);
+        assert_eq!((f.last_appended(), f.catch_up_source()), (b(1, 4), None));
+    }
+    // A second answer while the log already starts over is not acted on.
+    let mut f = led(2, b(1, 2));
+    recv(
+        &mut f,
+        LEADER,
+        Message::Refuse {
+            epoch: Epoch(2),
+            reason: RefuseReason::Behind,
+        },
+    );
+    f.handle(FollowerEvent::CatchUpConnected { peer: SOURCE });
+    assert!(matches!(
+        recv(&mut f, SOURCE, archived(b(1, 5)))[..],
+        [FollowerAction::ResetToArchived { .. }]
+    ));
+    assert_eq!(
+        recv(&mut f, SOURCE, archived(b(1, 6))),
+        vec![FollowerAction::Close { peer: SOURCE }]
+    );
+    // Not from a catch-up source: nothing happens.
+    let mut f = led(1, b(1, 2));
+    assert!(recv(&mut f, LEADER, archived(b(1, 5))).is_empty());
+    assert!(recv(&mut f, OTHER, archived(b(1, 5))).is_empty());
+    assert_eq!(f.last_appended(), b(1, 2));
+}
+
+#[test]
+fn a_leaders_truncate_never_cuts_below_the_released_start() {
+    build_chain(6);
+    let mut f = at(1, b(1, 6)).with_start(LogEnd {
+        last: b(1, 4),
+        chain: chain_at(b(1, 4)),
+    });
+    recv(&mut f, LEADER, handshake(1));
+    let a = recv(
+        &mut f,
+        LEADER,
+        Message::Truncate {
+            history: runs_to(2),
+        },
+    );
+    assert_eq!(a, vec![FollowerAction::Truncate { after: b(1, 4) }]);
+}

@@ -21,7 +21,9 @@
 //!   replica [`subscriber`]. A seeded simulator and the real runtimes drive
 //!   the same cores.
 //! - Storage: the follower's [`segments`] log (preallocated segments, group
-//!   fdatasync through io_uring where available, torn-tail recovery).
+//!   fdatasync through io_uring where available, torn-tail recovery, and
+//!   retention: a prefix archived in cold storage is released, the log
+//!   then starts after it).
 //! - Transports ([`net`]): io_uring on Linux, a portable std fallback,
 //!   chosen at run time, behind one contract; with a [`ClusterKey`] every
 //!   connection is mutually authenticated and every frame tagged
@@ -36,6 +38,10 @@
 //!   restarted follower counts as durable only what it has synced again.
 //! - A replica reveals only confirmed records, in order, and exactly the
 //!   leader's history.
+//! - A log releases only confirmed, durable records (the archiver's, once
+//!   cold storage holds them); a read from before a log's start is an
+//!   error or an [`Archived`](wire::Message::Archived) answer, never a
+//!   silent skip.
 //! - Decoders check every size before allocating; bad input is a typed
 //!   error or a closed connection, never a panic.
 
@@ -69,6 +75,6 @@ pub use leader::{
 pub use net::{ClusterKey, KeyFileError};
 pub use quorum::{FollowerId, QuorumError, QuorumTracker};
 pub use record::{Encoded, Record, RecordError};
-pub use segments::{IoBackend, Recovery, SegmentError, SegmentLog};
+pub use segments::{IoBackend, ReadPlan, Recovery, Released, SegmentError, SegmentLog};
 pub use subscriber::{Source, Subscriber, SubscriberAction, SubscriberEvent};
 pub use wire::{Message, RefuseReason, Role, WireError};

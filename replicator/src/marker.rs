@@ -1,9 +1,12 @@
 //! Small checksummed marker files: a follower's epoch, a log's poison
-//! marker, a primary's stop marker. One layout and one way to write them:
+//! marker and its released base, a primary's stop marker. One layout and
+//! one way to write them:
 //!
 //! ```text
 //!  0        magic     (per kind, e.g. b"WREP")
-//!  m        payload   (fixed size per kind)
+//!  m        payload   (fixed size per kind; or, for a kind holding a
+//!                      list, bounded and describing its own length,
+//!                      read with `load_bounded`)
 //!  m+p      crc32     u32 big-endian over magic + payload
 //! ```
 //!
@@ -82,6 +85,30 @@ pub fn load(path: &Path, magic: &[u8], payload_len: usize) -> Result<Option<Vec<
     Ok(Some(bytes[magic.len()..body].to_vec()))
 }
 
+/// The payload of a marker whose size varies (a kind holding a list): any
+/// length up to `max_payload`, checked for magic and CRC like [`load`];
+/// the kind checks that the payload describes its own length. None if
+/// there is no marker.
+pub fn load_bounded(
+    path: &Path,
+    magic: &[u8],
+    max_payload: usize,
+) -> Result<Option<Vec<u8>>, MarkerError> {
+    let len = match fs::metadata(path) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err(path)(e)),
+    };
+    let smallest = magic.len() + 4;
+    if len < smallest as u64 || len > (smallest + max_payload) as u64 {
+        return Err(MarkerError::Corrupt {
+            path: path.display().to_string(),
+            why: "wrong size",
+        });
+    }
+    load(path, magic, len as usize - smallest)
+}
+
 /// Removes the marker durably (no marker is fine).
 pub fn remove(path: &Path) -> Result<(), MarkerError> {
     match fs::remove_file(path) {
@@ -121,5 +148,29 @@ mod tests {
         remove(&path).expect("remove");
         remove(&path).expect("remove twice");
         assert!(load(&path, b"MAGC", 3).expect("gone").is_none());
+    }
+
+    #[test]
+    fn a_bounded_marker_takes_any_length_up_to_its_bound_and_refuses_more() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("m");
+        assert!(load_bounded(&path, b"MAGC", 8).expect("none").is_none());
+        for payload in [&[][..], &[1, 2, 3][..], &[9; 8][..]] {
+            store(&path, b"MAGC", payload).expect("store");
+            assert_eq!(
+                load_bounded(&path, b"MAGC", 8).expect("load"),
+                Some(payload.to_vec())
+            );
+        }
+        store(&path, b"MAGC", &[9; 9]).expect("store");
+        assert!(matches!(
+            load_bounded(&path, b"MAGC", 8),
+            Err(MarkerError::Corrupt { .. })
+        ));
+        fs::write(&path, b"MAG").expect("write");
+        assert!(matches!(
+            load_bounded(&path, b"MAGC", 8),
+            Err(MarkerError::Corrupt { .. })
+        ));
     }
 }

@@ -3,12 +3,16 @@
 //! open.
 //!
 //! ```text
-//! <dir>/<index:016x>.seg   index = 0, 1, 2, ...; each segment is set to
-//!                           `segment_bytes` at creation (or to the size of
-//!                           a larger record, which then has a segment of
-//!                           its own) and holds records
+//! <dir>/<index:016x>.seg   index = 0, 1, 2, ... (or from the first index
+//!                           the `released` marker keeps); each segment is
+//!                           set to `segment_bytes` at creation (or to the
+//!                           size of a larger record, which then has a
+//!                           segment of its own) and holds records
 //!                           (see `record`) back to back from offset 0;
 //!                           the rest is zero (a zero magic ends the scan)
+//! <dir>/released           where the log starts once a prefix archived in
+//!                           cold storage was released (see `release`)
+//! <dir>/poisoned           left by a failed sync (see `poison`)
 //! ```
 //!
 //! Durability is explicit: `append` checks a record and stages it (no I/O
@@ -28,12 +32,19 @@
 //! everything after it is cut: its bytes are zeroed so later scans stop
 //! there too, and later segments are removed. Cut records are fetched again
 //! from the leader or a peer.
+//!
+//! Retention: once cold storage holds a confirmed prefix, whole segments of
+//! it are released (`release_through`) and the log starts after them (its
+//! "base", kept in the `released` marker with its chain and epoch
+//! history); reads from before the start are refused
+//! ([`SegmentError::Released`]), never silently skipped.
 
 use crate::bookmark::Bookmark;
 use crate::chain::ChainHash;
 use crate::history::History;
 use crate::record::{Encoded, RecordError};
 use bytes::Bytes;
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -70,6 +81,34 @@ pub enum SegmentError {
     LegacyRecord { path: PathBuf, len: u64 },
     #[error("record {bookmark} does not chain onto the log's last record")]
     ChainMismatch { bookmark: Bookmark },
+    /// The records after `after` up to `start` were released to cold
+    /// storage: this log cannot serve them.
+    #[error(
+        "the records after {after} were released (the log starts at {start}); fetch them from cold storage"
+    )]
+    Released { after: Bookmark, start: Bookmark },
+    /// The `released` marker and the first segment kept disagree: the
+    /// first record does not chain onto the released base. Refused rather
+    /// than cut (nothing here says which of the two is wrong).
+    #[error(
+        "{path}: the first record kept ({bookmark}, after {previous}) does not chain onto the released base {start}"
+    )]
+    BaseMismatch {
+        path: PathBuf,
+        start: Bookmark,
+        bookmark: Bookmark,
+        previous: Bookmark,
+    },
+    /// The `released` marker cannot be read: where the log starts is not
+    /// known, so it is not opened.
+    #[error("{path} is damaged ({why}); refusing to open a log whose start is unknown")]
+    BaseMarker { path: PathBuf, why: String },
+    #[error("cannot reset the log to start at {start}: {why}")]
+    Reset { start: Bookmark, why: &'static str },
+    /// A record read without the log's lock is not the one located there
+    /// (its segment was released or rewritten in between).
+    #[error("record {bookmark} is no longer where the log located it")]
+    Moved { bookmark: Bookmark },
 }
 
 /// How `sync` does its I/O.
@@ -156,6 +195,9 @@ pub struct Recovery {
     /// Valid-looking records found after the damage (refetched, not kept).
     pub records_after_corruption: usize,
     pub segments_removed: usize,
+    /// Segments the `released` marker says were released that a crash
+    /// (between the marker and their unlink) left behind, removed now.
+    pub released_removed: usize,
 }
 
 /// The log of one follower.
@@ -163,7 +205,17 @@ pub struct Recovery {
 pub struct SegmentLog {
     dir: PathBuf,
     segment_bytes: u64,
+    /// Where the log starts: the bookmark before its first record (the
+    /// last released one, or the start given to `open`).
     base: Bookmark,
+    /// The base's chain, if known (always, once a prefix was released).
+    base_chain: Option<ChainHash>,
+    /// The epoch history up to the base (of the released prefix).
+    base_history: History,
+    /// The first segment's index (the next segment's, when there is none).
+    first_index: u64,
+    /// The size of every segment file, by index.
+    sizes: BTreeMap<u64, u64>,
     entries: Vec<Entry>,
     current: Option<(u64, File)>,
     write_offset: u64,
@@ -191,228 +243,26 @@ impl SegmentLog {
         dir.join(format!("{index:016x}.seg"))
     }
 
-    /// Opens (creating) the log in `dir`. `base` is the bookmark the log
-    /// starts after (the first record's `previous`).
-    pub fn open(
-        dir: &Path,
-        segment_bytes: u64,
-        base: Bookmark,
-    ) -> Result<(SegmentLog, Recovery), SegmentError> {
-        Self::open_with(dir, segment_bytes, base, IoBackend::Auto)
-    }
-
-    /// `open` with a choice of I/O backend for `sync`.
-    pub fn open_with(
-        dir: &Path,
-        segment_bytes: u64,
-        base: Bookmark,
-        backend: IoBackend,
-    ) -> Result<(SegmentLog, Recovery), SegmentError> {
-        std::fs::create_dir_all(dir).map_err(io_at(dir))?;
-        let mut indexes: Vec<u64> = std::fs::read_dir(dir)
-            .map_err(io_at(dir))?
-            .filter_map(|e| e.ok())
-            .filter_map(|e| {
-                let name = e.file_name().into_string().ok()?;
-                u64::from_str_radix(name.strip_suffix(".seg")?, 16).ok()
-            })
-            .collect();
-        indexes.sort_unstable();
-        let mut log = SegmentLog {
-            dir: dir.to_path_buf(),
-            segment_bytes,
-            base,
-            entries: Vec::new(),
-            current: None,
-            write_offset: 0,
-            current_bytes: 0,
-            pending: Vec::new(),
-            rolled: Vec::new(),
-            durable: base,
-            io: Io::choose(backend),
-            failed: false,
-        };
-        let mut rec = Recovery::default();
-        let mut cut = false;
-        for (n, &index) in indexes.iter().enumerate() {
-            let path = Self::segment_path(dir, index);
-            if cut || index != n as u64 {
-                std::fs::remove_file(&path).map_err(io_at(&path))?;
-                rec.segments_removed += 1;
-                cut = true;
-                continue;
-            }
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&path)
-                .map_err(io_at(&path))?;
-            let data = Bytes::from(std::fs::read(&path).map_err(io_at(&path))?);
-            let mut at = 0usize;
-            let mut last = log.last();
-            let mut last_chain = log.last_chain();
-            loop {
-                let rest = data.slice(at..);
-                let ok = match Encoded::decode(&rest) {
-                    Ok((r, used))
-                        if r.previous == last && last_chain.is_none_or(|c| c == r.prev_chain) =>
-                    {
-                        Some((r.bookmark, r.chain, used))
-                    }
-                    _ => None,
-                };
-                let Some((bookmark, chain, used)) = ok else {
-                    if let Some(len) = crate::record::legacy_record_len(&rest) {
-                        return Err(SegmentError::LegacyRecord { path, len });
-                    }
-                    // Zero magic: the clean end. Anything else: a torn or
-                    // corrupt tail, cut here.
-                    let tail_is_zero = rest.iter().all(|&b| b == 0);
-                    if !tail_is_zero {
-                        // Valid records after the damage, here or in later
-                        // segments, mean it is not a torn tail: keep the bytes
-                        // aside and say so, loudly.
-                        let after = records_in(&rest.slice(1.min(rest.len())..))
-                            + indexes[n + 1..]
-                                .iter()
-                                .map(|i| {
-                                    std::fs::read(Self::segment_path(dir, *i))
-                                        .map_or(0, |d| records_in(&Bytes::from(d)))
-                                })
-                                .sum::<usize>();
-                        if after > 0 {
-                            rec.mid_log_corruption = Some(last);
-                            rec.records_after_corruption = after;
-                            quarantine(dir, &format!("{index:016x}-{at}"), &rest)?;
-                            for i in &indexes[n + 1..] {
-                                let p = Self::segment_path(dir, *i);
-                                quarantine(
-                                    dir,
-                                    &format!("{i:016x}"),
-                                    &std::fs::read(&p).map_err(io_at(&p))?,
-                                )?;
-                            }
-                            tracing::error!(
-                                segment = index,
-                                offset = at,
-                                last_good = %last,
-                                records_after = after,
-                                "a damaged record in the middle of the log: the log ends before it and what followed is quarantined, to be fetched again from the leader and peers"
-                            );
-                        }
-
-                        rec.cut_bytes += rest.len() as u64;
-                        file.write_all_at(&vec![0u8; rest.len()], at as u64)
-                            .map_err(io_at(&path))?;
-                        file.sync_data().map_err(io_at(&path))?;
-                        cut = true;
-                    }
-                    break;
-                };
-                log.entries.push(Entry {
-                    bookmark,
-                    chain,
-                    segment: index,
-                    offset: at as u64,
-                    len: used as u64,
-                });
-                last = bookmark;
-                last_chain = Some(chain);
-                rec.records += 1;
-                at += used;
-            }
-            log.current = Some((index, file));
-            log.write_offset = at as u64;
-            log.current_bytes = data.len() as u64;
-        }
-        if let Some(good) = poison::load(dir)? {
-            rec.cut_bytes += log.cut_after(good)?;
-        }
-        // What survived a process crash may still sit in the page cache
-        // only: sync it before anything counts as durable (a follower acks
-        // its position on every handshake).
-        let mut synced = std::collections::BTreeSet::new();
-        for e in &log.entries {
-            if synced.insert(e.segment) {
-                let path = Self::segment_path(dir, e.segment);
-                File::open(&path)
-                    .and_then(|f| f.sync_data())
-                    .map_err(io_at(&path))?;
-            }
-        }
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_at(dir))?;
-        poison::clear(dir)?;
-        log.durable = log.last();
-        Ok((log, rec))
-    }
-
-    /// Cuts every record after `keep` (zeroing their bytes, removing later
-    /// segments); returns the bytes cut.
-    fn cut_after(&mut self, keep: Bookmark) -> Result<u64, SegmentError> {
-        let first = self.entries.partition_point(|e| e.bookmark <= keep);
-        let Some(from) = self.entries.get(first).copied() else {
-            return Ok(0);
-        };
-        let mut cut = 0;
-        let mut segments: Vec<u64> = self.entries[first..].iter().map(|e| e.segment).collect();
-        segments.dedup();
-        for &seg in &segments {
-            let path = Self::segment_path(&self.dir, seg);
-            if seg == from.segment {
-                let end = self.entries[first..]
-                    .iter()
-                    .filter(|e| e.segment == seg)
-                    .map(|e| e.offset + e.len)
-                    .max()
-                    .unwrap_or(from.offset);
-                let len = (end - from.offset) as usize;
-                let file = OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .map_err(io_at(&path))?;
-                file.write_all_at(&vec![0u8; len], from.offset)
-                    .map_err(io_at(&path))?;
-                file.sync_data().map_err(io_at(&path))?;
-                cut += len as u64;
-            } else {
-                cut += std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-                std::fs::remove_file(&path).map_err(io_at(&path))?;
-            }
-        }
-        self.entries.truncate(first);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(Self::segment_path(&self.dir, from.segment))
-            .map_err(io_at(&self.dir))?;
-        self.current_bytes = file.metadata().map_err(io_at(&self.dir))?.len();
-        self.current = Some((from.segment, file));
-        self.write_offset = from.offset;
-        Ok(cut)
-    }
-
     /// The newest record's bookmark (or the base).
     pub fn last(&self) -> Bookmark {
         self.entries.last().map_or(self.base, |e| e.bookmark)
     }
 
-    /// The newest record's chain; for an empty log, the genesis chain if
-    /// it starts at the beginning of history, None (not known) otherwise.
+    /// The newest record's chain; for an empty log, the base's: the
+    /// genesis chain if it starts at the beginning of history, the last
+    /// released record's after a release, None (not known) otherwise.
     pub fn last_chain(&self) -> Option<ChainHash> {
         match self.entries.last() {
             Some(e) => Some(e.chain),
-            None if self.base == Bookmark::ZERO => Some(ChainHash::GENESIS),
-            None => None,
+            None => self.base_chain,
         }
     }
 
     /// The chain of the record at `at` (the base's if it is the base and
-    /// known).
+    /// known: after a release, the last released record's).
     pub fn chain_at(&self, at: Bookmark) -> Option<ChainHash> {
         if at == self.base {
-            return (at == Bookmark::ZERO).then_some(ChainHash::GENESIS);
+            return self.base_chain;
         }
         let i = self
             .entries
@@ -421,9 +271,9 @@ impl SegmentLog {
         Some(self.entries[i].chain)
     }
 
-    /// The log's epoch history.
+    /// The log's epoch history, the released prefix's included.
     pub fn history(&self) -> History {
-        let mut h = History::new();
+        let mut h = self.base_history.clone();
         for e in &self.entries {
             h.record(e.bookmark);
         }
@@ -432,8 +282,13 @@ impl SegmentLog {
 
     /// Cuts every record after `keep` (a bookmark the log holds, or its
     /// base), durably: what was staged is written first, so nothing cut
-    /// comes back at the next sync. Returns the bytes cut.
+    /// comes back at the next sync. Returns the bytes cut. Never cuts
+    /// below the base: a released prefix is confirmed history.
     pub fn truncate_after(&mut self, keep: Bookmark) -> Result<u64, SegmentError> {
+        if keep < self.base {
+            tracing::warn!(keep = %keep, start = %self.base, "a cut below the released start stops at the start");
+        }
+        let keep = keep.max(self.base);
         self.sync()?;
         let cut = self.cut_after(keep)?;
         self.durable = self.durable.min(self.last());
@@ -460,7 +315,10 @@ impl SegmentLog {
 
     fn roll(&mut self, at_least: u64) -> Result<(), SegmentError> {
         let size = self.segment_bytes.max(at_least);
-        let index = self.current.as_ref().map_or(0, |(i, _)| i + 1);
+        let index = self
+            .current
+            .as_ref()
+            .map_or(self.first_index, |(i, _)| i + 1);
         let path = Self::segment_path(&self.dir, index);
         // Really preallocated: zeros written and synced once, so every later
         // sync is a pure overwrite (no block allocation or unwritten-extent
@@ -487,6 +345,7 @@ impl SegmentLog {
         if let Ok(d) = File::open(&self.dir) {
             d.sync_all().map_err(io_at(&self.dir))?;
         }
+        self.sizes.insert(index, size);
         if let Some((old, old_file)) = self.current.replace((index, file)) {
             // Its staged records are written at the next sync.
             if self.pending.last().is_some_and(|p| p.segment == old) {
@@ -568,7 +427,7 @@ impl SegmentLog {
             // Best effort: a reopen must not trust what this failed sync
             // may or may not have written (a retried fdatasync can report
             // success for pages the kernel already dropped).
-            let _ = poison::store(&self.dir, self.durable);
+            let _ = recovery::poison::store(&self.dir, self.durable);
             return Err(e);
         }
         self.pending.clear();
@@ -645,12 +504,35 @@ impl SegmentLog {
     /// The durable records after `after` and up to `upto`, in order, up to
     /// about `max_bytes` (always at least one record if there is one):
     /// catch-up is served in bounded batches.
+    /// Refused ([`SegmentError::Released`]) for `after` before the log's
+    /// start.
     pub fn read_batch(
         &self,
         after: Bookmark,
         upto: Bookmark,
         max_bytes: usize,
     ) -> Result<Vec<Bytes>, SegmentError> {
+        self.plan_batch(after, upto, max_bytes)?.read()
+    }
+
+    /// Where the batch `read_batch` would return lies, to be read later
+    /// ([`ReadPlan::read`]) without the log: a caller holding the log
+    /// under a lock reads outside it. The plan stays valid as long as its
+    /// segments are not deleted, and only `release_through` (or a
+    /// `reset_to`) deletes segments holding durable records that `cut`s
+    /// never reach (a cut only removes records after a kept position).
+    pub fn plan_batch(
+        &self,
+        after: Bookmark,
+        upto: Bookmark,
+        max_bytes: usize,
+    ) -> Result<ReadPlan, SegmentError> {
+        if after < self.base {
+            return Err(SegmentError::Released {
+                after,
+                start: self.base,
+            });
+        }
         let start = self.entries.partition_point(|e| e.bookmark <= after);
         let end = self
             .entries
@@ -666,11 +548,39 @@ impl SegmentLog {
             bytes += e.len as usize;
             chosen += 1;
         }
-        let batch = &self.entries[start..start + chosen];
-        let mut out = Vec::with_capacity(chosen);
-        for run in batch.chunk_by(|a, b| a.segment == b.segment) {
+        Ok(ReadPlan {
+            dir: self.dir.clone(),
+            entries: self.entries[start..start + chosen].to_vec(),
+        })
+    }
+}
+
+/// A batch of records located in the log's files, read by [`read`]
+/// (see [`SegmentLog::plan_batch`]).
+///
+/// [`read`]: ReadPlan::read
+#[derive(Debug, Clone)]
+pub struct ReadPlan {
+    dir: PathBuf,
+    entries: Vec<Entry>,
+}
+
+impl ReadPlan {
+    /// How many records the plan reads.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The encoded records, in order: each segment's share with one read.
+    pub fn read(&self) -> Result<Vec<Bytes>, SegmentError> {
+        let mut out = Vec::with_capacity(self.entries.len());
+        for run in self.entries.chunk_by(|a, b| a.segment == b.segment) {
             let (first, last) = (run[0], run[run.len() - 1]);
-            let path = Self::segment_path(&self.dir, first.segment);
+            let path = SegmentLog::segment_path(&self.dir, first.segment);
             let file = File::open(&path).map_err(io_at(&path))?;
             let mut buf = vec![0u8; (last.offset + last.len - first.offset) as usize];
             file.read_exact_at(&mut buf, first.offset)
@@ -683,92 +593,39 @@ impl SegmentLog {
         }
         Ok(out)
     }
-}
 
-/// How many whole, valid records start somewhere in `buf` (a scan for
-/// the record magic; only for telling damage from a torn tail).
-fn records_in(buf: &Bytes) -> usize {
-    let mut n = 0;
-    let mut at = 0;
-    while let Some(i) = buf[at..]
-        .windows(crate::record::MAGIC.len())
-        .position(|w| w == crate::record::MAGIC)
-    {
-        let start = at + i;
-        match Encoded::decode(&buf.slice(start..)) {
-            Ok((_, used)) => {
-                n += 1;
-                at = start + used;
-            }
-            Err(_) => at = start + 1,
-        }
-    }
-    n
-}
-
-/// Keeps `bytes` as `<dir>/quarantine/<name>` (synced) before the log
-/// drops them.
-fn quarantine(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), SegmentError> {
-    let q = dir.join("quarantine");
-    std::fs::create_dir_all(&q).map_err(io_at(&q))?;
-    let path = q.join(name);
-    let f = File::create(&path).map_err(io_at(&path))?;
-    f.write_all_at(bytes, 0).map_err(io_at(&path))?;
-    f.sync_all().map_err(io_at(&path))?;
-    File::open(&q).and_then(|d| d.sync_all()).map_err(io_at(&q))
-}
-
-/// The poison marker, `<dir>/poisoned` (a [`crate::marker`]): written when
-/// a sync fails, naming the last bookmark known durable; the next open cuts
-/// the log back to it.
-///
-/// ```text
-///  0  magic     b"WRPOISON"                  8
-///  8  bookmark  epoch u32, sequence u64 BE  12
-/// 20  crc32     u32 BE over bytes 0..20      4
-/// ```
-mod poison {
-    use super::{SegmentError, io_at};
-    use crate::bookmark::Bookmark;
-    use crate::marker::{self, MarkerError};
-    use std::path::Path;
-
-    const NAME: &str = "poisoned";
-    const MAGIC: &[u8] = b"WRPOISON";
-
-    fn err(dir: &Path, e: MarkerError) -> SegmentError {
-        match e {
-            MarkerError::Io { source, .. } => io_at(dir)(source),
-            MarkerError::Corrupt { why, .. } => {
-                io_at(dir)(std::io::Error::new(std::io::ErrorKind::InvalidData, why))
+    /// [`read`](ReadPlan::read), each record decoded (its CRC checked) and
+    /// checked to be the one located there (bookmark and chain): for a read
+    /// made after the log's lock was released. [`SegmentError::Moved`]
+    /// otherwise.
+    pub fn read_checked(&self) -> Result<Vec<Bytes>, SegmentError> {
+        let out = self.read()?;
+        for (bytes, e) in out.iter().zip(&self.entries) {
+            match Encoded::decode(bytes) {
+                Ok((r, used))
+                    if r.bookmark == e.bookmark && r.chain == e.chain && used == bytes.len() => {}
+                _ => {
+                    return Err(SegmentError::Moved {
+                        bookmark: e.bookmark,
+                    });
+                }
             }
         }
-    }
-
-    pub(super) fn store(dir: &Path, good: Bookmark) -> Result<(), SegmentError> {
-        marker::store(&dir.join(NAME), MAGIC, &good.to_bytes()).map_err(|e| err(dir, e))
-    }
-
-    /// The marker's bookmark; a damaged marker (which the atomic write
-    /// makes unlikely) trusts nothing past the base.
-    pub(super) fn load(dir: &Path) -> Result<Option<Bookmark>, SegmentError> {
-        match marker::load(&dir.join(NAME), MAGIC, Bookmark::BYTE_LEN) {
-            Ok(None) => Ok(None),
-            Ok(Some(p)) => {
-                let mut raw = [0u8; Bookmark::BYTE_LEN];
-                raw.copy_from_slice(&p);
-                Ok(Some(Bookmark::from_bytes(raw)))
-            }
-            Err(MarkerError::Corrupt { .. }) => Ok(Some(Bookmark::ZERO)),
-            Err(e) => Err(err(dir, e)),
-        }
-    }
-
-    pub(super) fn clear(dir: &Path) -> Result<(), SegmentError> {
-        marker::remove(&dir.join(NAME)).map_err(|e| err(dir, e))
+        Ok(out)
     }
 }
+
+#[path = "segments_recovery.rs"]
+mod recovery;
+
+#[path = "segments_release.rs"]
+mod release;
+pub use release::Released;
 
 #[cfg(test)]
 #[path = "segments_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "segments_release_tests.rs"]
+mod release_tests;

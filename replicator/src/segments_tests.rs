@@ -3,11 +3,11 @@ use super::*;
 use crate::bookmark::{Epoch, Sequence};
 use crate::record::Record;
 
-fn b(s: u64) -> Bookmark {
+pub(super) fn b(s: u64) -> Bookmark {
     Bookmark::new(Epoch(1), Sequence(s))
 }
 
-fn rec(s: u64) -> Bytes {
+pub(super) fn rec(s: u64) -> Bytes {
     crate::record::testing::chained(
         Record {
             bookmark: b(s),
@@ -26,7 +26,7 @@ fn rec(s: u64) -> Bytes {
     .bytes
 }
 
-const SEG: u64 = 4 * 1024; // about three records a segment
+pub(super) const SEG: u64 = 4 * 1024; // about three records a segment
 
 const BACKENDS: [IoBackend; 2] = [IoBackend::Auto, IoBackend::Std];
 

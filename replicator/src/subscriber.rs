@@ -9,9 +9,13 @@
 //! resends from the replica's confirmed position. When the leader no longer
 //! holds that position ([`RefuseReason::Behind`]) the replica catches up
 //! from a durability follower, which serves confirmed records only, and
-//! then subscribes again.
+//! then subscribes again. When the follower no longer holds it either (its
+//! log starts later: the records were released to cold storage,
+//! [`Message::Archived`]) the replica must be bootstrapped from cold
+//! storage ([`SubscriberAction::Archived`]) before it can follow.
 
 use crate::bookmark::Bookmark;
+use crate::chain::ChainHash;
 use crate::ids::DatabaseId;
 use crate::record::Encoded;
 use crate::wire::{Message, RefuseReason, Role};
@@ -48,6 +52,14 @@ pub enum SubscriberAction {
     /// The leader refused this replica for good (another database, a
     /// diverged history): an operator must look.
     Refused(RefuseReason),
+    /// The follower's log starts at `start` (whose chain is `chain`),
+    /// after this replica's confirmed position: the records in between are
+    /// only in cold storage. The replica must be bootstrapped from there
+    /// (to `start` or later) before it can follow again.
+    Archived {
+        start: Bookmark,
+        chain: ChainHash,
+    },
 }
 
 /// One replica's protocol state.
@@ -152,6 +164,14 @@ impl Subscriber {
                     ));
                 } else {
                     out.push(SubscriberAction::Close(Source::Follower));
+                }
+            }
+            SubscriberEvent::Received(Source::Follower, Message::Archived { start, chain, .. }) => {
+                out.push(SubscriberAction::Close(Source::Follower));
+                // Only a start past what this replica asked for means
+                // anything; anything else is a confused peer.
+                if start > self.catch_up_from {
+                    out.push(SubscriberAction::Archived { start, chain });
                 }
             }
             SubscriberEvent::Received(Source::Leader, Message::Refuse { reason, .. }) => {
@@ -311,6 +331,41 @@ mod tests {
         let a = s.handle(SubscriberEvent::Received(
             Source::Follower,
             Message::CatchUpDone { upto: b(2) },
+        ));
+        assert_eq!(a, vec![SubscriberAction::Close(Source::Follower)]);
+    }
+
+    #[test]
+    fn a_follower_whose_log_starts_past_the_replica_sends_it_to_cold_storage() {
+        let mut s = Subscriber::new(DatabaseId(1), b(2));
+        s.handle(SubscriberEvent::Connected(Source::Follower));
+        let chain = ChainHash::over(&[b"nine"]);
+        let history =
+            crate::history::History::from_runs(vec![(Epoch(1), Sequence(9))]).expect("runs");
+        let a = s.handle(SubscriberEvent::Received(
+            Source::Follower,
+            Message::Archived {
+                start: b(9),
+                chain,
+                history: history.clone(),
+            },
+        ));
+        assert_eq!(
+            a,
+            vec![
+                SubscriberAction::Close(Source::Follower),
+                SubscriberAction::Archived { start: b(9), chain }
+            ]
+        );
+        assert_eq!(s.confirmed(), b(2), "nothing is revealed or skipped");
+        // A start at or before what was asked for is no news: just close.
+        let a = s.handle(SubscriberEvent::Received(
+            Source::Follower,
+            Message::Archived {
+                start: b(2),
+                chain,
+                history,
+            },
         ));
         assert_eq!(a, vec![SubscriberAction::Close(Source::Follower)]);
     }

@@ -28,11 +28,22 @@
 //!  9 Truncate    runs u16, runs x (epoch u32, last sequence u64):
 //!                the leader's epoch history; the follower cuts its
 //!                log where it leaves it               = 2 + 12 x runs
+//! 10 Archived    start bookmark (12), its chain (16), runs u16, runs x
+//!                (epoch u32, last sequence u64): the answer to a
+//!                CatchUp from before the sender's log start: the
+//!                records up to and including `start` are confirmed,
+//!                archived in cold storage and released here; fetch
+//!                them from there (`runs` is the epoch history of that
+//!                released prefix, ending at `start`)  = 30 + 12 x runs
 //! ```
 //!
 //! Version 2 added the node id, chain and history to the handshake, the
 //! chain to the ack, and Truncate; a version 1 peer is refused as
-//! unsupported rather than half understood.
+//! unsupported rather than half understood. Archived (kind 10) came later
+//! without a version change: it is only ever sent in answer to a CatchUp,
+//! and a peer that predates it (and so could not fetch from cold storage
+//! anyway) drops the connection on the unknown kind instead of misreading
+//! it.
 //!
 //! A frame's length is checked against [`MAX_FRAME_BYTES`] before anything
 //! is allocated; fixed-size bodies must have exactly their size. An Append's
@@ -131,6 +142,15 @@ pub enum Message {
     Truncate {
         history: History,
     },
+    /// The answer to a [`Message::CatchUp`] from before the sender's log
+    /// start: everything up to `start` (whose chain is `chain`) is
+    /// confirmed and was released to cold storage; `history` is the epoch
+    /// history of that prefix (it ends at `start`).
+    Archived {
+        start: Bookmark,
+        chain: ChainHash,
+        history: History,
+    },
 }
 
 /// Why bytes are not a valid message.
@@ -168,6 +188,7 @@ const CATCH_UP_DONE: u8 = 6;
 const HEARTBEAT: u8 = 7;
 const REFUSE: u8 = 8;
 const TRUNCATE: u8 = 9;
+const ARCHIVED: u8 = 10;
 
 fn put_history(body: &mut Vec<u8>, history: &History) {
     let runs = history.runs();
@@ -253,6 +274,17 @@ impl Message {
                 put_history(&mut body, history);
                 kind_and_body(&mut b, TRUNCATE, &body);
             }
+            Message::Archived {
+                start,
+                chain,
+                history,
+            } => {
+                let mut body = Vec::with_capacity(30 + 12 * history.runs().len());
+                body.extend_from_slice(&start.to_bytes());
+                body.extend_from_slice(&chain.to_bytes());
+                put_history(&mut body, history);
+                kind_and_body(&mut b, ARCHIVED, &body);
+            }
             Message::Confirm {
                 confirmed,
                 confirmed_us,
@@ -308,7 +340,7 @@ impl Message {
             return Err(WireError::UnsupportedVersion(version));
         }
         let kind = buf[5];
-        if !(HANDSHAKE..=TRUNCATE).contains(&kind) {
+        if !(HANDSHAKE..=ARCHIVED).contains(&kind) {
             return Err(WireError::UnknownKind(kind));
         }
         let total = (4 + len) as usize;
@@ -369,6 +401,18 @@ impl Message {
                 fixed(2 + 12 * runs)?;
                 Message::Truncate {
                     history: history_at(&body, 2, runs)?,
+                }
+            }
+            ARCHIVED => {
+                if body.len() < 30 {
+                    fixed(30)?;
+                }
+                let runs = usize::from(u16::from_be_bytes([body[28], body[29]]));
+                fixed(30 + 12 * runs)?;
+                Message::Archived {
+                    start: bookmark_at(&body, 0),
+                    chain: ChainHash::at(&body, 12),
+                    history: history_at(&body, 30, runs)?,
                 }
             }
             APPEND => {
@@ -523,6 +567,11 @@ mod tests {
                 reason: RefuseReason::StaleEpoch,
             },
             Message::Truncate { history: runs() },
+            Message::Archived {
+                start: b(3, 9),
+                chain: crate::chain::ChainHash::over(&[b"y"]),
+                history: runs(),
+            },
         ]
     }
 
@@ -589,6 +638,37 @@ mod tests {
             Message::decode(&Bytes::from(bad)),
             Err(WireError::BodySize { .. })
         ));
+    }
+
+    #[test]
+    fn an_archived_answer_carries_its_prefix_history_and_a_body_short_of_its_runs_is_refused() {
+        let m = Message::Archived {
+            start: b(3, 9),
+            chain: crate::chain::ChainHash::over(&[b"z"]),
+            history: runs(),
+        };
+        let frame = m.encode().expect("encode").to_vec();
+        assert_eq!(frame.len(), FRAME_HEADER_BYTES + 30 + 12 * 2);
+        assert_eq!(
+            Message::decode(&Bytes::from(frame.clone())),
+            Ok((m, frame.len()))
+        );
+        // One run fewer than the count says.
+        let mut short = frame[..frame.len() - 12].to_vec();
+        let len = (short.len() - 4) as u32;
+        short[..4].copy_from_slice(&len.to_be_bytes());
+        assert!(matches!(
+            Message::decode(&Bytes::from(short)),
+            Err(WireError::BodySize { kind: 10, .. })
+        ));
+        // Runs out of order are not a history.
+        let mut unordered = frame;
+        unordered[FRAME_HEADER_BYTES + 30..FRAME_HEADER_BYTES + 34]
+            .copy_from_slice(&9u32.to_be_bytes());
+        assert_eq!(
+            Message::decode(&Bytes::from(unordered)),
+            Err(WireError::History(2))
+        );
     }
 
     #[test]

@@ -51,6 +51,8 @@ fn record(s: u64) -> Encoded {
 struct Memory {
     applied: Mutex<Vec<Bookmark>>,
     visible: Mutex<Bookmark>,
+    /// Where the followers said their logs start, when they did.
+    archived: Mutex<Option<Bookmark>>,
 }
 
 impl Applier for Memory {
@@ -70,6 +72,9 @@ impl Applier for Memory {
         let v = *self.visible.lock();
         self.applied.lock().retain(|b| *b <= v);
         Ok(())
+    }
+    fn archived(&self, start: Bookmark, _chain: ChainHash) {
+        *self.archived.lock() = Some(start);
     }
 }
 
@@ -262,4 +267,208 @@ fn peers_behind_the_leaders_tail_catch_up_from_followers_then_stream_skipping_a_
     );
     let applied = memory.applied.lock().clone();
     assert_eq!(applied, (1..=220).map(b).collect::<Vec<_>>());
+}
+
+/// Four followers (A first) and a leader with a small tail, 200 records
+/// confirmed, and A's archiver done: A released all but its newest
+/// 128 KiB. The fifth follower's address is reserved, not started.
+struct Released {
+    dirs: Vec<tempfile::TempDir>,
+    early: Vec<FollowerNode>,
+    late_addr: std::net::SocketAddr,
+    leader: LeaderNode,
+    /// A's log start after the release.
+    start_at: Bookmark,
+    /// A's disk bytes before it.
+    disk_before: u64,
+}
+
+fn follower_at(
+    dir: &std::path::Path,
+    listen: std::net::SocketAddr,
+    peers: Vec<std::net::SocketAddr>,
+) -> FollowerNode {
+    FollowerNode::start(FollowerNodeConfig {
+        database: DB,
+        listen,
+        dir: dir.to_path_buf(),
+        peers,
+        // About fifteen records a segment: many segments to release.
+        segment_bytes: 64 << 10,
+        backend: Backend::Std,
+        auth: key(),
+        catch_up_batch_bytes: 64 << 10,
+    })
+    .expect("follower")
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn cluster_with_a_released_prefix() -> Released {
+    use walrelay_replicator::SegmentError;
+    use walrelay_replicator::node::follower::ReleaseError;
+    let dirs: Vec<_> = (0..5).map(|_| tempfile::tempdir().expect("dir")).collect();
+    let late_addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port");
+    let early: Vec<FollowerNode> = (0..4)
+        .map(|i| follower_at(dirs[i].path(), "127.0.0.1:0".parse().expect("addr"), vec![]))
+        .collect();
+    let mut addrs: Vec<_> = early.iter().map(|f| f.addr()).collect();
+    addrs.push(late_addr);
+    let leader = LeaderNode::start(LeaderNodeConfig {
+        database: DB,
+        epoch: Epoch(1),
+        node: NodeId(1),
+        start: Bookmark::ZERO,
+        start_chain: ChainHash::GENESIS,
+        adopted: Vec::new(),
+        history: History::new(),
+        followers: addrs,
+        write_quorum: 3,
+        listen: Some("127.0.0.1:0".parse().expect("addr")),
+        // Small: a peer at the beginning is behind the leader's tail.
+        tail_limit_bytes: 64 << 10,
+        heartbeat_interval_ms: 5,
+        redial_interval_ms: 20,
+        backend: Backend::Std,
+        auth: key(),
+    })
+    .expect("leader");
+    for s in 1..=200 {
+        leader.commit(record(s)).expect("commit");
+    }
+    leader
+        .wait_confirmed(b(200), Duration::from_secs(20))
+        .expect("confirmed by four followers");
+    let a = &early[0];
+    wait_until("A learns the watermark", || a.confirmed() >= b(200));
+
+    // The archiver on A: nothing past the confirmed position, then a
+    // release that keeps the newest 128 KiB.
+    assert!(matches!(
+        a.release_through(b(201)),
+        Err(ReleaseError::NotConfirmed { .. })
+    ));
+    assert_eq!(a.log_start(), Bookmark::ZERO);
+    let disk_before = a.disk_bytes();
+    let point = a.release_point(128 << 10);
+    assert!(point > b(100) && point < b(200), "release point {point}");
+    let released = a.release_through(point).expect("release");
+    assert!(released.segments > 5, "{released:?}");
+    assert_eq!(a.log_start(), released.start);
+    assert_eq!(a.disk_bytes(), disk_before - released.bytes);
+    assert!(a.disk_bytes() >= 128 << 10);
+    let start_at = released.start;
+    assert!(matches!(
+        a.read_confirmed(b(1), 1 << 20),
+        Err(SegmentError::Released { .. })
+    ));
+    let a_tail = a.read_confirmed(start_at, usize::MAX).expect("A's tail");
+    assert_eq!(a_tail.len() as u64, 200 - start_at.sequence.0);
+    Released {
+        dirs,
+        early,
+        late_addr,
+        leader,
+        start_at,
+        disk_before,
+    }
+}
+
+#[test]
+fn a_new_follower_catching_up_from_a_peer_that_released_its_prefix_starts_at_its_start_and_holds_its_tail()
+ {
+    use walrelay_replicator::SegmentError;
+    let c = cluster_with_a_released_prefix();
+    let (a, start_at) = (&c.early[0], c.start_at);
+    // B starts empty: the leader sends it away (its tail starts far
+    // later), A answers that it starts at `start_at`, B starts its log
+    // over there and fetches the rest from A, then streams from the
+    // leader.
+    let late = follower_at(c.dirs[4].path(), c.late_addr, vec![a.addr()]);
+    for s in 201..=220 {
+        c.leader.commit(record(s)).expect("commit");
+    }
+    c.leader
+        .wait_confirmed(b(220), Duration::from_secs(20))
+        .expect("confirmed");
+    wait_until("B and A confirm everything", || {
+        late.confirmed() >= b(220) && a.confirmed() >= b(220)
+    });
+    assert_eq!(late.broken(), None);
+    assert_eq!(late.log_start(), start_at, "B starts where A does");
+    assert!(matches!(
+        late.read_confirmed(Bookmark::ZERO, 1 << 20),
+        Err(SegmentError::Released { .. })
+    ));
+    let b_tail = late.read_confirmed(start_at, usize::MAX).expect("B's tail");
+    let a_tail = a.read_confirmed(start_at, usize::MAX).expect("A's tail");
+    assert_eq!(b_tail.len() as u64, 220 - start_at.sequence.0);
+    assert_eq!(b_tail, a_tail, "B holds the same tail as A");
+    assert_eq!(
+        b_tail.last().map(|r| r.as_ref()),
+        Some(record(220).bytes.as_ref())
+    );
+    assert!(late.disk_bytes() < c.disk_before, "B holds only the tail");
+    assert_eq!(late.epoch(), Epoch(1));
+}
+
+#[test]
+fn a_replica_whose_followers_released_its_position_stops_says_so_and_resumes_once_bootstrapped() {
+    let c = cluster_with_a_released_prefix();
+    let (a, start_at) = (&c.early[0], c.start_at);
+    // A replica at the beginning whose only follower is A: the records it
+    // lacks are in cold storage only. It stops, says so, and waits.
+    let memory = Arc::new(Memory::default());
+    let replica = ReplicaNode::start(
+        ReplicaNodeConfig {
+            database: DB,
+            leader: c.leader.replica_addr().expect("listening"),
+            followers: vec![a.addr()],
+            start: Bookmark::ZERO,
+            redial_interval_ms: 20,
+            backend: Backend::Std,
+            auth: key(),
+            delay_ms: 0,
+        },
+        Arc::clone(&memory) as Arc<dyn Applier>,
+    )
+    .expect("replica");
+    wait_until("the replica is sent to cold storage", || {
+        replica.archived().is_some()
+    });
+    assert_eq!(replica.archived(), Some(start_at));
+    assert_eq!(*memory.archived.lock(), Some(start_at));
+    assert!(
+        replica
+            .last_error()
+            .is_some_and(|e| e.contains("cold storage")),
+        "{:?}",
+        replica.last_error()
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(replica.confirmed(), Bookmark::ZERO, "nothing skipped");
+    assert!(memory.applied.lock().is_empty());
+    // The engine bootstraps it from cold storage up to A's start: it
+    // subscribes from there and follows.
+    *memory.applied.lock() = (1..=start_at.sequence.0).map(b).collect();
+    *memory.visible.lock() = start_at;
+    for s in 201..=220 {
+        c.leader.commit(record(s)).expect("commit");
+    }
+    assert!(
+        replica.wait_confirmed(b(220), Duration::from_secs(20)),
+        "replica stuck at {} ({:?})",
+        replica.confirmed(),
+        replica.last_error()
+    );
+    assert_eq!(replica.archived(), None);
+    assert_eq!(*memory.applied.lock(), (1..=220).map(b).collect::<Vec<_>>());
 }

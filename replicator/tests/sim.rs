@@ -497,6 +497,11 @@ impl Sim {
                 }
                 FollowerAction::Close { .. } => {}
                 FollowerAction::DialCatchUp => f.behind = true,
+                // The simulation releases nothing: no follower's log starts
+                // after another's end.
+                FollowerAction::ResetToArchived { start, .. } => {
+                    panic!("follower {i} told to start over at {start}, but nothing was released")
+                }
             }
         }
     }
@@ -528,6 +533,9 @@ impl Sim {
                 }
                 SubscriberAction::Close(Source::Follower) => {}
                 SubscriberAction::CatchUpFromFollower => self.replica_behind = true,
+                SubscriberAction::Archived { start, .. } => {
+                    panic!("replica sent to cold storage at {start}, but nothing was released")
+                }
                 SubscriberAction::Refused(r) => panic!(
                     "replica refused ({r:?}) at {} (acked up to {:?})",
                     self.replica.confirmed(),

@@ -59,6 +59,13 @@ pub enum CandidateError {
     Short { got: Bookmark, want: Bookmark },
     #[error("applying a fetched record: {0}")]
     Apply(String),
+    /// The adopted follower's log starts at `start`, after the position
+    /// asked for: the records in between are in cold storage only (fetch
+    /// them there, then ask again from `start`).
+    #[error(
+        "the adopted follower's log starts at {start} ({chain}): the records before it are in cold storage"
+    )]
+    Archived { start: Bookmark, chain: ChainHash },
 }
 
 #[derive(Default)]
@@ -66,6 +73,7 @@ struct Inbox {
     records: VecDeque<Encoded>,
     done: Option<Bookmark>,
     lost: bool,
+    archived: Option<(Bookmark, ChainHash)>,
 }
 
 struct Core {
@@ -209,7 +217,11 @@ impl Candidate {
         while last < upto {
             let mut core = self.state.core.lock();
             let waited = Instant::now();
-            while core.inbox.records.is_empty() && core.inbox.done.is_none() && !core.inbox.lost {
+            while core.inbox.records.is_empty()
+                && core.inbox.done.is_none()
+                && core.inbox.archived.is_none()
+                && !core.inbox.lost
+            {
                 if self
                     .state
                     .changed
@@ -223,6 +235,9 @@ impl Candidate {
             let records: Vec<Encoded> = core.inbox.records.drain(..).collect();
             let done = core.inbox.done.take();
             let lost = core.inbox.lost;
+            if let Some((start, chain)) = core.inbox.archived.take() {
+                return Err(CandidateError::Archived { start, chain });
+            }
             drop(core);
             for r in records {
                 if r.bookmark <= last {
@@ -320,6 +335,9 @@ impl NetHandler for State {
             match message {
                 Message::Append(r) => core.inbox.records.push_back(r),
                 Message::CatchUpDone { upto } => core.inbox.done = Some(upto),
+                Message::Archived { start, chain, .. } => {
+                    core.inbox.archived = Some((start, chain));
+                }
                 _ => {}
             }
         } else {

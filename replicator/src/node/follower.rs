@@ -5,17 +5,32 @@
 //! read is appended (staged) first, then `drained` issues one sync for all
 //! of them and the ack goes out. While that sync runs, new records wait in
 //! the socket and form the next group.
+//!
+//! Retention: an archiver in the same process uploads confirmed records to
+//! cold storage and then releases the log's prefix, through
+//! [`FollowerNode::confirmed`], [`FollowerNode::read_confirmed`],
+//! [`FollowerNode::release_point`] and [`FollowerNode::release_through`],
+//! from its own thread while the node runs. Reads lock the node only to
+//! locate the records (a copy of their index entries) and read the files
+//! after the lock is released. That is sound because the records located
+//! are confirmed, and a segment holding confirmed records is deleted only
+//! by `release_through`, which the archiver itself calls (the contract: it
+//! does not release what it is still reading), or by a reset to a peer's
+//! later start, after which segment numbers are never reused: a read then
+//! fails or returns the old records, never other bytes (and every record
+//! read is checked against the bookmark it was located at).
 
 use super::NodeError;
-use crate::bookmark::Bookmark;
+use crate::bookmark::{Bookmark, Epoch};
 use crate::chain::ChainHash;
 use crate::epoch_file;
 use crate::follower::{Follower, FollowerAction, FollowerEvent, LogEnd};
 use crate::ids::DatabaseId;
 use crate::leader::PeerId;
 use crate::net::{Backend, ClusterKey, ConnId, NetHandler, Transport};
-use crate::segments::{Recovery, SegmentLog};
+use crate::segments::{Recovery, Released, SegmentError, SegmentLog};
 use crate::wire::Message;
+use bytes::Bytes;
 use parking_lot::Mutex;
 use std::io;
 use std::net::SocketAddr;
@@ -43,6 +58,19 @@ pub struct FollowerNodeConfig {
 
 /// Bytes of records served per catch-up request, by default.
 pub const CATCH_UP_BATCH_BYTES: usize = 4 << 20;
+
+/// Why [`FollowerNode::release_through`] released nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    /// Only confirmed records, durable here, may be released.
+    #[error("cannot release through {upto}: only {confirmed} is confirmed and durable here")]
+    NotConfirmed { upto: Bookmark, confirmed: Bookmark },
+    /// The follower stopped after a storage failure.
+    #[error("the follower is broken: {0}")]
+    Broken(String),
+    #[error(transparent)]
+    Log(#[from] SegmentError),
+}
 
 struct Core {
     follower: Follower,
@@ -96,10 +124,14 @@ impl FollowerNode {
             last: log.last(),
             chain: log.last_chain().unwrap_or(ChainHash::GENESIS),
         };
+        let start = LogEnd {
+            last: log.start(),
+            chain: log.chain_at(log.start()).unwrap_or(ChainHash::GENESIS),
+        };
         let history = log.history();
         let state = Arc::new(State {
             core: Mutex::new(Core {
-                follower: Follower::new(config.database, promise, end, history),
+                follower: Follower::new(config.database, promise, end, history).with_start(start),
                 log,
                 sync_requested: false,
                 next_peer: 0,
@@ -162,6 +194,91 @@ impl FollowerNode {
     /// How the log reaches the disk: "std" or "io_uring".
     pub fn storage_backend(&self) -> &'static str {
         self.state.core.lock().log.io_backend()
+    }
+
+    // ---- for the archiver (see the module doc) ----
+
+    /// The newest bookmark this follower knows confirmed and holds
+    /// durably: what may be uploaded to cold storage (and then released).
+    pub fn confirmed(&self) -> Bookmark {
+        self.state.core.lock().follower.confirmed()
+    }
+
+    /// The epoch this follower has promised (for naming uploads).
+    pub fn epoch(&self) -> Epoch {
+        self.state.core.lock().follower.epoch()
+    }
+
+    /// The encoded records after `after`, up to the confirmed position,
+    /// about `max_bytes` of them (at least one if there is one), read
+    /// without holding the node's lock. [`SegmentError::Released`] if
+    /// `after` is before the log's start.
+    pub fn read_confirmed(
+        &self,
+        after: Bookmark,
+        max_bytes: usize,
+    ) -> Result<Vec<Bytes>, SegmentError> {
+        let plan = {
+            let core = self.state.core.lock();
+            let upto = core.follower.confirmed();
+            core.log.plan_batch(after, upto, max_bytes)?
+        };
+        // What was located under the lock must be what is read (see the
+        // module doc): every record whole and the one located there.
+        let records = plan.read_checked()?;
+        Ok(records)
+    }
+
+    /// Where the log starts (the last released record; ZERO if nothing
+    /// was ever released).
+    pub fn log_start(&self) -> Bookmark {
+        self.state.core.lock().log.start()
+    }
+
+    /// Bytes of the log's segment files on disk.
+    pub fn disk_bytes(&self) -> u64 {
+        self.state.core.lock().log.disk_bytes()
+    }
+
+    /// A bookmark to release through that keeps at least `keep_bytes` of
+    /// the newest records here (see [`SegmentLog::release_point`]), never
+    /// past the confirmed position.
+    pub fn release_point(&self, keep_bytes: u64) -> Bookmark {
+        let core = self.state.core.lock();
+        let start = core.log.start();
+        core.log
+            .release_point(keep_bytes)
+            .min(core.follower.confirmed())
+            .max(start)
+    }
+
+    /// Releases the log's whole segments up to `upto` (see
+    /// [`SegmentLog::release_through`]): the caller has made them durable
+    /// in cold storage. Refused for anything past the confirmed position.
+    /// Holds the node's lock for the marker's fsyncs and the unlinks
+    /// (appends wait that long; releases are rare).
+    pub fn release_through(&self, upto: Bookmark) -> Result<Released, ReleaseError> {
+        let mut core = self.state.core.lock();
+        if let Some(why) = &core.broken {
+            return Err(ReleaseError::Broken(why.clone()));
+        }
+        let confirmed = core.follower.confirmed();
+        if upto > confirmed {
+            return Err(ReleaseError::NotConfirmed { upto, confirmed });
+        }
+        let released = core.log.release_through(upto)?;
+        if released.segments > 0 {
+            let chain = core
+                .log
+                .chain_at(released.start)
+                .unwrap_or(ChainHash::GENESIS);
+            let actions = core.follower.handle(FollowerEvent::Released {
+                start: released.start,
+                chain,
+            });
+            self.state.run(&mut core, actions);
+        }
+        Ok(released)
     }
 }
 
@@ -231,6 +348,40 @@ impl State {
                         return;
                     }
                 },
+                FollowerAction::ResetToArchived {
+                    start,
+                    chain,
+                    history,
+                } => {
+                    // Safe (see the follower core's "Retention"): `start`
+                    // is a confirmed record a peer released, so everything
+                    // up to it is committed history, held by the peers and
+                    // cold storage; this log ends before it, so it drops
+                    // only that history's prefix or an unconfirmed tail
+                    // that left it, and its end only moves forward.
+                    let from = core.log.last();
+                    match core.log.reset_to(start, chain, history) {
+                        Ok(bytes) => {
+                            tracing::info!(
+                                from = %from,
+                                start = %start,
+                                removed_bytes = bytes,
+                                "follower starts its log over at a peer's archived start; the records before it are in cold storage"
+                            );
+                            let more = core.follower.handle(FollowerEvent::Reset {
+                                start: core.log.start(),
+                                chain: core.log.last_chain().unwrap_or(chain),
+                                history: core.log.history(),
+                            });
+                            self.run(core, more);
+                        }
+                        Err(err) => {
+                            tracing::error!(%err, "follower could not start its log over");
+                            core.broken = Some(err.to_string());
+                            return;
+                        }
+                    }
+                }
                 FollowerAction::Append(record) => {
                     if let Err(err) = core.log.append_encoded(&record) {
                         core.broken = Some(err.to_string());

@@ -2,9 +2,18 @@
 //! an [`Applier`] (the engine's replica database) from the leader's
 //! stream, with catch-up from a follower when the leader no longer holds
 //! the replica's position.
+//!
+//! When no follower holds it either (each answered that its log starts
+//! later: the records were released to cold storage) the subscription
+//! stops like on any other fatal condition ([`ReplicaNode::last_error`]),
+//! tells the [`Applier`] ([`Applier::archived`]) and is reported by
+//! [`ReplicaNode::archived`]; it dials nothing until the applier's
+//! confirmed position reaches the followers' start (the engine bootstraps
+//! the replica from cold storage), then subscribes from there.
 
 use super::NodeError;
 use crate::bookmark::Bookmark;
+use crate::chain::ChainHash;
 use crate::ids::DatabaseId;
 use crate::net::{Backend, ClusterKey, ConnId, NetHandler, Transport};
 use crate::record::Encoded;
@@ -49,6 +58,15 @@ pub trait Applier: Send + Sync {
     fn housekeeping(&self) -> Result<(), ApplierError> {
         Ok(())
     }
+    /// Every follower's log starts at `start` (whose chain is `chain`),
+    /// after [`confirmed`](Applier::confirmed): the records in between are
+    /// only in cold storage. The subscriber waits until `confirmed`
+    /// reaches `start` (the replica bootstrapped from cold storage), then
+    /// subscribes from there. Called once per such stop, with the
+    /// subscriber's lock held: it must not call back into the node.
+    fn archived(&self, start: Bookmark, chain: ChainHash) {
+        let _ = (start, chain);
+    }
 }
 
 /// Why a subscription stopped and started over.
@@ -58,6 +76,10 @@ enum Stopped {
     Applier(#[from] ApplierError),
     #[error("the leader refused this replica: {0:?}")]
     Refused(crate::wire::RefuseReason),
+    #[error(
+        "the followers' logs start at {start}, after this replica's {held}: the records in between are in cold storage only; bootstrap the replica from there"
+    )]
+    Archived { start: Bookmark, held: Bookmark },
 }
 
 /// How to run a replica's subscriber.
@@ -93,6 +115,11 @@ struct Links {
     next_follower: usize,
     /// When the catch-up source last spoke (a silent one is dropped).
     catch_up_seen: Option<Instant>,
+    /// Followers that answered, one after another, that their log starts
+    /// after this replica's position.
+    archived_answers: usize,
+    /// Stopped until the applier's confirmed position reaches this start.
+    archived: Option<Bookmark>,
 }
 
 struct State {
@@ -181,6 +208,14 @@ impl ReplicaNode {
         self.state.last_error.lock().clone()
     }
 
+    /// Where the followers' logs start, when every follower answered that
+    /// it starts after this replica's position: the replica waits (dials
+    /// nothing) until its applier is bootstrapped to there from cold
+    /// storage. None while it follows.
+    pub fn archived(&self) -> Option<Bookmark> {
+        self.state.core.lock().1.archived
+    }
+
     /// Confirm lags measured since the last call: for each confirm that
     /// revealed something, the leader's quorum time to the moment the
     /// confirm was visible here (same-host wall clocks), in µs.
@@ -263,10 +298,20 @@ impl State {
         };
         let (addr, tag) = {
             let mut core = self.core.lock();
-            let links = &mut core.1;
-            if links.dialing || links.leader.is_some() || links.follower.is_some() {
+            if core.1.dialing || core.1.leader.is_some() || core.1.follower.is_some() {
                 return;
             }
+            if let Some(start) = core.1.archived {
+                let held = self.applier.confirmed();
+                if held < start {
+                    return; // waiting for a bootstrap from cold storage
+                }
+                tracing::info!(start = %start, held = %held, "replica bootstrapped past the archived start: subscribing again");
+                core.1.archived = None;
+                core.1.archived_answers = 0;
+                core.0 = Subscriber::new(self.config.database, held);
+            }
+            let links = &mut core.1;
             links.dialing = true;
             if links.need_catch_up && !self.config.followers.is_empty() {
                 let f = self.config.followers[links.next_follower % self.config.followers.len()];
@@ -319,6 +364,22 @@ impl State {
                     Ok(())
                 }
                 SubscriberAction::Refused(r) => Err(Stopped::Refused(r)),
+                SubscriberAction::Archived { start, chain } => {
+                    // Another follower may not have released as much yet:
+                    // ask each before giving up on them.
+                    core.1.archived_answers += 1;
+                    if core.1.archived_answers < self.config.followers.len() {
+                        tracing::info!(start = %start, "a follower's log starts after this replica: trying another");
+                        Ok(())
+                    } else {
+                        core.1.archived = Some(start);
+                        self.applier.archived(start, chain);
+                        Err(Stopped::Archived {
+                            start,
+                            held: core.0.confirmed(),
+                        })
+                    }
+                }
             };
             if let Err(e) = result {
                 // The replica's database could not follow: drop the streams
@@ -399,6 +460,9 @@ impl State {
         let before = core.0.confirmed();
         let actions = core.0.handle(SubscriberEvent::Received(source, message));
         self.run(&mut core, actions);
+        if core.0.confirmed() > before {
+            core.1.archived_answers = 0;
+        }
         if let Some(at) = stamp
             && core.0.confirmed() > before
         {
