@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use walrelay_engine::http::auth::Auth;
 use walrelay_engine::http::server::{HttpConfig, Node, Role, serve};
+use walrelay_engine::http::time_travel::TimeTravelConfig;
 use walrelay_engine::http::token_store::TokenStore;
 use walrelay_engine::replication::{
     PrimaryConfig, ReplicaConfig, ReplicatedPrimary, ReplicatedReplica, database_path,
@@ -130,6 +131,8 @@ pub struct FollowerArgs {
     pub net: Backend,
     #[command(flatten)]
     pub auth: ReplicationAuthArgs,
+    #[command(flatten)]
+    pub archive: crate::archiving::ArchiveArgs,
 }
 
 pub fn follower(a: FollowerArgs) -> Result<()> {
@@ -140,10 +143,14 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
         database,
         net,
         auth,
+        archive,
     } = a;
+    let archive = archive
+        .config(DatabaseId(database), &dir.join("archive"))
+        .context("opening the cold store")?;
     install_stop_handler();
     let auth = auth.key("follower")?;
-    let node = FollowerNode::start(FollowerNodeConfig {
+    let node = Arc::new(FollowerNode::start(FollowerNodeConfig {
         database: DatabaseId(database),
         listen,
         dir: dir.clone(),
@@ -153,7 +160,7 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
         auth,
         catch_up_batch_bytes: walrelay_replicator::node::follower::CATCH_UP_BATCH_BYTES,
     })
-    .with_context(|| format!("starting follower in {}", dir.display()))?;
+    .with_context(|| format!("starting follower in {}", dir.display()))?);
     let r = node.recovery();
     if let Some(good) = r.mid_log_corruption {
         eprintln!(
@@ -172,6 +179,23 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
         node.backend(),
         node.storage_backend()
     );
+    let uploader = match archive {
+        Some((store, config)) => {
+            println!(
+                "follower {} archiving to {} (rank {}, log starts at {})",
+                node.addr(),
+                store.url(),
+                config.rank,
+                node.log_start()
+            );
+            Some(
+                crate::archiving::Uploader::start(Arc::clone(&node), store, config)
+                    .context("starting the archiver")?,
+            )
+        }
+        None => None,
+    };
+    let mut last_report = Instant::now();
     while !stopping() {
         std::thread::sleep(Duration::from_millis(50));
         if let Some(why) = node.broken() {
@@ -179,6 +203,21 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
             // the log back to what was durable before the failure.
             bail!("follower {} stopped taking records: {why}", node.addr());
         }
+        if let Some(u) = &uploader
+            && last_report.elapsed() >= Duration::from_secs(10)
+        {
+            last_report = Instant::now();
+            println!(
+                "follower {} log_bytes={} log_start={} {}",
+                node.addr(),
+                node.disk_bytes(),
+                node.log_start(),
+                u.summary()
+            );
+        }
+    }
+    if let Some(u) = uploader {
+        u.stop();
     }
     println!("follower {} stopping at {}", node.addr(), node.durable());
     Ok(())
@@ -224,6 +263,10 @@ pub struct PrimaryArgs {
     /// one is refused before it commits.
     #[arg(long, default_value_t = walrelay_engine::Limits::default().max_transaction_bytes)]
     pub max_transaction_bytes: u64,
+    /// Cold storage (as the followers' `--store`): where a rebuild starts,
+    /// and what time travel reads.
+    #[arg(long)]
+    pub store: Option<String>,
 
     #[command(flatten)]
     pub auth: AuthArgs,
@@ -321,6 +364,18 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
     config.backend = a.net;
     config.options.region = a.region.clone();
     config.options.limits.max_transaction_bytes = a.max_transaction_bytes;
+    config.store = a
+        .store
+        .as_deref()
+        .map(walrelay_archive::Store::open)
+        .transpose()
+        .context("opening the cold store")?;
+    let time_travel = config.store.clone().map(|store| TimeTravelConfig {
+        store,
+        database: DatabaseId(a.database),
+        work_dir: a.dir.join("time-travel"),
+        archive_wait_ms: 30_000,
+    });
     let write_quorum = config.write_quorum;
     let primary = Arc::new(ReplicatedPrimary::start(config).context("starting the primary")?);
     let http = match (a.http, auth) {
@@ -330,6 +385,7 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
                 HttpConfig {
                     database: a.database_name.clone(),
                     region: a.region.clone(),
+                    time_travel,
                     ..HttpConfig::default()
                 },
                 auth,
@@ -493,6 +549,11 @@ pub struct ReplicaArgs {
     /// primary serves it.
     #[arg(long, default_value_t = 1_000)]
     pub max_wait_ms: u64,
+    /// Cold storage: a replica with no database starts from its newest
+    /// archived state, and one that fell behind the followers' retained
+    /// log starts over from it.
+    #[arg(long)]
+    pub store: Option<String>,
     /// Injected replication delay (testing).
     #[arg(long, default_value_t = 0)]
     pub delay_ms: u64,
@@ -513,8 +574,28 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
         _ => None,
     };
     std::fs::create_dir_all(&dir)?;
+    let store = a
+        .store
+        .as_deref()
+        .map(walrelay_archive::Store::open)
+        .transpose()
+        .context("opening the cold store")?;
+    let restart_marker = dir.join(REBOOTSTRAP_MARKER);
+    if restart_marker.exists() {
+        // The last run fell behind the followers' retained log: its
+        // database is discarded and rebuilt from cold storage.
+        for p in walrelay_vfs::replica_files(&database_path(&dir)) {
+            match std::fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).with_context(|| format!("removing {}", p.display())),
+            }
+        }
+        std::fs::remove_file(&restart_marker)?;
+    }
     let r = Arc::new(
         ReplicatedReplica::start(ReplicaConfig {
+            store,
             database: DatabaseId(a.database),
             path: database_path(&dir),
             leader,
@@ -564,8 +645,15 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
         r.replica().confirmed()
     );
     let mut last_report = Instant::now();
+    let mut fell_behind = None;
     while !stopping() {
         std::thread::sleep(Duration::from_millis(50));
+        if let Some(start) = r.node().archived()
+            && a.store.is_some()
+        {
+            fell_behind = Some(start);
+            break;
+        }
         if last_report.elapsed() >= Duration::from_secs(1) {
             last_report = Instant::now();
             let mut lags = r.node().take_confirm_lags_us();
@@ -590,6 +678,15 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
     r.replica().database().stop_queries();
     drop(http);
     let _ = r.replica().persist();
+    if let Some(start) = fell_behind {
+        std::fs::write(&restart_marker, start.to_string())?;
+        eprintln!(
+            "replica {}: the followers' log now starts at {start}, after this replica's {}; exiting to start over from cold storage (run it again; `up` does)",
+            dir.display(),
+            r.replica().confirmed()
+        );
+        std::process::exit(REBOOTSTRAP_EXIT);
+    }
     println!(
         "replica {} stopping at {}",
         dir.display(),
@@ -597,6 +694,13 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
     );
     Ok(())
 }
+
+/// `DIR/rebootstrap`: a replica left behind by the followers' retention
+/// writes it before exiting; its next start discards the database and
+/// bootstraps from cold storage.
+const REBOOTSTRAP_MARKER: &str = "rebootstrap";
+/// The exit code of a replica that must start over from cold storage.
+pub const REBOOTSTRAP_EXIT: i32 = 4;
 
 /// Parses "a:1,b:2".
 pub fn parse_addrs(s: &str) -> Result<Vec<SocketAddr>, String> {

@@ -154,6 +154,7 @@ impl LocalCluster {
         let mut replica_http = Vec::new();
         for (i, region) in config.replica_regions.iter().enumerate() {
             let r = Arc::new(ReplicatedReplica::start(ReplicaConfig {
+                store: None,
                 database: DatabaseId(1),
                 path: dir.join(format!("replica-{i}.db")),
                 leader: primary.replica_addr().ok_or_else(|| {

@@ -1,6 +1,7 @@
 //! The `walrelay` binary.
 
 mod archive_cmd;
+mod archiving;
 mod cmd;
 mod supervisor;
 mod token_cmd;

@@ -14,8 +14,14 @@
 //!   are none: nobody wrote since this node stopped.
 //! - **Anything else** (a crash, a lost file, a new node). The file may
 //!   hold frames the quorum never confirmed, so it is not trusted: it is
-//!   rebuilt from the start of the adopted log. (Bounded by the log's
-//!   length until snapshots bound the log.)
+//!   rebuilt, from cold storage's newest archived state when there is a
+//!   store (followers keep only a bounded log), then from the adopted log
+//!   after it.
+//!
+//! A clean stop whose followers no longer hold the log after it (they
+//! released it to cold storage while this node was down) starts from cold
+//! storage too. Cold storage holds only confirmed history, so its newest
+//! state is a prefix of the adopted log.
 //!
 //! An incomplete transaction at the end of the adopted log (CONTINUED
 //! chunks whose last chunk never arrived) is not adopted: no client was
@@ -57,6 +63,10 @@ pub enum RecoveryError {
         #[source]
         source: rusqlite::Error,
     },
+    #[error("restoring from cold storage: {0}")]
+    Restore(#[from] walrelay_archive::RestoreError),
+    #[error("the followers' log starts at {start}, after {from}, and there is no cold storage to start from")]
+    NoStore { from: Bookmark, start: Bookmark },
     #[error("stored epoch: {0}")]
     Meta(String),
     #[error("the epoch's first record was not confirmed: {0}")]
@@ -122,35 +132,50 @@ pub fn adopt(config: &PrimaryConfig) -> Result<Adopted, RecoveryError> {
         }
         None => None,
     };
-    let from = local.unwrap_or(Bookmark::ZERO);
     let rebuilt = local.is_none();
     if rebuilt {
         tracing::warn!(
             path = %path.display(),
             upto = %adopted_end.last,
-            "no clean stop: rebuilding the database from the followers' log"
+            "no clean stop: rebuilding the database from cold storage and the followers' log"
         );
         // The database, its WAL and its wal-index (the files
         // `replica_files` names first; a primary has no watermark).
-        for p in walrelay_vfs::replica_files(path).into_iter().take(3) {
-            match std::fs::remove_file(&p) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io_at(&p)(e)),
-            }
-        }
-    } else if from < adopted_end.last {
+        remove_database(path)?;
+    }
+    let mut from = local.unwrap_or(Bookmark::ZERO);
+    let mut from_chain = (from == Bookmark::ZERO).then_some(ChainHash::GENESIS);
+    if rebuilt && let Some((at, chain)) = from_store(config, adopted_end.last)? {
+        (from, from_chain) = (at, Some(chain));
+    } else if !rebuilt && from < adopted_end.last {
         checkpoint_truncate(path)?;
     }
-    let mut roll = Roll::new(path, from, won.confirmed)?;
-    if from < adopted_end.last {
-        let from_chain = (from == Bookmark::ZERO).then_some(ChainHash::GENESIS);
-        candidate
-            .fetch(from, from_chain, adopted_end.last, &mut |r| {
-                roll.take(r).map_err(|e| e.to_string())
-            })
-            .map_err(RecoveryError::Fetch)?;
-    }
+    let mut attempts = 0;
+    let mut roll = loop {
+        let mut roll = Roll::new(path, from, from_chain, won.confirmed)?;
+        if from >= adopted_end.last {
+            break roll;
+        }
+        let fetched = candidate.fetch(from, from_chain, adopted_end.last, &mut |r| {
+            roll.take(r).map_err(|e| e.to_string())
+        });
+        match fetched {
+            Ok(()) => break roll,
+            // The followers released the log after `from` to cold storage
+            // (while this node was down, or while it restored): start from
+            // the store's newest state, again.
+            Err(CandidateError::Archived { start, .. }) if attempts < 3 => {
+                attempts += 1;
+                drop(roll);
+                remove_database(path)?;
+                match from_store(config, adopted_end.last)? {
+                    Some((at, chain)) if at >= start => (from, from_chain) = (at, Some(chain)),
+                    _ => return Err(RecoveryError::NoStore { from, start }),
+                }
+            }
+            Err(e) => return Err(RecoveryError::Fetch(e)),
+        }
+    };
     let (start, start_chain, tail, end) = roll.finish(adopted_end.chain)?;
     let mut history = won.adopted.history.clone();
     history.cut_after(end.0);
@@ -174,6 +199,54 @@ pub fn adopt(config: &PrimaryConfig) -> Result<Adopted, RecoveryError> {
         applied: roll.applied,
         rebuilt,
     })
+}
+
+/// Removes the database, its WAL and its wal-index.
+fn remove_database(path: &Path) -> Result<(), RecoveryError> {
+    for p in walrelay_vfs::replica_files(path).into_iter().take(3) {
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_at(&p)(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Restores cold storage's newest state into the (removed) database file;
+/// returns where it stands, or None without a store or history in it.
+fn from_store(
+    config: &PrimaryConfig,
+    adopted: Bookmark,
+) -> Result<Option<(Bookmark, ChainHash)>, RecoveryError> {
+    let Some(store) = &config.store else {
+        return Ok(None);
+    };
+    let archive = walrelay_archive::Archive::new(store.clone(), config.database);
+    let m = match archive.manifest() {
+        Ok(m) => m,
+        Err(walrelay_archive::RestoreError::NoManifest) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    if m.log_end == Bookmark::ZERO {
+        return Ok(None);
+    }
+    // Cold storage holds confirmed history only: never past the adopted
+    // log's end.
+    assert!(
+        m.log_end <= adopted,
+        "cold storage ends at {} after the adopted log's {adopted}: it holds history the quorum does not",
+        m.log_end
+    );
+    let r = walrelay_archive::restore_to_file(
+        &archive,
+        &m,
+        m.log_end,
+        &config.path,
+        &walrelay_archive::NoProgress,
+    )?;
+    tracing::info!(at = %r.bookmark, pages = r.db_pages, "database restored from cold storage");
+    Ok(Some((r.bookmark, r.chain)))
 }
 
 /// Copies the WAL into the database file and empties it, with the plain
@@ -207,12 +280,17 @@ struct Roll {
 }
 
 impl Roll {
-    fn new(path: &Path, from: Bookmark, confirmed: Bookmark) -> Result<Roll, RecoveryError> {
+    fn new(
+        path: &Path,
+        from: Bookmark,
+        from_chain: Option<ChainHash>,
+        confirmed: Bookmark,
+    ) -> Result<Roll, RecoveryError> {
         Ok(Roll {
             path: path.to_path_buf(),
             file: None,
             txn: Vec::new(),
-            start: (from, (from == Bookmark::ZERO).then_some(ChainHash::GENESIS)),
+            start: (from, from_chain),
             tail: Vec::new(),
             confirmed,
             applied: 0,

@@ -46,6 +46,10 @@ pub struct PrimaryConfig {
     /// The cluster key every replication connection (to the followers and
     /// from replicas) is authenticated with; None leaves them open.
     pub auth: Option<ClusterKey>,
+    /// Cold storage: where a primary that must rebuild its database starts
+    /// (the newest archived state), since followers keep only a bounded
+    /// log. None: the followers' log alone.
+    pub store: Option<walrelay_archive::Store>,
     pub options: Options,
 }
 
@@ -69,6 +73,7 @@ impl PrimaryConfig {
             max_unconfirmed_bytes: 64 << 20,
             election_timeout_ms: 10_000,
             backend: Backend::Auto,
+            store: None,
             // The quorum log is the durability; the local WAL is a cache
             // of it, so its own fsync buys nothing.
             options: Options {
@@ -276,6 +281,8 @@ pub enum PrimaryError {
     Recovery(#[from] crate::recovery::RecoveryError),
     #[error("replication: {0}")]
     Node(#[from] walrelay_replicator::node::NodeError),
+    #[error("bootstrapping from cold storage: {0}")]
+    Bootstrap(#[from] walrelay_archive::RestoreError),
     #[error("replication: {0}")]
     Replication(String),
     #[error("stop: {0}")]
@@ -475,6 +482,9 @@ pub struct ReplicaConfig {
     pub options: ReplicaOptions,
     /// Injected replication delay (ms), for consistency tests. 0: none.
     pub delay_ms: u64,
+    /// Cold storage: a replica with no database yet starts from its
+    /// newest archived state instead of the beginning of the log.
+    pub store: Option<walrelay_archive::Store>,
 }
 
 /// A read replica streaming from a primary.
@@ -492,7 +502,13 @@ impl std::fmt::Debug for ReplicatedReplica {
 }
 
 impl ReplicatedReplica {
-    pub fn start(config: ReplicaConfig) -> Result<ReplicatedReplica, PrimaryError> {
+    pub fn start(mut config: ReplicaConfig) -> Result<ReplicatedReplica, PrimaryError> {
+        if let Some(store) = &config.store
+            && let Some(r) = bootstrap(store, config.database, &config.path)?
+        {
+            config.options.initial_bookmark = r.bookmark;
+            config.options.page_size = r.page_size;
+        }
         let replica = Replica::open(&config.path, config.options.clone())?;
         let node = ReplicaNode::start(
             ReplicaNodeConfig {
@@ -516,6 +532,50 @@ impl ReplicatedReplica {
     pub fn node(&self) -> &ReplicaNode {
         &self.node
     }
+}
+
+/// Builds a replica's database from cold storage when it has none yet
+/// (no file, or an empty one): the newest archived state, so the replica
+/// catches up from there instead of from the beginning of the log. Returns
+/// what was restored, or None (a database exists, or the store holds no
+/// history yet).
+pub fn bootstrap(
+    store: &walrelay_archive::Store,
+    database: DatabaseId,
+    path: &Path,
+) -> Result<Option<walrelay_archive::Restored>, walrelay_archive::RestoreError> {
+    let fresh = std::fs::metadata(path).map_or(true, |m| m.len() == 0);
+    // A replica whose database is gone but whose WAL or watermark is not
+    // is refused by the replica's open, not papered over here.
+    let rest_exists = walrelay_vfs::replica_files(path)
+        .iter()
+        .skip(1)
+        .any(|p| p.exists());
+    if !fresh || rest_exists {
+        return Ok(None);
+    }
+    let archive = walrelay_archive::Archive::new(store.clone(), database);
+    let m = match archive.manifest() {
+        Ok(m) if m.log_end > Bookmark::ZERO => m,
+        Ok(_) | Err(walrelay_archive::RestoreError::NoManifest) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let started = std::time::Instant::now();
+    let r = walrelay_archive::restore_to_file(
+        &archive,
+        &m,
+        m.log_end,
+        path,
+        &walrelay_archive::NoProgress,
+    )?;
+    tracing::info!(
+        path = %path.display(),
+        at = %r.bookmark,
+        pages = r.db_pages,
+        ms = started.elapsed().as_millis() as u64,
+        "replica bootstrapped from cold storage"
+    );
+    Ok(Some(r))
 }
 
 /// The database file inside a node's data directory.

@@ -57,6 +57,8 @@ pub struct Plan {
     pub dir: PathBuf,
     /// When the run ends (None: at Ctrl-C).
     pub deadline: Option<Instant>,
+    /// The cold store's URL, for every node.
+    pub store: String,
 }
 
 type Spawn<'a> = dyn Fn(Vec<String>) -> Result<Child> + 'a;
@@ -376,6 +378,8 @@ fn common_args(plan: &Plan, args: &mut Vec<String>) {
         plan.net.into(),
         "--cluster-key".into(),
         plan.key_file.display().to_string(),
+        "--store".into(),
+        plan.store.clone(),
     ]);
     args.extend(plan.auth_flags.iter().cloned());
 }

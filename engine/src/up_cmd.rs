@@ -46,6 +46,19 @@ pub struct UpArgs {
     /// token store in DIR/tokens and an admin token in DIR/token).
     #[arg(long)]
     pub insecure: bool,
+    /// Cold storage for the log and snapshots (default: DIR/store on the
+    /// local filesystem); any `--store` URL the nodes take.
+    #[arg(long)]
+    pub store: Option<String>,
+    /// Followers upload confirmed records at most this late...
+    #[arg(long, default_value_t = 10_000)]
+    pub archive_lag_ms: u64,
+    /// ...snapshot after this much log...
+    #[arg(long, default_value_t = 256 << 20)]
+    pub snapshot_log_bytes: u64,
+    /// ...and keep this much archived log on local disk.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub local_keep_bytes: u64,
 }
 
 fn addrs(base: u16, n: usize) -> Vec<SocketAddr> {
@@ -85,11 +98,17 @@ pub fn up(a: UpArgs) -> Result<()> {
     let key_arg = |args: &mut Vec<String>| {
         args.extend(["--cluster-key".into(), key_file.display().to_string()]);
     };
+    let store = match &a.store {
+        Some(url) => url.clone(),
+        None => std::path::absolute(dir.join("store"))?
+            .display()
+            .to_string(),
+    };
     let exe = std::env::current_exe()?;
     let follower_addrs = addrs(a.base_port + 1, a.followers);
     let primary_addr = SocketAddr::from(([127, 0, 0, 1], a.base_port));
     println!(
-        "walrelay up: 1 primary, {} followers, {} replicas in {} (Ctrl-C stops); replication authenticated with {}",
+        "walrelay up: 1 primary, {} followers, {} replicas in {} (Ctrl-C stops); replication authenticated with {}; cold storage at {store}",
         a.followers,
         a.replicas,
         dir.display(),
@@ -147,6 +166,16 @@ pub fn up(a: UpArgs) -> Result<()> {
             join(&peers),
             "--net".into(),
             backend_name(a.net).into(),
+            "--store".into(),
+            store.clone(),
+            "--archive-rank".into(),
+            i.to_string(),
+            "--archive-lag-ms".into(),
+            a.archive_lag_ms.to_string(),
+            "--snapshot-log-bytes".into(),
+            a.snapshot_log_bytes.to_string(),
+            "--local-keep-bytes".into(),
+            a.local_keep_bytes.to_string(),
         ];
         key_arg(&mut args);
         followers.push(Supervised::start(
@@ -187,6 +216,7 @@ pub fn up(a: UpArgs) -> Result<()> {
         auth_flags,
         dir: dir.clone(),
         deadline,
+        store: store.clone(),
     };
     let mut cluster = crate::supervisor::Cluster::start(plan, followers, &spawn)?;
     let status = cluster.run(&spawn)?;
