@@ -8,9 +8,10 @@ use walrelay_archive::{Archive, Progress, Store, restore_to_file};
 use walrelay_engine::http::time_travel::parse_timestamp_us;
 use walrelay_replicator::{Bookmark, DatabaseId};
 
-/// Where in the history: a bookmark, or a time.
+/// Where in the history: a bookmark, or a time (neither: the newest
+/// archived state).
 #[derive(clap::Args, Debug, Clone)]
-#[group(required = true, multiple = false)]
+#[group(required = false, multiple = false)]
 pub struct PointArgs {
     /// A bookmark (as the API returns them).
     #[arg(long)]

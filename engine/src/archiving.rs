@@ -86,7 +86,11 @@ impl Source for NodeSource {
     fn log_start(&self) -> Bookmark {
         self.0.log_start()
     }
-    fn read_confirmed(&self, after: Bookmark, max_bytes: usize) -> Result<Vec<bytes::Bytes>, SourceError> {
+    fn read_confirmed(
+        &self,
+        after: Bookmark,
+        max_bytes: usize,
+    ) -> Result<Vec<bytes::Bytes>, SourceError> {
         Ok(self.0.read_confirmed(after, max_bytes)?)
     }
     fn disk_bytes(&self) -> u64 {

@@ -150,17 +150,19 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
         .context("opening the cold store")?;
     install_stop_handler();
     let auth = auth.key("follower")?;
-    let node = Arc::new(FollowerNode::start(FollowerNodeConfig {
-        database: DatabaseId(database),
-        listen,
-        dir: dir.clone(),
-        peers,
-        segment_bytes: 64 << 20,
-        backend: net,
-        auth,
-        catch_up_batch_bytes: walrelay_replicator::node::follower::CATCH_UP_BATCH_BYTES,
-    })
-    .with_context(|| format!("starting follower in {}", dir.display()))?);
+    let node = Arc::new(
+        FollowerNode::start(FollowerNodeConfig {
+            database: DatabaseId(database),
+            listen,
+            dir: dir.clone(),
+            peers,
+            segment_bytes: 64 << 20,
+            backend: net,
+            auth,
+            catch_up_batch_bytes: walrelay_replicator::node::follower::CATCH_UP_BATCH_BYTES,
+        })
+        .with_context(|| format!("starting follower in {}", dir.display()))?,
+    );
     let r = node.recovery();
     if let Some(good) = r.mid_log_corruption {
         eprintln!(

@@ -65,7 +65,9 @@ pub enum RecoveryError {
     },
     #[error("restoring from cold storage: {0}")]
     Restore(#[from] walrelay_archive::RestoreError),
-    #[error("the followers' log starts at {start}, after {from}, and there is no cold storage to start from")]
+    #[error(
+        "the followers' log starts at {start}, after {from}, and there is no cold storage to start from"
+    )]
     NoStore { from: Bookmark, start: Bookmark },
     #[error("stored epoch: {0}")]
     Meta(String),
@@ -133,14 +135,14 @@ pub fn adopt(config: &PrimaryConfig) -> Result<Adopted, RecoveryError> {
         None => None,
     };
     let rebuilt = local.is_none();
-    if rebuilt {
+    if rebuilt && path.exists() {
         tracing::warn!(
             path = %path.display(),
             upto = %adopted_end.last,
             "no clean stop: rebuilding the database from cold storage and the followers' log"
         );
-        // The database, its WAL and its wal-index (the files
-        // `replica_files` names first; a primary has no watermark).
+    }
+    if rebuilt {
         remove_database(path)?;
     }
     let mut from = local.unwrap_or(Bookmark::ZERO);
