@@ -132,7 +132,7 @@ pub struct FollowerArgs {
     #[command(flatten)]
     pub auth: ReplicationAuthArgs,
     #[command(flatten)]
-    pub archive: crate::archiving::ArchiveArgs,
+    pub archive: crate::archive_args::ArchiveArgs,
 }
 
 pub fn follower(a: FollowerArgs) -> Result<()> {
@@ -191,7 +191,7 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
                 node.log_start()
             );
             Some(
-                crate::archiving::Uploader::start(Arc::clone(&node), store, config)
+                walrelay_engine::archiving::Uploader::start(Arc::clone(&node), store, config)
                     .context("starting the archiver")?,
             )
         }

@@ -57,6 +57,13 @@
 //!   smaller one replicates, as chunks when it is larger than a log record.
 //! - The engine runs checkpoints (PASSIVE past a threshold, or on request);
 //!   SQLite's automatic checkpoints are off.
+//! - With cold storage (`walrelay_archive`): followers upload their
+//!   confirmed log and snapshots ([`archiving`]) and release what the
+//!   store covers, so their logs stay bounded; a primary that must rebuild
+//!   and a replica with no database start from the store's newest state
+//!   ([`replication::bootstrap`]); [`Database::restore_in_place`] makes a
+//!   primary equal to an older version of itself as one new transaction
+//!   (time travel, [`http::time_travel`]).
 //!
 //! ```
 //! use walrelay_engine::{Constraint, Database, Options};
@@ -75,6 +82,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod archiving;
 mod database;
 mod error;
 mod execution;

@@ -1,7 +1,7 @@
 //! The `walrelay` binary.
 
 mod archive_cmd;
-mod archiving;
+mod archive_args;
 mod cmd;
 mod supervisor;
 mod token_cmd;
