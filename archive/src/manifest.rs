@@ -21,10 +21,13 @@
 //!                     is in log objects                         12
 //!  48  log_end_chain  16
 //!  64  log_end_us     u64: its commit time                       8
-//!  72  retained_from  bookmark: history before it is no longer
+//!  72  since_snapshot u64: record bytes archived after the newest
+//!                     snapshot (what schedules the next one,
+//!                     whichever uploader writes it)              8
+//!  80  retained_from  bookmark: history before it is no longer
 //!                     restorable                                12
-//!  84  runs           u16, snapshots u32                         6
-//!  90  runs x         (epoch u32, last sequence u64): the epoch
+//!  92  runs           u16, snapshots u32                         6
+//!  98  runs x         (epoch u32, last sequence u64): the epoch
 //!                     history of the archived log               12 each
 //!  ..  snapshots x    bookmark 12, chain 16, commit_us u64,
 //!                     db_pages u32, generation u32, digest 32   76 each
@@ -74,6 +77,8 @@ pub struct Manifest {
     pub log_end: Bookmark,
     pub log_end_chain: ChainHash,
     pub log_end_us: u64,
+    /// Record bytes archived after the newest snapshot.
+    pub since_snapshot_bytes: u64,
     pub retained_from: Bookmark,
     pub history: History,
     pub snapshots: Vec<SnapshotEntry>,
@@ -91,6 +96,7 @@ impl Manifest {
             log_end: Bookmark::ZERO,
             log_end_chain: ChainHash::GENESIS,
             log_end_us: 0,
+            since_snapshot_bytes: 0,
             retained_from: Bookmark::ZERO,
             history: History::new(),
             snapshots: Vec::new(),
@@ -129,7 +135,7 @@ impl Manifest {
             });
         }
         let runs = self.history.runs();
-        let mut out = Vec::with_capacity(94 + runs.len() * 12 + self.snapshots.len() * 76);
+        let mut out = Vec::with_capacity(102 + runs.len() * 12 + self.snapshots.len() * 76);
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&VERSION.to_be_bytes());
         out.extend_from_slice(&0u16.to_be_bytes());
@@ -140,6 +146,7 @@ impl Manifest {
         out.bookmark(self.log_end);
         out.chain(self.log_end_chain);
         out.extend_from_slice(&self.log_end_us.to_be_bytes());
+        out.extend_from_slice(&self.since_snapshot_bytes.to_be_bytes());
         out.bookmark(self.retained_from);
         out.extend_from_slice(&(runs.len() as u16).to_be_bytes());
         out.extend_from_slice(&(self.snapshots.len() as u32).to_be_bytes());
@@ -179,6 +186,7 @@ impl Manifest {
         let epoch = Epoch(r.u32()?);
         let page_size = r.u32()?;
         let (log_end, log_end_chain, log_end_us) = (r.bookmark()?, r.chain()?, r.u64()?);
+        let since_snapshot_bytes = r.u64()?;
         let retained_from = r.bookmark()?;
         let (nruns, nsnaps) = (r.u16()? as usize, r.u32()? as usize);
         // Sizes are checked against the bytes present before reserving.
@@ -216,6 +224,7 @@ impl Manifest {
             log_end,
             log_end_chain,
             log_end_us,
+            since_snapshot_bytes,
             retained_from,
             history,
             snapshots,
@@ -270,9 +279,14 @@ pub enum Published {
     Lost,
 }
 
-/// Publishes `next` as the version after `current` (its sequence must be
-/// current's + 1), create-only; then deletes versions more than
+/// Publishes `next` as the version after the one it was built from (its
+/// sequence + 1), create-only; then deletes versions more than
 /// [`VERSIONS_KEPT`] behind.
+///
+/// A writer that slept through many publishes could find its slot free
+/// again (deleted as an old version): after creating it, it checks that no
+/// newer version exists, and if one does, takes its own back and reports
+/// the race lost. So a stale writer never believes it published.
 pub fn publish(store: &Store, next: &Manifest) -> Result<Published, ArchiveError> {
     let key = names::manifest_key(next.database, next.sequence);
     let bytes = next.encode()?;
@@ -282,13 +296,18 @@ pub fn publish(store: &Store, next: &Manifest) -> Result<Published, ArchiveError
         Err(StoreError::Conflict { .. }) => return Ok(Published::Lost),
         Err(e) => return Err(e.into()),
     }
-    if next.sequence > VERSIONS_KEPT {
-        for l in store.list(&names::manifest_prefix(next.database), None)? {
-            if names::parse_manifest_key(next.database, &l.key)
-                .is_some_and(|s| s + VERSIONS_KEPT < next.sequence)
-            {
-                store.delete(&l.key)?;
-            }
+    let versions: Vec<(String, u64)> = store
+        .list(&names::manifest_prefix(next.database), None)?
+        .into_iter()
+        .filter_map(|l| names::parse_manifest_key(next.database, &l.key).map(|s| (l.key, s)))
+        .collect();
+    if versions.iter().any(|(_, s)| *s > next.sequence) {
+        store.delete(&key)?;
+        return Ok(Published::Lost);
+    }
+    for (k, s) in versions {
+        if s + VERSIONS_KEPT < next.sequence {
+            store.delete(&k)?;
         }
     }
     Ok(Published::Done)
@@ -340,6 +359,27 @@ mod tests {
         assert_eq!(publish(&store, &a).unwrap(), Published::Done);
         assert_eq!(publish(&store, &b).unwrap(), Published::Lost);
         assert_eq!(load(&store, DatabaseId(3)).unwrap().unwrap(), a);
+    }
+
+    #[test]
+    fn a_writer_that_slept_through_many_versions_cannot_publish_into_a_deleted_slot() {
+        let store = Store::open("memory://").unwrap();
+        let mut m = sample();
+        for s in 1..=10 {
+            m.sequence = s;
+            publish(&store, &m).unwrap();
+        }
+        let mut stale = m.clone();
+        stale.sequence = 2; // its slot was deleted as an old version
+        stale.epoch = Epoch(7);
+        assert_eq!(publish(&store, &stale).unwrap(), Published::Lost);
+        assert_eq!(load(&store, m.database).unwrap().unwrap(), m);
+        assert!(
+            store
+                .get(&names::manifest_key(m.database, 2))
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[test]

@@ -119,31 +119,50 @@ impl Archive {
                 by_start.entry(n.previous).or_default().push(n);
             }
         }
-        let mut out = Vec::new();
-        let mut at = from;
-        while at < upto {
+        // Uploaders may cut the same history at different points (a lost
+        // race leaves its objects behind), so objects can overlap: find the
+        // fewest objects that chain from `from` past `upto` (breadth first
+        // over the points objects start and end at), using only runs of
+        // the manifest's history.
+        let usable = |n: &&LogName| n.last <= m.log_end && m.holds(n.last);
+        let mut came_from: BTreeMap<Bookmark, LogName> = BTreeMap::new();
+        let mut frontier = std::collections::VecDeque::from([from]);
+        let mut reached = None;
+        let mut skipped: Option<LogName> = None;
+        while let Some(at) = frontier.pop_front() {
+            if at >= upto {
+                reached = Some(at);
+                break;
+            }
             let candidates = by_start.get(&at).map(Vec::as_slice).unwrap_or_default();
-            // Longest first; only runs of the manifest's history.
-            let best = candidates
-                .iter()
-                .filter(|n| n.last <= m.log_end && m.holds(n.last))
-                .max_by_key(|n| (n.last, n.generation));
-            match best {
-                Some(n) => {
-                    out.push(*n);
-                    at = n.last;
-                }
-                None => {
-                    return Err(match candidates.first() {
-                        Some(n) => RestoreError::Diverged {
-                            key: names::log_key(db, n),
-                            generation: n.generation,
-                        },
-                        None => RestoreError::Gap { after: at },
-                    });
+            if skipped.is_none() {
+                skipped = candidates.iter().find(|n| !usable(n)).copied();
+            }
+            for n in candidates.iter().filter(usable) {
+                if n.last > at && n.last != from && !came_from.contains_key(&n.last) {
+                    came_from.insert(n.last, *n);
+                    frontier.push_back(n.last);
                 }
             }
         }
+        let Some(mut at) = reached else {
+            // Where the history stops: the furthest point reached.
+            let stuck = came_from.keys().next_back().copied().unwrap_or(from);
+            return Err(match skipped {
+                Some(n) => RestoreError::Diverged {
+                    key: names::log_key(db, &n),
+                    generation: n.generation,
+                },
+                None => RestoreError::Gap { after: stuck },
+            });
+        };
+        let mut out = Vec::new();
+        while at != from {
+            let n = came_from[&at];
+            out.push(n);
+            at = n.previous;
+        }
+        out.reverse();
         Ok(out)
     }
 

@@ -102,6 +102,37 @@ impl Drop for S3Emulator {
     }
 }
 
+/// Runs `f` once per kind of store, each fresh: the local filesystem
+/// (under `dir`), memory (if `with_memory`), and the S3 emulator. Without
+/// the emulator the S3 run is skipped with a message, except under
+/// `CI=true`, where that is a failure.
+pub fn each_store(
+    name: &str,
+    dir: &std::path::Path,
+    with_memory: bool,
+    mut f: impl FnMut(&str, &crate::Store),
+) {
+    let fs_dir = dir.join(format!("store-{name}"));
+    let fs = crate::Store::open(fs_dir.to_str().expect("utf-8 path")).expect("filesystem store");
+    f("filesystem", &fs);
+    if with_memory {
+        f(
+            "memory",
+            &crate::Store::open("memory://").expect("memory store"),
+        );
+    }
+    match S3Emulator::start() {
+        Ok(emu) => {
+            let s3 = crate::Store::open(&emu.url(name)).expect("S3 store");
+            f("S3 emulator", &s3);
+        }
+        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("the S3 emulator is required under CI=true: {e}")
+        }
+        Err(e) => eprintln!("SKIPPED the S3 emulator store: {e}"),
+    }
+}
+
 /// A durability follower's log in memory: records appended by a
 /// [`Workload`], a confirmed point, and releases.
 #[derive(Debug, Default)]

@@ -5,7 +5,7 @@
 use anyhow::Result;
 use rand::{Rng, SeedableRng};
 use std::path::Path;
-use walrelay_archive::testing::{MemSource, S3Emulator, Workload};
+use walrelay_archive::testing::{MemSource, Workload};
 use walrelay_archive::{
     Archive, Archiver, ArchiverConfig, Flush, NoProgress, RestoreError, Store, names,
     restore_to_file,
@@ -17,20 +17,9 @@ const DB: DatabaseId = DatabaseId(0x2a);
 /// Runs `f` once per store kind, each on a fresh store.
 fn each_store(name: &str, f: impl Fn(&Store, &Path) -> Result<()>) {
     let dir = tempfile::tempdir().unwrap();
-    let fs = Store::open(dir.path().join("store").to_str().unwrap()).unwrap();
-    f(&fs, dir.path()).unwrap_or_else(|e| panic!("filesystem store: {e:#}"));
-    let mem = Store::open("memory://").unwrap();
-    f(&mem, dir.path()).unwrap_or_else(|e| panic!("memory store: {e:#}"));
-    match S3Emulator::start() {
-        Ok(emu) => {
-            let s3 = Store::open(&emu.url(name)).unwrap();
-            f(&s3, dir.path()).unwrap_or_else(|e| panic!("S3 emulator store: {e:#}"));
-        }
-        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("the S3 emulator is required under CI=true: {e}")
-        }
-        Err(e) => eprintln!("SKIPPED the S3 emulator store: {e}"),
-    }
+    walrelay_archive::testing::each_store(name, dir.path(), true, |kind, store| {
+        f(store, dir.path()).unwrap_or_else(|e| panic!("{kind} store: {e:#}"))
+    });
 }
 
 fn config(work: &Path) -> ArchiverConfig {
@@ -498,6 +487,76 @@ fn a_fork_at_any_bookmark_restores_equal_to_its_origin_there_and_reuses_snapshot
         // The origin is untouched.
         assert_eq!(
             restore(store, w.at(), &dir.join("o.db"))?,
+            Db(w.shadows[&w.at()].clone())
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn five_uploaders_at_once_keep_one_contiguous_restorable_history() {
+    each_store("concurrent", |store, dir| {
+        let w = std::sync::Mutex::new(Workload::new(37, 1024));
+        let s = MemSource::new(Epoch(1));
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            for i in 0..5 {
+                let (store, s, stop) = (store.clone(), &s, &stop);
+                let mut c = config(&dir.join(format!("u{i}")));
+                c.rank = i;
+                sc.spawn(move || {
+                    let mut up = Archiver::new(store, c);
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let _ = up.round(s, Flush::No);
+                    }
+                });
+            }
+            for _ in 0..40 {
+                let mut w = w.lock().unwrap();
+                run(&mut w, &s, 3);
+                drop(w);
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        let w = w.into_inner().unwrap();
+        let mut up = Archiver::new(store.clone(), config(&dir.join("last")));
+        if let Err(e) = up.round(&s, Flush::Log) {
+            for l in store.list(&names::log_prefix(DB), None)? {
+                let n = names::parse_log_key(DB, &l.key).unwrap();
+                eprintln!("{} -> {}", n.previous, n.last);
+            }
+            let m = Archive::new(store.clone(), DB).manifest()?;
+            eprintln!(
+                "manifest {} end {} snaps {:?}",
+                m.sequence,
+                m.log_end,
+                m.snapshots
+                    .iter()
+                    .map(|s| s.bookmark.to_string())
+                    .collect::<Vec<_>>()
+            );
+            for l in store.list(&names::snapshot_prefix(DB), None)? {
+                eprintln!("{}", l.key);
+            }
+            let a = Archive::new(store.clone(), DB);
+            eprintln!(
+                "walk now: {:?}",
+                a.walk(&m, Bookmark::ZERO, m.log_end).map(|v| v.len())
+            );
+            eprintln!("history {:?}", m.history.runs());
+            panic!("{e}");
+        }
+        if let Err(e) = restore(store, w.at(), &dir.join("c.db")) {
+            for l in store.list(&names::log_prefix(DB), None)? {
+                let n = names::parse_log_key(DB, &l.key).unwrap();
+                eprintln!("{} -> {}", n.previous, n.last);
+            }
+            panic!("{e}");
+        }
+        assert_eq!(
+            restore(store, w.at(), &dir.join("c.db"))?,
             Db(w.shadows[&w.at()].clone())
         );
         Ok(())

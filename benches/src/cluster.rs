@@ -43,6 +43,7 @@ pub fn start(dir: &Path, n: usize, key: Option<ClusterKey>) -> BenchCluster {
     config.listen = Some("127.0.0.1:0".parse().expect("addr"));
     let primary = ReplicatedPrimary::start(config).expect("primary");
     let replica = ReplicatedReplica::start(ReplicaConfig {
+        store: None,
         database: DatabaseId(1),
         path: dir.join("replica.db"),
         leader: primary.replica_addr().expect("listening"),

@@ -59,4 +59,3 @@ impl ArchiveArgs {
         Ok(Some((store, c)))
     }
 }
-

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
-use walrelay_archive::{Archiver, ArchiverConfig, ArchiverStats, Flush, Source, SourceError, Store};
+use walrelay_archive::{
+    Archiver, ArchiverConfig, ArchiverStats, Flush, Source, SourceError, Store,
+};
 use walrelay_replicator::node::follower::FollowerNode;
 use walrelay_replicator::{Bookmark, Epoch};
 
@@ -98,7 +100,12 @@ impl Uploader {
             get(&s.snapshots_uploaded),
             get(&s.bytes_uploaded) + get(&s.snapshot_bytes_uploaded),
             get(&s.failures)
-        )
+        ) + &s
+            .last_error
+            .lock()
+            .as_ref()
+            .map(|e| format!(" last_error={e:?}"))
+            .unwrap_or_default()
     }
 
     /// Uploads what is confirmed and stops.

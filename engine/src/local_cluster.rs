@@ -41,6 +41,10 @@ pub struct LocalClusterConfig {
     pub limits: crate::limits::Limits,
     /// Serve HTTP without authentication.
     pub insecure: bool,
+    /// Cold storage: every follower runs an uploader (this configuration,
+    /// with its own rank and scratch directory), the primary rebuilds and
+    /// time-travels from it, replicas bootstrap from it. None: none.
+    pub archive: Option<(walrelay_archive::Store, walrelay_archive::ArchiverConfig)>,
 }
 
 /// Why a local cluster did not start.
@@ -63,6 +67,7 @@ impl Default for LocalClusterConfig {
             http: HttpConfig::default(),
             limits: crate::limits::Limits::default(),
             insecure: false,
+            archive: None,
         }
     }
 }
@@ -72,10 +77,13 @@ impl Default for LocalClusterConfig {
 pub struct LocalCluster {
     pub primary: Arc<ReplicatedPrimary>,
     pub replicas: Vec<Arc<ReplicatedReplica>>,
-    pub followers: Vec<FollowerNode>,
+    pub followers: Vec<Arc<FollowerNode>>,
+    /// The followers' uploaders (with cold storage).
+    pub uploaders: Vec<crate::archiving::Uploader>,
     pub primary_http: HttpServer,
     pub replica_http: Vec<HttpServer>,
     config: LocalClusterConfig,
+    key: ClusterKey,
     /// The token store and its admin token (None when insecure).
     tokens: Option<(PathBuf, ApiToken)>,
 }
@@ -101,6 +109,12 @@ fn any_port() -> SocketAddr {
 }
 
 impl LocalCluster {
+    /// The key every replication connection of the cluster authenticates
+    /// with (for a node added by hand).
+    pub fn cluster_key(&self) -> &ClusterKey {
+        &self.key
+    }
+
     /// Starts everything under `dir`.
     pub fn start(
         dir: &Path,
@@ -129,20 +143,44 @@ impl LocalCluster {
                     auth: Some(key.clone()),
                     catch_up_batch_bytes: walrelay_replicator::node::follower::CATCH_UP_BATCH_BYTES,
                 })
+                .map(Arc::new)
                 .map_err(|e| PrimaryError::Replication(e.to_string()))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let store = config.archive.as_ref().map(|(s, _)| s.clone());
+        let mut uploaders = Vec::new();
+        if let Some((store, template)) = &config.archive {
+            for (i, f) in followers.iter().enumerate() {
+                let mut c = template.clone();
+                c.rank = i as u32;
+                c.work_dir = dir.join(format!("follower-{i}")).join("archive");
+                uploaders.push(
+                    crate::archiving::Uploader::start(Arc::clone(f), store.clone(), c)
+                        .map_err(io)?,
+                );
+            }
+        }
         let addrs: Vec<SocketAddr> = followers.iter().map(|f| f.addr()).collect();
         let mut pc = PrimaryConfig::new(dir.join("primary.db"), addrs.clone(), Some(key.clone()));
         pc.listen = Some(any_port());
         pc.options.region = config.primary_region.clone();
         pc.options.limits = config.limits;
+        pc.store = store.clone();
         let primary = Arc::new(ReplicatedPrimary::start(pc)?);
+        let time_travel = store
+            .clone()
+            .map(|store| crate::http::time_travel::TimeTravelConfig {
+                store,
+                database: DatabaseId(1),
+                work_dir: dir.join("time-travel"),
+                archive_wait_ms: 30_000,
+            });
         let primary_http = serve(
             Arc::new(Node::new(
                 Role::Primary(primary.database().clone()),
                 HttpConfig {
                     region: config.primary_region.clone(),
+                    time_travel,
                     ..config.http.clone()
                 },
                 auth.clone(),
@@ -154,7 +192,7 @@ impl LocalCluster {
         let mut replica_http = Vec::new();
         for (i, region) in config.replica_regions.iter().enumerate() {
             let r = Arc::new(ReplicatedReplica::start(ReplicaConfig {
-                store: None,
+                store: store.clone(),
                 database: DatabaseId(1),
                 path: dir.join(format!("replica-{i}.db")),
                 leader: primary.replica_addr().ok_or_else(|| {
@@ -193,9 +231,11 @@ impl LocalCluster {
             primary,
             replicas,
             followers,
+            uploaders,
             primary_http,
             replica_http,
             config,
+            key,
             tokens,
         })
     }

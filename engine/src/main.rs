@@ -1,7 +1,7 @@
 //! The `walrelay` binary.
 
-mod archive_cmd;
 mod archive_args;
+mod archive_cmd;
 mod cmd;
 mod supervisor;
 mod token_cmd;

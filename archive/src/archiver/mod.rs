@@ -131,6 +131,8 @@ pub struct ArchiverStats {
     /// Gauge: the archived end's sequence and epoch.
     pub archived_epoch: AtomicU64,
     pub archived_sequence: AtomicU64,
+    /// The last failed round's error (cleared by a good round).
+    pub last_error: parking_lot::Mutex<Option<String>>,
 }
 
 /// Whether a round waits for its thresholds.
@@ -162,9 +164,6 @@ pub struct Archiver {
     archive: Archive,
     config: ArchiverConfig,
     stats: Arc<ArchiverStats>,
-    /// Record bytes archived since the newest snapshot, as this uploader
-    /// counted them (a restart counts from zero: at worst a late snapshot).
-    since_snapshot_bytes: u64,
     /// When garbage was last swept (µs); sweeps list whole prefixes, so
     /// they run at most once per `SWEEP_EVERY_US`.
     last_sweep_us: u64,
@@ -183,7 +182,6 @@ impl Archiver {
             archive: Archive::new(store, config.database),
             config,
             stats: Arc::default(),
-            since_snapshot_bytes: 0,
             last_sweep_us: 0,
         }
     }
@@ -230,9 +228,11 @@ impl Archiver {
                 self.stats
                     .archived_sequence
                     .store(report.archived_to.sequence.0, Ordering::Relaxed);
+                *self.stats.last_error.lock() = None;
             }
             Err(e) => {
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                *self.stats.last_error.lock() = Some(e.to_string());
                 tracing::warn!(database = %self.config.database, error = %e, "archive round failed; retrying later");
             }
         }

@@ -28,7 +28,7 @@ impl Archiver {
         }
         let since_ms = now_us().saturating_sub(newest.map_or(0, |s| s.commit_us)) / 1000;
         let due = force
-            || self.since_snapshot_bytes >= self.config.snapshot_log_bytes * self.patience()
+            || m.since_snapshot_bytes >= self.config.snapshot_log_bytes * self.patience()
             || (newest.is_some() && since_ms >= self.config.snapshot_every_ms * self.patience());
         if !due {
             return Ok(None);
@@ -37,11 +37,11 @@ impl Archiver {
         let mut next = successor(m, mine);
         next.page_size = page_size;
         next.snapshots.push(entry);
+        next.since_snapshot_bytes = 0;
         if self.publish(m, next)? {
             self.stats
                 .snapshots_uploaded
                 .fetch_add(1, Ordering::Relaxed);
-            self.since_snapshot_bytes = 0;
             tracing::info!(database = %self.config.database, bookmark = %entry.bookmark, pages = entry.db_pages, "snapshot archived");
             Ok(Some(entry.bookmark))
         } else {

@@ -22,6 +22,7 @@ impl Archiver {
         // of a giant transaction put up but not yet published.
         let mut cursor: (Bookmark, ChainHash) = (m.log_end, m.log_end_chain);
         let mut pending: Vec<Bookmark> = Vec::new();
+        let mut pending_bytes = 0u64;
         loop {
             let confirmed = source.confirmed();
             if confirmed <= cursor.0 {
@@ -69,6 +70,7 @@ impl Archiver {
             self.stats.bytes_uploaded.fetch_add(n, Ordering::Relaxed);
             uploaded += 1;
             pending.extend(obj.records.iter().map(|r| r.bookmark));
+            pending_bytes += obj.raw_len();
             cursor = (obj.last, obj.last_chain);
             if obj.records.last().is_some_and(Encoded::continued) {
                 // Inside a giant transaction: the manifest moves once its
@@ -82,13 +84,14 @@ impl Archiver {
             for b in pending.drain(..) {
                 next.history.record(b);
             }
-            let raw = obj.raw_len();
+            next.since_snapshot_bytes += pending_bytes;
+            pending_bytes = 0;
             if self.publish(m, next)? {
-                self.since_snapshot_bytes += raw;
                 tracing::debug!(database = %self.config.database, archived = %m.log_end, "log archived");
             } else {
                 // Another uploader published: go on from its end.
                 cursor = (m.log_end, m.log_end_chain);
+                pending.clear();
                 if m.epoch > source.epoch() {
                     return Ok(uploaded);
                 }

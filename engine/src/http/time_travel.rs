@@ -273,6 +273,15 @@ impl Node {
             return self.refuse(a);
         }
         let previous = db.latest_bookmark();
+        if let Point::Bookmark(b) = point
+            && b > previous
+        {
+            return self.refuse(Answer::error(
+                400,
+                codes::BOOKMARK,
+                format!("bookmark {b} is after the database's newest ({previous})"),
+            ));
+        }
         let (m, at) = match tt.resolve(point, previous) {
             Ok(r) => r,
             Err(e) => return self.refuse(store_error(&e)),
