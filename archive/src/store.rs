@@ -83,6 +83,15 @@ impl Store {
                 .with_automatic_cleanup(true);
             Arc::new(fs)
         };
+        Store::from_object_store(inner, url)
+    }
+
+    /// A store over any `object_store` backend (a custom one, or a test
+    /// double); `label` names it in messages.
+    pub fn from_object_store(
+        inner: Arc<dyn ObjectStore>,
+        label: &str,
+    ) -> Result<Store, StoreError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("walrelay-store")
@@ -92,7 +101,7 @@ impl Store {
         Ok(Store {
             inner,
             runtime: Arc::new(runtime),
-            url: url.to_string(),
+            url: label.to_string(),
         })
     }
 

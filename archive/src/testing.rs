@@ -345,3 +345,166 @@ impl Workload {
         out
     }
 }
+
+/// An object store that crashes: after `budget` writes (puts, deletes,
+/// copies) every operation fails, as if the uploader's process died there.
+/// The objects written so far stay in `inner`, for a restarted uploader.
+#[derive(Debug)]
+pub struct CrashingStore {
+    inner: std::sync::Arc<object_store::memory::InMemory>,
+    counter: std::sync::Arc<WriteBudget>,
+}
+
+#[derive(Debug)]
+struct WriteBudget {
+    budget: std::sync::atomic::AtomicI64,
+    writes: std::sync::atomic::AtomicU64,
+}
+
+impl WriteBudget {
+    fn crashed(&self) -> bool {
+        self.budget.load(std::sync::atomic::Ordering::SeqCst) == 0
+    }
+
+    fn write(&self) -> object_store::Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let b = self.budget.load(SeqCst);
+        if b == 0 {
+            return Err(crash());
+        }
+        if b > 0 {
+            self.budget.fetch_sub(1, SeqCst);
+        }
+        self.writes.fetch_add(1, SeqCst);
+        Ok(())
+    }
+}
+
+impl CrashingStore {
+    /// `budget` writes before the crash (negative: never).
+    pub fn new(
+        inner: std::sync::Arc<object_store::memory::InMemory>,
+        budget: i64,
+    ) -> CrashingStore {
+        CrashingStore {
+            inner,
+            counter: std::sync::Arc::new(WriteBudget {
+                budget: std::sync::atomic::AtomicI64::new(budget),
+                writes: std::sync::atomic::AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Writes that went through.
+    pub fn writes(&self) -> u64 {
+        self.counter
+            .writes
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+fn crash() -> object_store::Error {
+    object_store::Error::Generic {
+        store: "crashing",
+        source: "the uploader crashed here".into(),
+    }
+}
+
+impl std::fmt::Display for CrashingStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CrashingStore")
+    }
+}
+
+type PathStream =
+    futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>>;
+
+#[async_trait::async_trait]
+impl object_store::ObjectStore for CrashingStore {
+    async fn put_opts(
+        &self,
+        location: &object_store::path::Path,
+        payload: object_store::PutPayload,
+        opts: object_store::PutOptions,
+    ) -> object_store::Result<object_store::PutResult> {
+        self.counter.write()?;
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &object_store::path::Path,
+        opts: object_store::PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+        self.counter.write()?;
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &object_store::path::Path,
+        options: object_store::GetOptions,
+    ) -> object_store::Result<object_store::GetResult> {
+        if self.counter.crashed() {
+            return Err(crash());
+        }
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(&self, locations: PathStream) -> PathStream {
+        use futures::StreamExt;
+        let (inner, counter) = (
+            std::sync::Arc::clone(&self.inner),
+            std::sync::Arc::clone(&self.counter),
+        );
+        locations
+            .then(move |p| {
+                let (inner, counter) = (
+                    std::sync::Arc::clone(&inner),
+                    std::sync::Arc::clone(&counter),
+                );
+                async move {
+                    let p = p?;
+                    counter.write()?;
+                    let one: PathStream = futures::stream::iter([Ok(p)]).boxed();
+                    inner
+                        .delete_stream(one)
+                        .next()
+                        .await
+                        .unwrap_or_else(|| Err(crash()))
+                }
+            })
+            .boxed()
+    }
+
+    fn list(
+        &self,
+        prefix: Option<&object_store::path::Path>,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+        use futures::StreamExt;
+        if self.counter.crashed() {
+            return futures::stream::iter([Err(crash())]).boxed();
+        }
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(
+        &self,
+        prefix: Option<&object_store::path::Path>,
+    ) -> object_store::Result<object_store::ListResult> {
+        if self.counter.crashed() {
+            return Err(crash());
+        }
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &object_store::path::Path,
+        to: &object_store::path::Path,
+        options: object_store::CopyOptions,
+    ) -> object_store::Result<()> {
+        self.counter.write()?;
+        self.inner.copy_opts(from, to, options).await
+    }
+}

@@ -530,3 +530,97 @@ fn five_uploaders_at_once_keep_one_contiguous_restorable_history() {
         Ok(())
     });
 }
+
+/// The scenario a crash interrupts: three batches, each uploaded,
+/// snapshotted and pruned (a 1 ms retention drops every snapshot but the
+/// newest and the log before it, so every round also deletes).
+fn crash_scenario(store: &Store, dir: &Path, w: &mut Workload, s: &MemSource) {
+    let mut c = config(dir);
+    c.retention_ms = 1;
+    let mut up = Archiver::new(store.clone(), c);
+    for _ in 0..3 {
+        run(w, s, 8);
+        // After the crash every round fails: that is the point.
+        let _ = up.round(s, Flush::All);
+    }
+}
+
+/// Restores every shadow bookmark the manifest says it retains (at most
+/// `limit`, spread out) and compares.
+fn check_retained(store: &Store, dir: &Path, w: &Workload, limit: usize) -> Result<()> {
+    let a = Archive::new(store.clone(), DB);
+    let m = match a.manifest() {
+        Ok(m) => m,
+        Err(RestoreError::NoManifest) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    let points: Vec<Bookmark> = w
+        .shadows
+        .keys()
+        .copied()
+        .filter(|b| *b >= m.retained_from && *b <= m.log_end)
+        .collect();
+    let step = points.len().div_ceil(limit).max(1);
+    for at in points.iter().step_by(step).chain(points.last()) {
+        let got = restore(store, *at, &dir.join("crash.db")).map_err(|e| {
+            anyhow::anyhow!(
+                "restore at {at} (retained {} ..= {}): {e}",
+                m.retained_from,
+                m.log_end
+            )
+        })?;
+        assert_eq!(got, Db(w.shadows[at].clone()), "restore at {at}");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_crash_after_any_store_write_leaves_every_retained_bookmark_exact_and_a_restart_finishes() {
+    use std::sync::Arc;
+    use walrelay_archive::testing::CrashingStore;
+    let dir = tempfile::tempdir().unwrap();
+    // How many writes the whole scenario makes.
+    let total = {
+        let mem = Arc::new(object_store::memory::InMemory::new());
+        let crashing = Arc::new(CrashingStore::new(Arc::clone(&mem), -1));
+        let store = Store::from_object_store(crashing.clone(), "count").unwrap();
+        crash_scenario(
+            &store,
+            dir.path(),
+            &mut Workload::new(41, 1024),
+            &MemSource::new(Epoch(1)),
+        );
+        crashing.writes()
+    };
+    assert!(
+        total > 20,
+        "the scenario writes, publishes and deletes ({total} writes)"
+    );
+    for k in 0..=total {
+        let mem = Arc::new(object_store::memory::InMemory::new());
+        let crashing = Store::from_object_store(
+            Arc::new(CrashingStore::new(Arc::clone(&mem), k as i64)),
+            "crashing",
+        )
+        .unwrap();
+        let mut w = Workload::new(41, 1024);
+        let s = MemSource::new(Epoch(1));
+        crash_scenario(&crashing, dir.path(), &mut w, &s);
+        // What the crash left: every retained bookmark restores exactly.
+        let after = Store::from_object_store(mem.clone(), "after").unwrap();
+        check_retained(&after, dir.path(), &w, 4)
+            .unwrap_or_else(|e| panic!("after a crash at write {k} of {total}: {e:#}"));
+        // A restarted uploader finishes the job.
+        let mut up = Archiver::new(after.clone(), config(dir.path()));
+        up.round(&s, Flush::All)
+            .unwrap_or_else(|e| panic!("restart after a crash at write {k}: {e}"));
+        check_retained(&after, dir.path(), &w, 4)
+            .unwrap_or_else(|e| panic!("after the restart from a crash at write {k}: {e:#}"));
+        let m = Archive::new(after.clone(), DB).manifest().unwrap();
+        assert_eq!(
+            m.log_end,
+            w.at(),
+            "crash at write {k}: everything archived after the restart"
+        );
+    }
+}
