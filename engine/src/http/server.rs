@@ -600,8 +600,13 @@ impl Node {
                 })
             }
         };
-        self.metrics
-            .render(self.role_name(), &self.config.region, lag)
+        let mut text = self
+            .metrics
+            .render(self.role_name(), &self.config.region, lag);
+        if let (Some(tt), Some(db)) = (&self.time_travel, self.primary_database()) {
+            text.push_str(&tt.metrics_text(db.latest_bookmark()));
+        }
+        text
     }
 }
 

@@ -218,6 +218,57 @@ impl TimeTravel {
     }
 }
 
+impl TimeTravel {
+    /// Cold storage's gauges, from its manifest, for `/metrics`: how far
+    /// the archive is behind the primary (`current`), and its snapshots.
+    pub fn metrics_text(&self, current: Bookmark) -> String {
+        let m = match self.archive().manifest() {
+            Ok(m) => m,
+            Err(RestoreError::NoManifest) => {
+                walrelay_archive::Manifest::empty(self.config.database)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics: reading the cold store's manifest");
+                return "# cold storage unreadable\nwalrelay_archive_up 0\n".into();
+            }
+        };
+        let now_us = walrelay_archive::archiver::now_us();
+        let behind = current > m.log_end;
+        let lag_transactions = if !behind {
+            0
+        } else if current.epoch == m.log_end.epoch {
+            current.sequence.0 - m.log_end.sequence.0
+        } else {
+            current.sequence.0
+        };
+        let lag_ms = if behind {
+            now_us.saturating_sub(m.log_end_us) / 1000
+        } else {
+            0
+        };
+        let newest_snapshot_age_ms = m
+            .snapshots
+            .last()
+            .map_or(0, |s| now_us.saturating_sub(s.commit_us) / 1000);
+        format!(
+            "# HELP walrelay_archive_up Whether the cold store's manifest was readable.\n\
+             # TYPE walrelay_archive_up gauge\nwalrelay_archive_up 1\n\
+             # HELP walrelay_archive_lag_ms How long the newest unarchived commit has waited (0 when all is archived).\n\
+             # TYPE walrelay_archive_lag_ms gauge\nwalrelay_archive_lag_ms {lag_ms}\n\
+             # HELP walrelay_archive_lag_transactions Commits of the primary not yet in cold storage.\n\
+             # TYPE walrelay_archive_lag_transactions gauge\nwalrelay_archive_lag_transactions {lag_transactions}\n\
+             # HELP walrelay_archive_log_bytes_since_snapshot Record bytes archived after the newest snapshot.\n\
+             # TYPE walrelay_archive_log_bytes_since_snapshot gauge\nwalrelay_archive_log_bytes_since_snapshot {}\n\
+             # HELP walrelay_archive_snapshots Snapshots the store retains.\n\
+             # TYPE walrelay_archive_snapshots gauge\nwalrelay_archive_snapshots {}\n\
+             # HELP walrelay_archive_newest_snapshot_age_ms Age of the newest snapshot's commit.\n\
+             # TYPE walrelay_archive_newest_snapshot_age_ms gauge\nwalrelay_archive_newest_snapshot_age_ms {newest_snapshot_age_ms}\n",
+            m.since_snapshot_bytes,
+            m.snapshots.len(),
+        )
+    }
+}
+
 impl Node {
     /// `GET|POST /v1/databases/{name}/time_travel/bookmark?timestamp=`.
     pub fn time_travel_bookmark(&self, caller: &Caller, name: &str, query: &str) -> Answer {
