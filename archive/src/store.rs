@@ -105,6 +105,11 @@ impl Store {
         })
     }
 
+    /// The backend itself (to wrap it, e.g. under another prefix).
+    pub fn object_store(&self) -> Arc<dyn ObjectStore> {
+        Arc::clone(&self.inner)
+    }
+
     pub fn url(&self) -> &str {
         &self.url
     }

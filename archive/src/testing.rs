@@ -351,7 +351,7 @@ impl Workload {
 /// The objects written so far stay in `inner`, for a restarted uploader.
 #[derive(Debug)]
 pub struct CrashingStore {
-    inner: std::sync::Arc<object_store::memory::InMemory>,
+    inner: std::sync::Arc<dyn object_store::ObjectStore>,
     counter: std::sync::Arc<WriteBudget>,
 }
 
@@ -382,10 +382,7 @@ impl WriteBudget {
 
 impl CrashingStore {
     /// `budget` writes before the crash (negative: never).
-    pub fn new(
-        inner: std::sync::Arc<object_store::memory::InMemory>,
-        budget: i64,
-    ) -> CrashingStore {
+    pub fn new(inner: std::sync::Arc<dyn object_store::ObjectStore>, budget: i64) -> CrashingStore {
         CrashingStore {
             inner,
             counter: std::sync::Arc::new(WriteBudget {

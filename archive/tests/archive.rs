@@ -576,51 +576,59 @@ fn check_retained(store: &Store, dir: &Path, w: &Workload, limit: usize) -> Resu
 
 #[test]
 fn a_crash_after_any_store_write_leaves_every_retained_bookmark_exact_and_a_restart_finishes() {
+    use object_store::ObjectStore;
+    use object_store::prefix::PrefixStore;
     use std::sync::Arc;
     use walrelay_archive::testing::CrashingStore;
-    let dir = tempfile::tempdir().unwrap();
-    // How many writes the whole scenario makes.
-    let total = {
-        let mem = Arc::new(object_store::memory::InMemory::new());
-        let crashing = Arc::new(CrashingStore::new(Arc::clone(&mem), -1));
-        let store = Store::from_object_store(crashing.clone(), "count").unwrap();
-        crash_scenario(
-            &store,
-            dir.path(),
-            &mut Workload::new(41, 1024),
-            &MemSource::new(Epoch(1)),
+    each_store("crashes", |base, dir| {
+        let backend = base.object_store();
+        // A fresh, empty part of the store for each run.
+        let fresh = |name: &str| -> Arc<dyn ObjectStore> {
+            Arc::new(PrefixStore::new(Arc::clone(&backend), name.to_string()))
+        };
+        // How many writes the whole scenario makes.
+        let total = {
+            let crashing = Arc::new(CrashingStore::new(fresh("count"), -1));
+            let store = Store::from_object_store(crashing.clone(), "count")?;
+            crash_scenario(
+                &store,
+                dir,
+                &mut Workload::new(41, 1024),
+                &MemSource::new(Epoch(1)),
+            );
+            crashing.writes()
+        };
+        assert!(
+            total > 20,
+            "the scenario writes, publishes and deletes ({total} writes)"
         );
-        crashing.writes()
-    };
-    assert!(
-        total > 20,
-        "the scenario writes, publishes and deletes ({total} writes)"
-    );
-    for k in 0..=total {
-        let mem = Arc::new(object_store::memory::InMemory::new());
-        let crashing = Store::from_object_store(
-            Arc::new(CrashingStore::new(Arc::clone(&mem), k as i64)),
-            "crashing",
-        )
-        .unwrap();
-        let mut w = Workload::new(41, 1024);
-        let s = MemSource::new(Epoch(1));
-        crash_scenario(&crashing, dir.path(), &mut w, &s);
-        // What the crash left: every retained bookmark restores exactly.
-        let after = Store::from_object_store(mem.clone(), "after").unwrap();
-        check_retained(&after, dir.path(), &w, 4)
-            .unwrap_or_else(|e| panic!("after a crash at write {k} of {total}: {e:#}"));
-        // A restarted uploader finishes the job.
-        let mut up = Archiver::new(after.clone(), config(dir.path()));
-        up.round(&s, Flush::All)
-            .unwrap_or_else(|e| panic!("restart after a crash at write {k}: {e}"));
-        check_retained(&after, dir.path(), &w, 4)
-            .unwrap_or_else(|e| panic!("after the restart from a crash at write {k}: {e:#}"));
-        let m = Archive::new(after.clone(), DB).manifest().unwrap();
-        assert_eq!(
-            m.log_end,
-            w.at(),
-            "crash at write {k}: everything archived after the restart"
-        );
-    }
+        for k in 0..=total {
+            let part = fresh(&format!("crash-{k}"));
+            let crashing = Store::from_object_store(
+                Arc::new(CrashingStore::new(Arc::clone(&part), k as i64)),
+                "crashing",
+            )?;
+            let mut w = Workload::new(41, 1024);
+            let s = MemSource::new(Epoch(1));
+            crash_scenario(&crashing, dir, &mut w, &s);
+            // What the crash left: every retained bookmark restores exactly.
+            let after = Store::from_object_store(part, "after")?;
+            check_retained(&after, dir, &w, 4)
+                .map_err(|e| anyhow::anyhow!("after a crash at write {k} of {total}: {e:#}"))?;
+            // A restarted uploader finishes the job.
+            let mut up = Archiver::new(after.clone(), config(dir));
+            up.round(&s, Flush::All)
+                .map_err(|e| anyhow::anyhow!("restart after a crash at write {k}: {e}"))?;
+            check_retained(&after, dir, &w, 4).map_err(|e| {
+                anyhow::anyhow!("after the restart from a crash at write {k}: {e:#}")
+            })?;
+            let m = Archive::new(after.clone(), DB).manifest()?;
+            assert_eq!(
+                m.log_end,
+                w.at(),
+                "crash at write {k}: everything archived after the restart"
+            );
+        }
+        Ok(())
+    });
 }
