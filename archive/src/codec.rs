@@ -98,6 +98,24 @@ impl Put for Vec<u8> {
     }
 }
 
+/// Starts an object: magic, version and zero flags (every format's first
+/// 12 bytes), then the database id, in a buffer of `capacity`.
+pub(crate) fn begin(magic: &[u8; 8], version: u16, database: u64, capacity: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(capacity);
+    out.extend_from_slice(magic);
+    out.extend_from_slice(&version.to_be_bytes());
+    out.extend_from_slice(&0u16.to_be_bytes());
+    out.extend_from_slice(&database.to_be_bytes());
+    out
+}
+
+/// Ends an object: appends the digest of everything before it.
+pub(crate) fn seal(mut out: Vec<u8>) -> Vec<u8> {
+    let d = digest(&out);
+    out.extend_from_slice(&d);
+    out
+}
+
 /// BLAKE3-256 over `bytes`: the digest every object ends with.
 pub(crate) fn digest(bytes: &[u8]) -> [u8; 32] {
     *blake3::hash(bytes).as_bytes()

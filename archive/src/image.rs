@@ -30,28 +30,30 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> RestoreError + '_ {
 impl Image {
     /// Creates (or empties) the image at `path`.
     pub fn create(path: &Path, page_size: u32, db_pages: u32) -> Result<Image, RestoreError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)
+        let image = Image::with(path, page_size, db_pages, true)?;
+        image
+            .file
+            .set_len(u64::from(db_pages) * u64::from(page_size))
             .map_err(io(path))?;
-        file.set_len(u64::from(db_pages) * u64::from(page_size))
-            .map_err(io(path))?;
-        Ok(Image {
-            file,
-            path: path.to_path_buf(),
-            page_size,
-            db_pages,
-        })
+        Ok(image)
     }
 
     /// Opens an existing image of `db_pages` pages.
     pub fn open(path: &Path, page_size: u32, db_pages: u32) -> Result<Image, RestoreError> {
+        Image::with(path, page_size, db_pages, false)
+    }
+
+    fn with(
+        path: &Path,
+        page_size: u32,
+        db_pages: u32,
+        create: bool,
+    ) -> Result<Image, RestoreError> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
+            .create(create)
+            .truncate(create)
             .open(path)
             .map_err(io(path))?;
         Ok(Image {

@@ -109,11 +109,12 @@ impl LogObject {
             raw.extend_from_slice(&r.bytes);
         }
         let frame = codec::zstd(&raw, WHAT)?;
-        let mut out = Vec::with_capacity(HEADER_BYTES + frame.len() + codec::DIGEST_BYTES);
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&VERSION.to_be_bytes());
-        out.extend_from_slice(&0u16.to_be_bytes());
-        out.extend_from_slice(&self.database.0.to_be_bytes());
+        let mut out = codec::begin(
+            MAGIC,
+            VERSION,
+            self.database.0,
+            HEADER_BYTES + frame.len() + codec::DIGEST_BYTES,
+        );
         out.bookmark(self.previous);
         out.chain(self.prev_chain);
         out.bookmark(self.last);
@@ -126,9 +127,7 @@ impl LogObject {
         out.extend_from_slice(&(frame.len() as u64).to_be_bytes());
         debug_assert_eq!(out.len(), HEADER_BYTES);
         out.extend_from_slice(&frame);
-        let d = codec::digest(&out);
-        out.extend_from_slice(&d);
-        Ok(out)
+        Ok(codec::seal(out))
     }
 
     /// The header alone (no decompression): what a lookup by time needs.

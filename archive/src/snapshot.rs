@@ -87,11 +87,12 @@ pub fn encode_part(id: &SnapshotId, part: u32, pages: &[u8]) -> Result<Vec<u8>, 
         return Err(invalid("part pages do not match the snapshot"));
     }
     let frame = codec::zstd(pages, WHAT)?;
-    let mut out = Vec::with_capacity(HEADER_BYTES + frame.len() + codec::DIGEST_BYTES);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&VERSION.to_be_bytes());
-    out.extend_from_slice(&0u16.to_be_bytes());
-    out.extend_from_slice(&id.database.0.to_be_bytes());
+    let mut out = codec::begin(
+        MAGIC,
+        VERSION,
+        id.database.0,
+        HEADER_BYTES + frame.len() + codec::DIGEST_BYTES,
+    );
     out.bookmark(id.bookmark);
     out.chain(id.chain);
     out.extend_from_slice(&id.commit_us.to_be_bytes());
@@ -104,9 +105,7 @@ pub fn encode_part(id: &SnapshotId, part: u32, pages: &[u8]) -> Result<Vec<u8>, 
     out.extend_from_slice(&(frame.len() as u64).to_be_bytes());
     debug_assert_eq!(out.len(), HEADER_BYTES);
     out.extend_from_slice(&frame);
-    let d = codec::digest(&out);
-    out.extend_from_slice(&d);
-    Ok(out)
+    Ok(codec::seal(out))
 }
 
 /// The digest an encoded part ends with (what the manifest's snapshot

@@ -22,9 +22,9 @@ pub struct PointArgs {
     pub timestamp: Option<u64>,
 }
 
-/// Options of `walrelay restore`.
+/// Which history: a store, a database in it, and a point.
 #[derive(clap::Args, Debug)]
-pub struct RestoreArgs {
+pub struct HistoryArgs {
     /// The store: a directory, `file:///dir`, or
     /// `s3://bucket/prefix?endpoint=...` (see the README).
     #[arg(long)]
@@ -34,6 +34,25 @@ pub struct RestoreArgs {
     pub database: u64,
     #[command(flatten)]
     pub point: PointArgs,
+}
+
+impl HistoryArgs {
+    /// The store, the database's history in it, its manifest, and the
+    /// bookmark the point names.
+    fn open(&self) -> Result<(Store, Archive, walrelay_archive::Manifest, Bookmark)> {
+        let store = Store::open(&self.store)?;
+        let archive = Archive::new(store.clone(), DatabaseId(self.database));
+        let m = archive.manifest()?;
+        let at = resolve(&archive, &m, &self.point)?;
+        Ok((store, archive, m, at))
+    }
+}
+
+/// Options of `walrelay restore`.
+#[derive(clap::Args, Debug)]
+pub struct RestoreArgs {
+    #[command(flatten)]
+    pub history: HistoryArgs,
     /// The SQLite file to write (replaced if it exists).
     #[arg(long)]
     pub out: PathBuf,
@@ -42,13 +61,8 @@ pub struct RestoreArgs {
 /// Options of `walrelay fork`.
 #[derive(clap::Args, Debug)]
 pub struct ForkArgs {
-    #[arg(long)]
-    pub store: String,
-    /// The database to fork.
-    #[arg(long)]
-    pub database: u64,
     #[command(flatten)]
-    pub point: PointArgs,
+    pub history: HistoryArgs,
     /// The new database's id (must not exist in the store).
     #[arg(long)]
     pub to: u64,
@@ -93,16 +107,14 @@ fn bar() -> Bar {
 }
 
 pub fn restore(a: RestoreArgs) -> Result<()> {
-    let store = Store::open(&a.store)?;
-    let archive = Archive::new(store, DatabaseId(a.database));
-    let m = archive.manifest()?;
-    let target = resolve(&archive, &m, &a.point)?;
+    let (_, archive, m, target) = a.history.open()?;
+    let database = a.history.database;
     let started = Instant::now();
     let r = restore_to_file(&archive, &m, target, &a.out, &bar())
-        .with_context(|| format!("restoring database {} at {target}", a.database))?;
+        .with_context(|| format!("restoring database {database} at {target}"))?;
     println!(
         "restored database {} at {} into {} ({} pages of {} bytes) in {:.2} s",
-        a.database,
+        database,
         r.bookmark,
         a.out.display(),
         r.db_pages,
@@ -113,17 +125,15 @@ pub fn restore(a: RestoreArgs) -> Result<()> {
 }
 
 pub fn fork(a: ForkArgs) -> Result<()> {
-    if a.to == a.database {
+    let database = a.history.database;
+    if a.to == database {
         bail!("--to must name a new database");
     }
-    let store = Store::open(&a.store)?;
-    let archive = Archive::new(store.clone(), DatabaseId(a.database));
-    let m = archive.manifest()?;
-    let at = resolve(&archive, &m, &a.point)?;
-    let f = walrelay_archive::fork(&store, DatabaseId(a.database), at, DatabaseId(a.to))?;
+    let (store, _, _, at) = a.history.open()?;
+    let f = walrelay_archive::fork(&store, DatabaseId(database), at, DatabaseId(a.to))?;
     println!(
         "forked database {} at {} into database {} ({} snapshot parts reused, {} log objects written)",
-        a.database, f.bookmark, a.to, f.parts_reused, f.log_objects
+        database, f.bookmark, a.to, f.parts_reused, f.log_objects
     );
     Ok(())
 }

@@ -364,8 +364,16 @@ fn sent_away_as_behind_it_fetches_confirmed_history_in_batches_then_stops() {
     assert_eq!(a, vec![FollowerAction::Close { peer: SOURCE }]);
     assert_eq!(f.catch_up_source(), None);
     // A stream that breaks the chain is dropped.
+    sent_to_catch_up(&mut f);
+    let a = recv(&mut f, SOURCE, Message::Append(rec(1, 5, b(1, 4))));
+    assert_eq!(a, vec![FollowerAction::Close { peer: SOURCE }]);
+}
+
+/// The leader sends the follower away (Behind) and the catch-up source
+/// connects.
+fn sent_to_catch_up(f: &mut Follower) {
     recv(
-        &mut f,
+        f,
         LEADER,
         Message::Refuse {
             epoch: Epoch(2),
@@ -373,8 +381,6 @@ fn sent_away_as_behind_it_fetches_confirmed_history_in_batches_then_stops() {
         },
     );
     f.handle(FollowerEvent::CatchUpConnected { peer: SOURCE });
-    let a = recv(&mut f, SOURCE, Message::Append(rec(1, 5, b(1, 4))));
-    assert_eq!(a, vec![FollowerAction::Close { peer: SOURCE }]);
 }
 
 // ---- retention: a released prefix, and starting over at a peer's start ----
@@ -513,30 +519,14 @@ fn an_archived_answer_that_would_move_the_log_back_or_lacks_its_history_drops_th
     ];
     for message in bad {
         let mut f = led(2, b(1, 4));
-        recv(
-            &mut f,
-            LEADER,
-            Message::Refuse {
-                epoch: Epoch(2),
-                reason: RefuseReason::Behind,
-            },
-        );
-        f.handle(FollowerEvent::CatchUpConnected { peer: SOURCE });
+        sent_to_catch_up(&mut f);
         let a = recv(&mut f, SOURCE, message);
         assert_eq!(a, vec![FollowerAction::Close { peer: SOURCE }]);
         assert_eq!((f.last_appended(), f.catch_up_source()), (b(1, 4), None));
     }
     // A second answer while the log already starts over is not acted on.
     let mut f = led(2, b(1, 2));
-    recv(
-        &mut f,
-        LEADER,
-        Message::Refuse {
-            epoch: Epoch(2),
-            reason: RefuseReason::Behind,
-        },
-    );
-    f.handle(FollowerEvent::CatchUpConnected { peer: SOURCE });
+    sent_to_catch_up(&mut f);
     assert!(matches!(
         recv(&mut f, SOURCE, archived(b(1, 5)))[..],
         [FollowerAction::ResetToArchived { .. }]
