@@ -177,10 +177,14 @@ fn time_travel_restores_in_place_as_a_new_commit_that_replicas_follow_and_can_be
             "{kind}: the time names a bookmark at or before it"
         );
 
-        // Restore to `early`, through a replica (forwarded).
+        // Restore to the time just after `early` (RFC 3339, to the µs),
+        // through a replica (forwarded).
         let replica_base = c.replica_http[0].url();
+        let when = chrono::DateTime::from_timestamp_micros(t_early as i64)
+            .unwrap()
+            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
         let (status, body) = post(
-            &format!("{replica_base}/v1/databases/main/time_travel/restore?bookmark={early}"),
+            &format!("{replica_base}/v1/databases/main/time_travel/restore?timestamp={when}"),
             &bearer,
         );
         if status != 200 {
