@@ -14,6 +14,7 @@
 //!   nearest replica (the first to the primary under `first-primary`) and
 //!   carries its bookmark across requests.
 
+mod answer;
 pub mod api;
 pub mod auth;
 pub mod client;

@@ -13,9 +13,10 @@
 //! target the store does not hold yet is waited for, up to
 //! `archive_wait_ms`, then refused with 503 and `Retry-After`.
 
+use super::answer::respond;
 use super::api::{TimeTravelResponse, TimeTravelResult};
 use super::auth::Target;
-use super::server::{Answer, Caller, Node, codes, respond};
+use super::server::{Answer, Caller, Node, codes};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::header::AUTHORIZATION;
 use axum::http::{HeaderMap, HeaderValue};
