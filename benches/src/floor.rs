@@ -6,6 +6,10 @@
 //!   file (the follower log's write path).
 //! - [`loopback_round_trip`]: one request/reply over loopback TCP.
 //! - [`quorum_floor`]: one of each, the least a quorum commit can cost.
+//! - [`read_files`] and [`write_synced`]: reading given files in full and
+//!   writing a file of a given size durably, the floor of a restore (the
+//!   objects it fetches in, the database out); [`evict`] drops a file from
+//!   the page cache first, for a cold read.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -238,6 +242,73 @@ fn run_client(
     Ok(samples)
 }
 
+/// Drops `path`'s pages from the page cache: `fdatasync` (only clean
+/// pages can be dropped), then `posix_fadvise(POSIX_FADV_DONTNEED)` over
+/// the whole file. Only this file is affected, unlike
+/// `/proc/sys/vm/drop_caches`. (On a virtual machine the host may still
+/// cache the disk's blocks.)
+pub fn evict(path: &Path) -> io::Result<()> {
+    let f = File::open(path)?;
+    f.sync_data()?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: the descriptor is open for the duration of the call;
+    // posix_fadvise only advises the kernel and touches no memory of ours.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}
+
+/// Reads every file in `paths` in full, one after another, in 1 MiB
+/// reads; returns the time and the bytes read.
+pub fn read_files(paths: &[std::path::PathBuf]) -> io::Result<(Duration, u64)> {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    let start = Instant::now();
+    for p in paths {
+        let mut f = File::open(p)?;
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            total += n as u64;
+        }
+    }
+    Ok((start.elapsed(), total))
+}
+
+/// Writes `bytes` (not zeros) to a new file at `path` in 1 MiB writes and
+/// `fsync`s it; returns the time. The file is left in place.
+pub fn write_synced(path: &Path, bytes: u64) -> io::Result<Duration> {
+    let chunk: Vec<u8> = (0..1u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    let start = Instant::now();
+    let mut f = File::create(path)?;
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        f.write_all(&chunk[..n])?;
+        left -= n as u64;
+    }
+    f.sync_all()?;
+    Ok(start.elapsed())
+}
+
+/// The median of `samples` (the lower middle one of an even count).
+///
+/// # Panics
+///
+/// If `samples` is empty.
+pub fn median(samples: &[Duration]) -> Duration {
+    assert!(!samples.is_empty(), "median of no samples");
+    let mut s = samples.to_vec();
+    s.sort_unstable();
+    s[(s.len() - 1) / 2]
+}
+
 /// Latency summary in microseconds. Percentiles are nearest-rank on the
 /// sorted samples (index `round((n - 1) * p)`), as in the other benches.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -371,6 +442,19 @@ mod tests {
     #[should_panic(expected = "no samples")]
     fn percentiles_of_nothing_panics() {
         percentiles(&mut []);
+    }
+
+    #[test]
+    fn a_written_file_reads_back_its_size_cold() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("w");
+        write_synced(&p, (3 << 20) + 5).unwrap();
+        evict(&p).unwrap();
+        let (_, n) = read_files(&[p.clone(), p]).unwrap();
+        assert_eq!(n, 2 * ((3 << 20) + 5));
+        let ms = |m| Duration::from_millis(m);
+        assert_eq!(median(&[ms(3), ms(1), ms(2)]), ms(2));
+        assert_eq!(median(&[ms(4), ms(1), ms(2), ms(3)]), ms(2));
     }
 
     #[test]
