@@ -11,6 +11,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use walrelay_replicator::{Encoded, Record};
 
+/// Bytes per write when a snapshot part is laid down.
+const WRITE_BYTES: usize = 64 << 10;
+
 /// A page file: page `n` (1-based) at byte `(n - 1) * page_size`.
 #[derive(Debug)]
 pub struct Image {
@@ -80,9 +83,15 @@ impl Image {
     /// threads at once: they touch disjoint ranges).
     pub fn write_part(&self, part: &Part) -> Result<(), RestoreError> {
         let at = u64::from(part.first_page - 1) * u64::from(self.page_size);
-        self.file
-            .write_all_at(&part.pages, at)
-            .map_err(io(&self.path))
+        // In 64 KiB writes: one 16 MiB pwrite was several times slower on
+        // this kernel, and made the 4 KiB log writes on top of it slower
+        // still (papers/lifecycle.md).
+        for (i, chunk) in part.pages.chunks(WRITE_BYTES).enumerate() {
+            self.file
+                .write_all_at(chunk, at + (i * WRITE_BYTES) as u64)
+                .map_err(io(&self.path))?;
+        }
+        Ok(())
     }
 
     /// Applies one record: its pages, and at a transaction's end the
