@@ -161,12 +161,14 @@ pub fn build(
     };
     let mut at = plan.snapshot.map_or(Bookmark::ZERO, |s| s.bookmark);
     let mut inside = false;
-    // Log objects in batches, in order.
+    // Log objects in batches, in order; their pages are gathered and
+    // written once at the end.
+    let mut gathered = crate::image::Gathered::default();
     for batch in plan.logs.chunks(PARALLEL_REQUESTS) {
         let objects = archive.read_logs(batch, chain)?;
         for obj in &objects {
             for r in obj.records.iter().take_while(|r| r.bookmark <= plan.target) {
-                image.apply(r)?;
+                image.gather(&mut gathered, r)?;
                 at = r.bookmark;
                 chain = r.chain;
                 inside = r.continued();
@@ -182,6 +184,7 @@ pub fn build(
             bookmark: plan.target,
         });
     }
+    image.write_gathered(gathered)?;
     image.sync()?;
     Ok(Restored {
         bookmark: at,
