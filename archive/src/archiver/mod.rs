@@ -85,7 +85,8 @@ pub struct ArchiverConfig {
     pub max_lag_bytes: u64,
     /// Record bytes per log object (a target; one record may pass it).
     pub object_bytes: u64,
-    /// Snapshot after this much log since the newest snapshot...
+    /// Snapshot after this much log since the newest snapshot, or after
+    /// half the database's size (at least 64 MiB) if that is less...
     pub snapshot_log_bytes: u64,
     /// ...or after this long with any new log.
     pub snapshot_every_ms: u64,

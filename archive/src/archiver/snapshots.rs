@@ -12,6 +12,10 @@ use bytes::Bytes;
 use std::sync::atomic::Ordering;
 use walrelay_replicator::{Bookmark, Epoch};
 
+/// The least log between snapshots (a small database would otherwise be
+/// snapshotted after every few transactions).
+const MIN_SNAPSHOT_LOG_BYTES: u64 = 64 << 20;
+
 /// Parts encoded at once (each holds up to 16 MiB of pages in memory).
 const PARTS_AT_ONCE: usize = 2;
 
@@ -27,8 +31,16 @@ impl Archiver {
             return Ok(None);
         }
         let since_ms = now_us().saturating_sub(newest.map_or(0, |s| s.commit_us)) / 1000;
+        // The log a restore replays is bounded by half the database (at
+        // least 64 MiB), and never more than the configured bytes: a
+        // restore costs about a snapshot plus half of one more.
+        let db_bytes = newest.map_or(0, |s| u64::from(s.db_pages) * u64::from(m.page_size));
+        let log_bound = self
+            .config
+            .snapshot_log_bytes
+            .min((db_bytes / 2).max(MIN_SNAPSHOT_LOG_BYTES));
         let due = force
-            || m.since_snapshot_bytes >= self.config.snapshot_log_bytes * self.patience()
+            || m.since_snapshot_bytes >= log_bound * self.patience()
             || (newest.is_some() && since_ms >= self.config.snapshot_every_ms * self.patience());
         if !due {
             return Ok(None);
