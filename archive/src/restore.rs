@@ -38,7 +38,8 @@ pub struct Restored {
     pub chain: ChainHash,
     pub page_size: u32,
     pub db_pages: u32,
-    /// Bytes read from the store.
+    /// Bytes of snapshot parts (as stored) and of log records (decoded)
+    /// read from the store.
     pub fetched_bytes: u64,
 }
 

@@ -219,12 +219,7 @@ impl Store {
         let (f, t) = (Self::key(from), Self::key(to));
         match self.runtime.block_on(self.inner.copy_if_not_exists(&f, &t)) {
             Ok(()) => Ok(Created::New),
-            Err(object_store::Error::AlreadyExists { .. }) => {
-                match (self.get(from)?, self.get(to)?) {
-                    (Some(a), Some(b)) if a == b => Ok(Created::Existed),
-                    _ => Err(StoreError::Conflict { key: to.into() }),
-                }
-            }
+            Err(object_store::Error::AlreadyExists { .. }) => self.copy_verify(from, to),
             Err(
                 object_store::Error::NotSupported { .. }
                 | object_store::Error::NotImplemented { .. },
