@@ -86,6 +86,7 @@ pub mod archiving;
 mod database;
 mod error;
 mod execution;
+pub mod fleet;
 pub mod http;
 pub mod limits;
 pub mod local_cluster;

@@ -1,0 +1,317 @@
+//! The control plane: creation, listing, deletion and heartbeats, over
+//! the catalog.
+//!
+//! Creation follows D1's order. Every attempt takes a fresh uuid and a
+//! fresh database id; the database is initialised on its host first
+//! ([`HostApi::init`]), then its catalog row is written — the creation
+//! checkpoint, from which on the database exists — and the whole sequence
+//! is retried on failure. A last, best-effort activation tells the host it
+//! is live, and the host writes its routing entry. An attempt that
+//! initialised a database but failed to checkpoint it leaves an orphan,
+//! which learns at its first heartbeat that the catalog does not know it
+//! and marks itself deleted.
+
+use super::catalog::{AccountLimits, Catalog, CatalogError, DatabaseRow, Page, now_ms};
+use super::host::HostError;
+use super::names::{AccountId, DatabaseName, DatabaseUuid};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use walrelay_replicator::DatabaseId;
+
+/// What the control plane asks of a node that hosts databases.
+pub trait HostApi: Send + Sync + fmt::Debug {
+    /// Creation's first step.
+    fn init(
+        &self,
+        uuid: DatabaseUuid,
+        id: DatabaseId,
+        account: &AccountId,
+        name: &DatabaseName,
+    ) -> Result<(), HostError>;
+    /// Best effort: the database is live; it writes its routing entry.
+    fn activate(&self, uuid: DatabaseUuid, id: DatabaseId) -> Result<(), HostError>;
+    /// Best effort: the database was deleted.
+    fn delete(&self, uuid: DatabaseUuid, id: DatabaseId) -> Result<(), HostError>;
+}
+
+/// Where a database should live.
+#[derive(Debug, Clone)]
+pub struct HostNode {
+    /// Its HTTP base URL, as routing entries name it.
+    pub url: String,
+    /// Its location, matched against `primary_location_hint`.
+    pub location: String,
+    pub api: Arc<dyn HostApi>,
+}
+
+/// Why a control-plane call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    #[error("no node can host databases")]
+    NoHost,
+    #[error("database creation failed after {attempts} attempts: {last}")]
+    CreateFailed { attempts: u32, last: String },
+    #[error("no database {0}")]
+    NotFound(String),
+}
+
+/// A heartbeat's question: this database's object asking what it is.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Heartbeat {
+    pub uuid: String,
+    pub database_id: u64,
+    pub node: String,
+}
+
+/// What a database is, as the catalog says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Active,
+    /// Deleted, or never checkpointed (an orphan), or another creation
+    /// attempt's database owns the uuid.
+    Deleted,
+}
+
+/// A heartbeat's answer.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HeartbeatAnswer {
+    pub verdict: Verdict,
+    /// The node the catalog places it on (its routing entry's target).
+    pub node: String,
+    /// Its account's storage is at or over the limit: writes that would
+    /// grow the database are refused.
+    pub storage_over: bool,
+}
+
+/// Control-plane settings.
+#[derive(Debug, Clone)]
+pub struct ControlConfig {
+    /// Creation attempts, each with fresh ids.
+    pub create_attempts: u32,
+    /// Heartbeats read account totals through a cache keyed by account and
+    /// a time bucket this long (D1's `dynamic_ttl`).
+    pub account_cache_bucket_ms: u64,
+}
+
+impl Default for ControlConfig {
+    fn default() -> ControlConfig {
+        ControlConfig {
+            create_attempts: 5,
+            account_cache_bucket_ms: 5_000,
+        }
+    }
+}
+
+/// The account facts heartbeats need, cached per (account, bucket).
+#[derive(Debug, Clone, Copy)]
+struct AccountFacts {
+    storage_over: bool,
+}
+
+/// The control plane.
+#[derive(Debug)]
+pub struct ControlPlane {
+    catalog: Arc<dyn Catalog>,
+    hosts: Vec<HostNode>,
+    config: ControlConfig,
+    account_cache: Mutex<HashMap<(AccountId, i64), AccountFacts>>,
+    next_host: std::sync::atomic::AtomicUsize,
+}
+
+impl ControlPlane {
+    pub fn new(catalog: Arc<dyn Catalog>, hosts: Vec<HostNode>, config: ControlConfig) -> Self {
+        ControlPlane {
+            catalog,
+            hosts,
+            config,
+            account_cache: Mutex::new(HashMap::new()),
+            next_host: Default::default(),
+        }
+    }
+
+    pub fn catalog(&self) -> &Arc<dyn Catalog> {
+        &self.catalog
+    }
+
+    /// Placement: a node in the hinted location if there is one, otherwise
+    /// the next node in turn.
+    fn place(&self, hint: Option<&str>) -> Result<&HostNode, ControlError> {
+        if self.hosts.is_empty() {
+            return Err(ControlError::NoHost);
+        }
+        if let Some(h) = hint.filter(|h| !h.is_empty()) {
+            let matching: Vec<&HostNode> =
+                self.hosts.iter().filter(|n| n.location == h).collect();
+            if !matching.is_empty() {
+                let i = self.next_host.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return Ok(matching[i % matching.len()]);
+            }
+        }
+        let i = self.next_host.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(&self.hosts[i % self.hosts.len()])
+    }
+
+    fn host(&self, url: &str) -> Option<&HostNode> {
+        self.hosts.iter().find(|h| h.url == url)
+    }
+
+    /// Creates a database (see the module doc for the order of steps).
+    pub fn create(
+        &self,
+        account: &AccountId,
+        name: &DatabaseName,
+        location_hint: Option<&str>,
+    ) -> Result<DatabaseRow, ControlError> {
+        let limits = self.catalog.account(account)?;
+        let mut last = String::new();
+        for attempt in 1..=self.config.create_attempts.max(1) {
+            let node = self.place(location_hint)?;
+            // Fresh ids every attempt: a failed attempt's object can never
+            // believe it owns the database a later attempt created.
+            let uuid = DatabaseUuid::random();
+            let id = fresh_database_id();
+            if let Err(e) = node.api.init(uuid, id, account, name) {
+                tracing::warn!(attempt, %uuid, database = %id, error = %e, "create: init failed");
+                last = e.to_string();
+                continue;
+            }
+            let row = DatabaseRow {
+                uuid,
+                database_id: id,
+                account: account.clone(),
+                name: name.clone(),
+                node: node.url.clone(),
+                location: location_hint.unwrap_or("").to_string(),
+                created_at_ms: now_ms(),
+                deleted_at_ms: None,
+            };
+            match self.catalog.insert(&row, limits.max_databases) {
+                Ok(()) => {
+                    if let Err(e) = node.api.activate(uuid, id) {
+                        // Its heartbeat activates it.
+                        tracing::warn!(%uuid, error = %e, "create: activation failed (heartbeat repairs)");
+                    }
+                    tracing::info!(%uuid, database = %id, %account, %name, node = %node.url, attempt, "database created");
+                    return Ok(row);
+                }
+                Err(e @ (CatalogError::NameTaken(_) | CatalogError::TooManyDatabases(_))) => {
+                    // Not retried: the orphan left behind is told so by
+                    // its heartbeat.
+                    return Err(e.into());
+                }
+                Err(e) => {
+                    tracing::warn!(attempt, %uuid, database = %id, error = %e, "create: checkpoint failed; retrying with fresh ids");
+                    last = e.to_string();
+                }
+            }
+        }
+        Err(ControlError::CreateFailed {
+            attempts: self.config.create_attempts.max(1),
+            last,
+        })
+    }
+
+    /// A live database by uuid.
+    pub fn get(&self, uuid: DatabaseUuid) -> Result<DatabaseRow, ControlError> {
+        match self.catalog.get(uuid)? {
+            Some(row) if row.deleted_at_ms.is_none() => Ok(row),
+            _ => Err(ControlError::NotFound(uuid.to_string())),
+        }
+    }
+
+    /// A live database by account and name.
+    pub fn by_name(
+        &self,
+        account: &AccountId,
+        name: &DatabaseName,
+    ) -> Result<DatabaseRow, ControlError> {
+        self.catalog
+            .by_name(account, name)?
+            .ok_or_else(|| ControlError::NotFound(name.to_string()))
+    }
+
+    pub fn list(
+        &self,
+        account: &AccountId,
+        name_prefix: Option<&str>,
+        page: u64,
+        per_page: u64,
+    ) -> Result<Page, ControlError> {
+        let offset = page.saturating_sub(1).saturating_mul(per_page);
+        Ok(self.catalog.list(account, name_prefix, offset, per_page)?)
+    }
+
+    /// Deletes a database: the catalog first (from then on it is deleted),
+    /// then, best effort, its host (a heartbeat repairs a failure).
+    pub fn delete(&self, uuid: DatabaseUuid) -> Result<DatabaseRow, ControlError> {
+        let row = self.get(uuid)?;
+        if !self.catalog.mark_deleted(uuid, now_ms())? {
+            return Err(ControlError::NotFound(uuid.to_string()));
+        }
+        if let Some(host) = self.host(&row.node) {
+            if let Err(e) = host.api.delete(uuid, row.database_id) {
+                tracing::warn!(%uuid, error = %e, "delete: the host was not told (heartbeat repairs)");
+            }
+        }
+        tracing::info!(%uuid, database = %row.database_id, "database deleted");
+        Ok(row)
+    }
+
+    /// Answers a database's heartbeat.
+    pub fn heartbeat(&self, beat: &Heartbeat) -> Result<HeartbeatAnswer, ControlError> {
+        let deleted = HeartbeatAnswer {
+            verdict: Verdict::Deleted,
+            node: beat.node.clone(),
+            storage_over: false,
+        };
+        let Ok(uuid) = beat.uuid.parse::<DatabaseUuid>() else {
+            return Ok(deleted);
+        };
+        let Some(row) = self.catalog.get(uuid)? else {
+            return Ok(deleted);
+        };
+        if row.deleted_at_ms.is_some() || row.database_id.0 != beat.database_id {
+            return Ok(deleted);
+        }
+        let facts = self.account_facts(&row.account)?;
+        Ok(HeartbeatAnswer {
+            verdict: Verdict::Active,
+            node: row.node,
+            storage_over: facts.storage_over,
+        })
+    }
+
+    /// An account's facts through the (account, time bucket) cache: every
+    /// database of an account shares one answer per bucket.
+    fn account_facts(&self, account: &AccountId) -> Result<AccountFacts, ControlError> {
+        let bucket = now_ms() / self.config.account_cache_bucket_ms.max(1) as i64;
+        let key = (account.clone(), bucket);
+        if let Some(f) = self.account_cache.lock().get(&key) {
+            return Ok(*f);
+        }
+        let limits: AccountLimits = self.catalog.account(account)?;
+        let used = self.catalog.account_storage_bytes(account)?;
+        let facts = AccountFacts {
+            storage_over: used >= limits.max_storage_bytes,
+        };
+        let mut cache = self.account_cache.lock();
+        cache.retain(|(_, b), _| *b >= bucket);
+        cache.insert(key, facts);
+        Ok(facts)
+    }
+}
+
+/// A random database id, never 0 and never 1 (`main`'s in `walrelay up`).
+pub fn fresh_database_id() -> DatabaseId {
+    loop {
+        let id = getrandom::u64().expect("the OS random source works") >> 1;
+        if id > 1 {
+            return DatabaseId(id);
+        }
+    }
+}

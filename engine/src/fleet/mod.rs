@@ -1,0 +1,253 @@
+//! The fleet: many databases per node, and a control plane that stays off
+//! the query path (D1's design, as `../shared/reference` describes it).
+//!
+//! # Contract
+//!
+//! - [`catalog`]: the source of truth, a [`Catalog`](catalog::Catalog) in
+//!   an embedded walrelay SQLite database or in PostgreSQL. Only the
+//!   control plane and its background jobs read it; every read is counted,
+//!   and reads made on a query path are counted separately
+//!   ([`catalog::CatalogReads::on_query_path`], which stays 0).
+//! - [`control`]: creation (host first, then the catalog row as the
+//!   checkpoint, in a retry loop with fresh ids, then a best-effort
+//!   activation), listing, deletion and heartbeat answers.
+//! - [`host`]: the databases a node hosts, each with its own lifecycle
+//!   record, opened on first use, closed when idle, at most `max_open` at
+//!   once.
+//! - [`routes`]: the node's routing table (D1's Workers KV), the only thing
+//!   the query path reads to find a database; each database writes its own
+//!   entry.
+//! - [`heartbeat`]: each open database's periodic check with the control
+//!   plane, which deletes orphans, repairs routing entries and turns
+//!   deleted databases away.
+//! - Names: [`names`] (uuid, account, database name).
+
+pub mod catalog;
+pub mod control;
+pub mod heartbeat;
+pub mod host;
+pub mod names;
+pub mod routes;
+
+use control::{ControlError, ControlPlane, HostApi};
+use host::{Host, HostError, OpenDb};
+use names::{AccountId, DatabaseName, DatabaseUuid};
+use parking_lot::Mutex;
+use routes::{Route, Routes};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use walrelay_replicator::DatabaseId;
+
+/// How a node takes part in the fleet.
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    /// This node's HTTP base URL, as routing entries name it.
+    pub self_url: String,
+    /// The account of requests that name none.
+    pub default_account: AccountId,
+    /// Heartbeat interval of an open database (D1: 30 s).
+    pub heartbeat_ms: u64,
+    /// Most extra delay added per database.
+    pub heartbeat_jitter_ms: u64,
+    /// How often the heartbeat thread looks for due beats and idle
+    /// databases.
+    pub tick_ms: u64,
+}
+
+impl FleetConfig {
+    pub fn new(self_url: String) -> FleetConfig {
+        FleetConfig {
+            self_url,
+            default_account: AccountId::default_account(),
+            heartbeat_ms: 30_000,
+            heartbeat_jitter_ms: 5_000,
+            tick_ms: 250,
+        }
+    }
+}
+
+/// Fleet counters (`/metrics`).
+#[derive(Debug, Default)]
+pub struct FleetStats {
+    pub heartbeats: AtomicU64,
+    pub routes_repaired: AtomicU64,
+    pub queries: AtomicU64,
+}
+
+/// Why a fleet database could not be found or served.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    #[error("no database {0:?}")]
+    Unknown(String),
+    #[error("database {0:?} is served by another node")]
+    Elsewhere(String),
+    #[error(transparent)]
+    Host(#[from] HostError),
+    #[error(transparent)]
+    Control(#[from] ControlError),
+    #[error(transparent)]
+    Route(#[from] routes::RouteError),
+}
+
+/// A node's part of the fleet.
+#[derive(Debug)]
+pub struct Fleet {
+    pub config: FleetConfig,
+    pub routes: Arc<Routes>,
+    pub host: Option<Arc<Host>>,
+    control: Option<Arc<ControlPlane>>,
+    pub reads: Arc<catalog::CatalogReads>,
+    pub stats: FleetStats,
+    storage_over: Mutex<HashSet<DatabaseId>>,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Fleet {
+    pub fn new(
+        config: FleetConfig,
+        routes: Arc<Routes>,
+        host: Option<Arc<Host>>,
+        control: Option<Arc<ControlPlane>>,
+        reads: Arc<catalog::CatalogReads>,
+    ) -> Fleet {
+        Fleet {
+            config,
+            routes,
+            host,
+            control,
+            reads,
+            stats: FleetStats::default(),
+            storage_over: Mutex::new(HashSet::new()),
+            stop: Arc::new(AtomicBool::new(false)),
+            thread: Mutex::new(None),
+        }
+    }
+
+    /// Starts the heartbeat and idle-closing thread.
+    pub fn start(self: &Arc<Fleet>) {
+        let (fleet, stop) = (Arc::clone(self), Arc::clone(&self.stop));
+        *self.thread.lock() = Some(
+            std::thread::Builder::new()
+                .name("walrelay-heartbeat".into())
+                .spawn(move || heartbeat::run(fleet, stop))
+                .expect("spawning the heartbeat thread"),
+        );
+    }
+
+    /// Stops the thread and closes every hosted database.
+    pub fn stop(&self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+        if let Some(h) = &self.host {
+            h.close_all();
+        }
+    }
+
+    /// The control plane, if this node runs it.
+    pub fn control(&self) -> Result<&Arc<ControlPlane>, ControlError> {
+        self.control.as_ref().ok_or(ControlError::NoHost)
+    }
+
+    pub fn runs_control_plane(&self) -> bool {
+        self.control.is_some()
+    }
+
+    /// Finds a database by uuid or by name (in `account`), from the
+    /// routing table alone.
+    pub fn route(&self, name_or_uuid: &str, account: &AccountId) -> Result<Route, FleetError> {
+        let found = match name_or_uuid.parse::<DatabaseUuid>() {
+            Ok(uuid) => self.routes.get(uuid),
+            Err(_) => DatabaseName::new(name_or_uuid)
+                .ok()
+                .and_then(|name| self.routes.by_name(account, &name)),
+        };
+        found.ok_or_else(|| FleetError::Unknown(name_or_uuid.chars().take(80).collect()))
+    }
+
+    /// The open database a route leads to, if this node hosts it.
+    pub fn acquire(&self, route: &Route) -> Result<Arc<OpenDb>, FleetError> {
+        if route.node != self.config.self_url {
+            return Err(FleetError::Elsewhere(route.name.clone()));
+        }
+        let host = self
+            .host
+            .as_ref()
+            .ok_or_else(|| FleetError::Elsewhere(route.name.clone()))?;
+        let open = host.acquire(DatabaseId(route.database_id))?;
+        // A stale route may lead to a later database's id with an old
+        // uuid, or the reverse: the database's own record decides.
+        if open.state.uuid != route.uuid {
+            return Err(FleetError::Unknown(route.uuid.clone()));
+        }
+        Ok(open)
+    }
+
+    pub(crate) fn set_storage_over(&self, id: DatabaseId, over: bool) {
+        let mut set = self.storage_over.lock();
+        if over {
+            set.insert(id);
+        } else {
+            set.remove(&id);
+        }
+    }
+
+    /// Whether `id`'s account was over its storage limit at its last
+    /// heartbeat.
+    pub fn storage_over(&self, id: DatabaseId) -> bool {
+        self.storage_over.lock().contains(&id)
+    }
+}
+
+/// The control plane's handle on a host in the same process.
+#[derive(Debug)]
+pub struct LocalHostApi {
+    pub host: Arc<Host>,
+    pub routes: Arc<Routes>,
+    pub self_url: String,
+}
+
+impl HostApi for LocalHostApi {
+    fn init(
+        &self,
+        uuid: DatabaseUuid,
+        id: DatabaseId,
+        account: &AccountId,
+        name: &DatabaseName,
+    ) -> Result<(), HostError> {
+        self.host.init(uuid, id, account, name).map(|_| ())
+    }
+
+    fn activate(&self, uuid: DatabaseUuid, id: DatabaseId) -> Result<(), HostError> {
+        let state = self.host.activate(id)?;
+        if state.lifecycle != host::Lifecycle::Active {
+            return Ok(());
+        }
+        // The database writes its own routing entry.
+        self.routes
+            .put(Route {
+                uuid: uuid.to_string(),
+                database_id: id.0,
+                account: state.account,
+                name: state.name,
+                node: self.self_url.clone(),
+                written_at_ms: catalog::now_ms(),
+            })
+            .map_err(|e| HostError::State {
+                id,
+                reason: e.to_string(),
+            })
+    }
+
+    fn delete(&self, uuid: DatabaseUuid, id: DatabaseId) -> Result<(), HostError> {
+        self.host.delete(id)?;
+        self.routes.remove(uuid, id).map_err(|e| HostError::State {
+            id,
+            reason: e.to_string(),
+        })?;
+        Ok(())
+    }
+}
