@@ -5,6 +5,7 @@
 #![allow(dead_code)] // each test binary uses a different part
 
 pub mod consistency;
+pub mod fleet;
 pub mod procs;
 pub mod up;
 

@@ -218,10 +218,11 @@ impl Catalog for SqliteCatalog {
         let s = self.session()?;
         let r = s
             .prepare(
-                "UPDATE databases SET deleted_at_ms = $2
-                 WHERE uuid = $1 AND deleted_at_ms IS NULL",
+                // SQLite numbers `$n` parameters in order of appearance.
+                "UPDATE databases SET deleted_at_ms = $1
+                 WHERE uuid = $2 AND deleted_at_ms IS NULL",
             )
-            .bind([Value::Text(uuid.to_string()), Value::Integer(at_ms)])
+            .bind([Value::Integer(at_ms), Value::Text(uuid.to_string())])
             .run()
             .map_err(unavailable)?;
         Ok(r.meta.changes == 1)
