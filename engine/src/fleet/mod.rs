@@ -53,6 +53,9 @@ pub struct FleetConfig {
     /// How often the heartbeat thread looks for due beats and idle
     /// databases.
     pub tick_ms: u64,
+    /// Where the control plane is, for a node that does not run it (its
+    /// HTTP base URL).
+    pub control_url: Option<String>,
 }
 
 impl FleetConfig {
@@ -63,6 +66,7 @@ impl FleetConfig {
             heartbeat_ms: 30_000,
             heartbeat_jitter_ms: 5_000,
             tick_ms: 250,
+            control_url: None,
         }
     }
 }

@@ -226,6 +226,9 @@ pub enum Target<'a> {
     Database(&'a str),
     /// `/metrics`: node-wide, so it needs an all-databases token.
     Metrics,
+    /// The control plane (`/v1/databases`, create, list, get, delete):
+    /// an all-databases token; `write` (create, delete) needs read-write.
+    ControlPlane { write: bool },
 }
 
 /// Why a request was refused.
@@ -245,8 +248,12 @@ pub enum AuthError {
     WrongSecret(TokenId),
     #[error("token {id} is not valid for database {database:?}")]
     WrongDatabase { id: TokenId, database: String },
-    #[error("token {id} does not reach /metrics: that needs an all-databases token")]
+    #[error(
+        "token {id} does not reach /metrics or the control plane: that needs an all-databases token"
+    )]
     NotAllDatabases { id: TokenId },
+    #[error("token {id} is read-only: creating or deleting databases needs a read-write token")]
+    ReadOnlyToken { id: TokenId },
 }
 
 impl AuthError {
@@ -259,7 +266,9 @@ impl AuthError {
             | AuthError::Malformed(_)
             | AuthError::Unknown(_)
             | AuthError::WrongSecret(_) => 401,
-            AuthError::WrongDatabase { .. } | AuthError::NotAllDatabases { .. } => 403,
+            AuthError::WrongDatabase { .. }
+            | AuthError::NotAllDatabases { .. }
+            | AuthError::ReadOnlyToken { .. } => 403,
         }
     }
 }
@@ -303,6 +312,15 @@ impl Auth {
             (Target::Metrics, Scope::Database(_)) => {
                 Err(AuthError::NotAllDatabases { id: token.id })
             }
+            (Target::ControlPlane { .. }, Scope::Database(_)) => {
+                Err(AuthError::NotAllDatabases { id: token.id })
+            }
+            (Target::ControlPlane { write: true }, Scope::All)
+                if grant.permission.access() == Access::ReadOnly =>
+            {
+                Err(AuthError::ReadOnlyToken { id: token.id })
+            }
+            (Target::ControlPlane { .. }, Scope::All) => Ok(grant.permission.access()),
         }
     }
 }

@@ -18,6 +18,8 @@ mod answer;
 pub mod api;
 pub mod auth;
 pub mod client;
+mod control_api;
+mod fleet_query;
 pub mod forward;
 pub mod metrics;
 pub mod server;

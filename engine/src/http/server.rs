@@ -108,6 +108,9 @@ pub struct Node {
     requests: CancelToken,
     /// Cold storage, for time travel (None without a store).
     time_travel: Option<super::time_travel::TimeTravel>,
+    /// The fleet's databases and control plane (None: this node serves
+    /// only its own database).
+    fleet: Option<Arc<crate::fleet::Fleet>>,
 }
 
 /// An authenticated caller: what its statements may do, and the
@@ -137,6 +140,14 @@ impl Caller {
 
     pub fn may_write(&self) -> bool {
         self.access == Access::ReadWrite
+    }
+
+    pub(super) fn is_forwarded(&self) -> bool {
+        self.forwarded
+    }
+
+    pub(super) fn authorization(&self) -> Option<&str> {
+        self.authorization.as_deref()
     }
 
     pub(super) fn set_forwarded(&mut self, forwarded: bool) {
@@ -172,7 +183,22 @@ impl Node {
                 .clone()
                 .map(super::time_travel::TimeTravel::new),
             config,
+            fleet: None,
         }
+    }
+
+    /// This node also serves the fleet's databases and control-plane API.
+    pub fn with_fleet(mut self, fleet: Arc<crate::fleet::Fleet>) -> Node {
+        self.fleet = Some(fleet);
+        self
+    }
+
+    pub fn fleet(&self) -> Option<&Arc<crate::fleet::Fleet>> {
+        self.fleet.as_ref()
+    }
+
+    pub(super) fn agent(&self) -> &ureq::Agent {
+        &self.agent
     }
 
     pub(super) fn config(&self) -> &HttpConfig {
@@ -300,7 +326,8 @@ impl Node {
         body: &[u8],
         cancel: &CancelToken,
     ) -> Answer {
-        if name != self.config.database {
+        let fleet_database = name != self.config.database;
+        if fleet_database && self.fleet.is_none() {
             return Answer::error(
                 404,
                 codes::UNKNOWN_DATABASE,
@@ -318,6 +345,9 @@ impl Node {
             Ok(b) => b,
             Err(e) => return Answer::error(400, codes::BAD_REQUEST, e.to_string()),
         };
+        if fleet_database {
+            return self.fleet_query(caller, name, header, body, constraint, &parsed, cancel);
+        }
         match &self.role {
             Role::Primary(db) => self
                 .run(db, caller, constraint, &parsed, cancel)
@@ -389,6 +419,18 @@ impl Node {
                 Routed::Done(a)
             }
         }
+    }
+
+    /// Runs a body on a database of this node's (a primary's answer).
+    pub(super) fn run_on(
+        &self,
+        db: &Database,
+        caller: &Caller,
+        constraint: Constraint,
+        body: &Body,
+        cancel: &CancelToken,
+    ) -> Answer {
+        self.run(db, caller, constraint, body, cancel).into_answer()
     }
 
     fn forward(
@@ -687,6 +729,24 @@ pub fn serve(node: Arc<Node>, addr: SocketAddr) -> io::Result<HttpServer> {
     let app = Router::new()
         .route("/v1/databases/{name}/query", post(query_route))
         .route("/metrics", get(metrics_route))
+        .route(
+            "/v1/databases",
+            post(super::control_api::databases_route).get(super::control_api::databases_route),
+        )
+        .route(
+            "/v1/databases/{id}",
+            get(super::control_api::database_route).delete(super::control_api::database_route),
+        )
+        .route(
+            "/client/v4/accounts/{account_id}/d1/database",
+            post(super::control_api::cf_databases_route)
+                .get(super::control_api::cf_databases_route),
+        )
+        .route(
+            "/client/v4/accounts/{account_id}/d1/database/{database_id}",
+            get(super::control_api::cf_database_route)
+                .delete(super::control_api::cf_database_route),
+        )
         .route(
             "/v1/databases/{name}/time_travel/bookmark",
             get(super::time_travel::bookmark_route).post(super::time_travel::bookmark_route),

@@ -1,0 +1,115 @@
+//! Queries to the fleet's databases: found through the node's routing
+//! table alone (never the catalog), run here if this node hosts the
+//! database, passed on to its host otherwise.
+
+use super::answer::{Answer, codes};
+use super::api::Body;
+use super::server::{Caller, Node};
+use crate::execution::CancelToken;
+use crate::fleet::FleetError;
+use crate::fleet::catalog::QueryPathGuard;
+use crate::fleet::host::HostError;
+use crate::session::Constraint;
+use std::sync::atomic::Ordering;
+
+fn fleet_error(e: &FleetError) -> Answer {
+    match e {
+        FleetError::Unknown(name) => {
+            Answer::error(404, codes::UNKNOWN_DATABASE, format!("unknown database {name:?}"))
+        }
+        FleetError::Host(HostError::Deleted(_)) | FleetError::Host(HostError::NotHosted(_)) => {
+            Answer::error(404, codes::UNKNOWN_DATABASE, "the database does not exist (deleted)")
+        }
+        FleetError::Host(HostError::NotActive(_)) => {
+            let mut a = Answer::error(503, codes::UNAVAILABLE, "the database is being created");
+            a.retry_after_s = Some(1);
+            a
+        }
+        FleetError::Host(HostError::Busy(_)) => {
+            let mut a = Answer::error(503, codes::UNAVAILABLE, e.to_string());
+            a.retry_after_s = Some(1);
+            a
+        }
+        other => {
+            let mut a = Answer::error(503, codes::UNAVAILABLE, other.to_string());
+            a.retry_after_s = Some(1);
+            a
+        }
+    }
+}
+
+impl Node {
+    /// Runs `body` on the fleet database `name` (a name in the caller's
+    /// account, or a uuid).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn fleet_query(
+        &self,
+        caller: &Caller,
+        name: &str,
+        header: Option<&str>,
+        raw_body: &[u8],
+        constraint: Constraint,
+        body: &Body,
+        cancel: &CancelToken,
+    ) -> Answer {
+        let Some(fleet) = self.fleet() else {
+            return Answer::error(404, codes::UNKNOWN_DATABASE, format!("unknown database {name:?}"));
+        };
+        // Everything below runs without the catalog; a read would be
+        // counted against this guard.
+        let _on_query_path = QueryPathGuard::enter();
+        fleet.stats.queries.fetch_add(1, Ordering::Relaxed);
+        let account = fleet.config.default_account.clone();
+        let route = match fleet.route(name, &account) {
+            Ok(r) => r,
+            // Not in this node's table: if it hosts nothing itself, the
+            // control plane's node (the fleet's host in `walrelay up`) is
+            // asked instead; routes reach every node in a later change.
+            Err(FleetError::Unknown(_)) if fleet.host.is_none() && !caller.is_forwarded() => {
+                return match &fleet.config.control_url {
+                    Some(url) => self.pass_query(url, caller, name, header, raw_body),
+                    None => fleet_error(&FleetError::Unknown(name.into())),
+                };
+            }
+            Err(e) => return fleet_error(&e),
+        };
+        let open = match fleet.acquire(&route) {
+            Ok(o) => o,
+            Err(FleetError::Elsewhere(_)) if !caller.is_forwarded() => {
+                return self.pass_query(&route.node, caller, &route.uuid, header, raw_body);
+            }
+            Err(e) => return fleet_error(&e),
+        };
+        self.run_on(open.database(), caller, constraint, body, cancel)
+    }
+
+    fn pass_query(
+        &self,
+        node_url: &str,
+        caller: &Caller,
+        name: &str,
+        header: Option<&str>,
+        payload: &[u8],
+    ) -> Answer {
+        let request = super::client::Request {
+            database: name,
+            bookmark: header,
+            authorization: caller.authorization(),
+            payload,
+            forwarded: true,
+            path: None,
+        };
+        match super::client::post_query(self.agent(), node_url, &request, 64 << 20) {
+            Ok(raw) => Answer::relayed(raw),
+            Err(e) => {
+                let mut a = Answer::error(
+                    503,
+                    codes::UNAVAILABLE,
+                    format!("the database's node {node_url} did not answer: {e}"),
+                );
+                a.retry_after_s = Some(1);
+                a
+            }
+        }
+    }
+}
