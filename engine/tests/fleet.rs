@@ -47,7 +47,11 @@ fn a_created_database_is_queryable_by_name_and_by_uuid_without_reading_the_catal
         s.prepare("CREATE TABLE IF NOT EXISTS t(x)").run().unwrap();
         s.prepare("INSERT INTO t VALUES (1)").run().unwrap();
     }
-    assert_eq!(node.reads.total(), reads_before, "the query path read the catalog");
+    assert_eq!(
+        node.reads.total(),
+        reads_before,
+        "the query path read the catalog"
+    );
     assert_eq!(node.reads.on_query_path(), 0);
     assert!(matches!(
         node.fleet.route("nope", &acct()),
@@ -177,9 +181,15 @@ fn a_deleted_database_refuses_queries_even_when_a_stale_route_leads_to_it() {
     // deleted, the route and the host do not, yet.
     node.api.fail_delete.store(1, Ordering::SeqCst);
     node.control.delete(row.uuid).unwrap();
-    assert!(node.fleet.route("gone", &acct()).is_ok(), "the route is stale");
+    assert!(
+        node.fleet.route("gone", &acct()).is_ok(),
+        "the route is stale"
+    );
     one_heartbeat(&node, &mut due);
-    assert!(node.fleet.route("gone", &acct()).is_err(), "the route was removed");
+    assert!(
+        node.fleet.route("gone", &acct()).is_err(),
+        "the route was removed"
+    );
     // A stale copy of the route (another node's, say) still leads here.
     node.routes.put(route.clone()).unwrap();
     assert!(matches!(

@@ -145,14 +145,17 @@ impl ControlPlane {
             return Err(ControlError::NoHost);
         }
         if let Some(h) = hint.filter(|h| !h.is_empty()) {
-            let matching: Vec<&HostNode> =
-                self.hosts.iter().filter(|n| n.location == h).collect();
+            let matching: Vec<&HostNode> = self.hosts.iter().filter(|n| n.location == h).collect();
             if !matching.is_empty() {
-                let i = self.next_host.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let i = self
+                    .next_host
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 return Ok(matching[i % matching.len()]);
             }
         }
-        let i = self.next_host.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let i = self
+            .next_host
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(&self.hosts[i % self.hosts.len()])
     }
 
@@ -168,6 +171,11 @@ impl ControlPlane {
         location_hint: Option<&str>,
     ) -> Result<DatabaseRow, ControlError> {
         let limits = self.catalog.account(account)?;
+        // A cheap early refusal, so that the common mistake leaves no
+        // orphan behind; the checkpoint's unique index is what decides.
+        if self.catalog.by_name(account, name)?.is_some() {
+            return Err(CatalogError::NameTaken(name.to_string()).into());
+        }
         let mut last = String::new();
         for attempt in 1..=self.config.create_attempts.max(1) {
             let node = self.place(location_hint)?;

@@ -48,7 +48,12 @@ pub fn beat_due(fleet: &Fleet, due: &mut HashMap<DatabaseId, Instant>) -> usize 
         if *next > now {
             continue;
         }
-        *next = now + jitter(id, fleet.config.heartbeat_ms, fleet.config.heartbeat_jitter_ms);
+        *next = now
+            + jitter(
+                id,
+                fleet.config.heartbeat_ms,
+                fleet.config.heartbeat_jitter_ms,
+            );
         beats += 1;
         if let Err(e) = beat_one(fleet, id) {
             tracing::warn!(database = %id, error = %e, "heartbeat failed");

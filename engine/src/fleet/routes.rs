@@ -39,7 +39,9 @@ pub struct Route {
 
 impl Route {
     /// The entry's ids, checked (an entry is input from another node).
-    pub fn parsed(&self) -> Result<(DatabaseUuid, DatabaseId, AccountId, DatabaseName), RouteError> {
+    pub fn parsed(
+        &self,
+    ) -> Result<(DatabaseUuid, DatabaseId, AccountId, DatabaseName), RouteError> {
         let bad = |what: String| RouteError::Malformed(what);
         Ok((
             self.uuid.parse().map_err(|e| bad(format!("{e}")))?,

@@ -70,9 +70,11 @@ fn ok(result: Json) -> Answer {
 
 fn control_error(e: &ControlError) -> Answer {
     match e {
-        ControlError::NotFound(what) => {
-            Answer::error(404, codes::UNKNOWN_DATABASE, format!("no database {what:?}"))
-        }
+        ControlError::NotFound(what) => Answer::error(
+            404,
+            codes::UNKNOWN_DATABASE,
+            format!("no database {what:?}"),
+        ),
         ControlError::Catalog(CatalogError::NameTaken(n)) => Answer::error(
             409,
             codes::BAD_REQUEST,
@@ -124,7 +126,12 @@ enum Call<'a> {
 }
 
 impl Node {
-    fn control_call(&self, account_in_path: Option<&str>, query: Option<&str>, call: Call<'_>) -> Answer {
+    fn control_call(
+        &self,
+        account_in_path: Option<&str>,
+        query: Option<&str>,
+        call: Call<'_>,
+    ) -> Answer {
         let pairs = query_pairs(query);
         let param = |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
         let Some(fleet) = self.fleet() else {
@@ -173,7 +180,10 @@ impl Node {
                     },
                     _ => account,
                 };
-                if c.primary_location_hint.as_ref().is_some_and(|h| h.len() > 64) {
+                if c.primary_location_hint
+                    .as_ref()
+                    .is_some_and(|h| h.len() > 64)
+                {
                     return bad("primary_location_hint is longer than 64 bytes");
                 }
                 match control.create(&account, &name, c.primary_location_hint.as_deref()) {
@@ -190,12 +200,15 @@ impl Node {
                             .map_err(|_| bad(format!("{k} must be a positive integer"))),
                     }
                 };
-                let (page, per_page) = match (number("page", 1), number("per_page", DEFAULT_PER_PAGE)) {
-                    (Ok(p), Ok(n)) => (p, n),
-                    (Err(a), _) | (_, Err(a)) => return a,
-                };
+                let (page, per_page) =
+                    match (number("page", 1), number("per_page", DEFAULT_PER_PAGE)) {
+                        (Ok(p), Ok(n)) => (p, n),
+                        (Err(a), _) | (_, Err(a)) => return a,
+                    };
                 if page == 0 || per_page == 0 || per_page > MAX_PER_PAGE {
-                    return bad(format!("page must be at least 1 and per_page 1 to {MAX_PER_PAGE}"));
+                    return bad(format!(
+                        "page must be at least 1 and per_page 1 to {MAX_PER_PAGE}"
+                    ));
                 }
                 let prefix = param("name").filter(|n| !n.is_empty());
                 if prefix.is_some_and(|p| DatabaseName::new(p).is_err()) {
@@ -227,12 +240,21 @@ impl Node {
     }
 
     /// Passes a control-plane call to the node that runs the control plane.
-    fn pass_to_control(&self, method: &Method, path_and_query: &str, headers: &HeaderMap, body: &[u8]) -> Answer {
+    fn pass_to_control(
+        &self,
+        method: &Method,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Answer {
         let Some(url) = self.fleet().and_then(|f| f.config.control_url.clone()) else {
             return Answer::error(503, codes::UNAVAILABLE, "no control plane is known");
         };
         let target = format!("{url}{path_and_query}");
-        let auth = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let auth = headers
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
         let agent = self.agent();
         let sent = match *method {
             Method::POST => agent
@@ -248,11 +270,19 @@ impl Node {
                 let status = resp.status().as_u16();
                 match resp.body_mut().with_config().limit(64 << 20).read_to_vec() {
                     Ok(b) => Answer::raw_json(status, b),
-                    Err(e) => Answer::error(502, codes::UNAVAILABLE, format!("the control plane's answer: {e}")),
+                    Err(e) => Answer::error(
+                        502,
+                        codes::UNAVAILABLE,
+                        format!("the control plane's answer: {e}"),
+                    ),
                 }
             }
             Err(e) => {
-                let mut a = Answer::error(503, codes::UNAVAILABLE, format!("the control plane is unreachable: {e}"));
+                let mut a = Answer::error(
+                    503,
+                    codes::UNAVAILABLE,
+                    format!("the control plane is unreachable: {e}"),
+                );
                 a.retry_after_s = Some(1);
                 a
             }
@@ -302,12 +332,17 @@ async fn handle(
     })
     .await
     .unwrap_or_else(|e| Answer::error(500, codes::INTERNAL, format!("the request failed: {e}")));
-    let answer = if answer.status >= 400 { node.refuse(answer) } else { answer };
+    let answer = if answer.status >= 400 {
+        node.refuse(answer)
+    } else {
+        answer
+    };
     respond(answer).into_response()
 }
 
 fn path_and_query(uri: &axum::http::Uri) -> String {
-    uri.path_and_query().map_or_else(|| uri.path().to_string(), |p| p.as_str().to_string())
+    uri.path_and_query()
+        .map_or_else(|| uri.path().to_string(), |p| p.as_str().to_string())
 }
 
 /// `POST|GET /v1/databases`.
@@ -362,5 +397,15 @@ pub(super) async fn cf_database_route(
     body: axum::body::Body,
 ) -> axum::response::Response {
     let pq = path_and_query(&uri);
-    handle(node, method, Some(account), Some(id), query, headers, body, pq).await
+    handle(
+        node,
+        method,
+        Some(account),
+        Some(id),
+        query,
+        headers,
+        body,
+        pq,
+    )
+    .await
 }

@@ -14,11 +14,17 @@ use std::sync::atomic::Ordering;
 
 fn fleet_error(e: &FleetError) -> Answer {
     match e {
-        FleetError::Unknown(name) => {
-            Answer::error(404, codes::UNKNOWN_DATABASE, format!("unknown database {name:?}"))
-        }
+        FleetError::Unknown(name) => Answer::error(
+            404,
+            codes::UNKNOWN_DATABASE,
+            format!("unknown database {name:?}"),
+        ),
         FleetError::Host(HostError::Deleted(_)) | FleetError::Host(HostError::NotHosted(_)) => {
-            Answer::error(404, codes::UNKNOWN_DATABASE, "the database does not exist (deleted)")
+            Answer::error(
+                404,
+                codes::UNKNOWN_DATABASE,
+                "the database does not exist (deleted)",
+            )
         }
         FleetError::Host(HostError::NotActive(_)) => {
             let mut a = Answer::error(503, codes::UNAVAILABLE, "the database is being created");
@@ -53,7 +59,11 @@ impl Node {
         cancel: &CancelToken,
     ) -> Answer {
         let Some(fleet) = self.fleet() else {
-            return Answer::error(404, codes::UNKNOWN_DATABASE, format!("unknown database {name:?}"));
+            return Answer::error(
+                404,
+                codes::UNKNOWN_DATABASE,
+                format!("unknown database {name:?}"),
+            );
         };
         // Everything below runs without the catalog; a read would be
         // counted against this guard.

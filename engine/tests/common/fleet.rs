@@ -46,13 +46,7 @@ impl Catalog for FaultyCatalog {
     ) -> Result<Option<DatabaseRow>, CatalogError> {
         self.inner.by_name(a, n)
     }
-    fn list(
-        &self,
-        a: &AccountId,
-        p: Option<&str>,
-        o: u64,
-        n: u64,
-    ) -> Result<Page, CatalogError> {
+    fn list(&self, a: &AccountId, p: Option<&str>, o: u64, n: u64) -> Result<Page, CatalogError> {
         self.inner.list(a, p, o, n)
     }
     fn mark_deleted(&self, uuid: DatabaseUuid, at: i64) -> Result<bool, CatalogError> {
@@ -127,6 +121,17 @@ pub struct OneNode {
 /// A one-node fleet under `dir` with heartbeats every `heartbeat_ms`
 /// (driven by the test through `heartbeat::beat_due`, not a thread).
 pub fn one_node(dir: &Path, max_open: usize, idle_close_ms: u64, heartbeat_ms: u64) -> OneNode {
+    one_node_at(NODE_URL, dir, max_open, idle_close_ms, heartbeat_ms)
+}
+
+/// [`one_node`] whose routing entries name `url`.
+pub fn one_node_at(
+    url: &str,
+    dir: &Path,
+    max_open: usize,
+    idle_close_ms: u64,
+    heartbeat_ms: u64,
+) -> OneNode {
     let reads = Arc::new(CatalogReads::default());
     let catalog_db =
         Database::open(dir.join("catalog.db"), Options::default()).expect("catalog opens");
@@ -158,7 +163,7 @@ pub fn one_node(dir: &Path, max_open: usize, idle_close_ms: u64, heartbeat_ms: u
         inner: LocalHostApi {
             host: Arc::clone(&host),
             routes: Arc::clone(&routes),
-            self_url: NODE_URL.into(),
+            self_url: url.into(),
         },
         fail_activate: AtomicU32::new(0),
         fail_delete: AtomicU32::new(0),
@@ -166,13 +171,13 @@ pub fn one_node(dir: &Path, max_open: usize, idle_close_ms: u64, heartbeat_ms: u
     let control = Arc::new(ControlPlane::new(
         Arc::clone(&catalog) as Arc<dyn Catalog>,
         vec![HostNode {
-            url: NODE_URL.into(),
+            url: url.into(),
             location: "local".into(),
             api: Arc::clone(&api) as Arc<dyn HostApi>,
         }],
         ControlConfig::default(),
     ));
-    let mut config = FleetConfig::new(NODE_URL.into());
+    let mut config = FleetConfig::new(url.into());
     config.heartbeat_ms = heartbeat_ms;
     config.heartbeat_jitter_ms = 1;
     let fleet = Arc::new(Fleet::new(

@@ -116,7 +116,11 @@ impl SqliteCatalog {
     fn query(&self, sql: &str, params: Vec<Value>) -> Result<Vec<Row>, CatalogError> {
         self.reads.count();
         let s = self.session()?;
-        Ok(s.prepare(sql).bind(params).all().map_err(unavailable)?.results)
+        Ok(s.prepare(sql)
+            .bind(params)
+            .all()
+            .map_err(unavailable)?
+            .results)
     }
 }
 
@@ -144,9 +148,7 @@ impl Catalog for SqliteCatalog {
         match r {
             Ok(r) if r.meta.changes == 1 => Ok(()),
             Ok(_) => Err(CatalogError::TooManyDatabases(max_databases)),
-            Err(e) if is_unique_violation(&e) => {
-                Err(CatalogError::NameTaken(row.name.to_string()))
-            }
+            Err(e) if is_unique_violation(&e) => Err(CatalogError::NameTaken(row.name.to_string())),
             Err(e) => Err(unavailable(e)),
         }
     }
@@ -316,9 +318,6 @@ impl Catalog for SqliteCatalog {
             "SELECT size_bytes FROM account_database_stats WHERE account = $1",
             vec![Value::Text(account.to_string())],
         )?;
-        Ok(rows
-            .first()
-            .map_or(Ok(0), |r| int(r, "size_bytes"))?
-            .max(0) as u64)
+        Ok(rows.first().map_or(Ok(0), |r| int(r, "size_bytes"))?.max(0) as u64)
     }
 }

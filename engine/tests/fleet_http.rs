@@ -1,0 +1,311 @@
+//! The control-plane API over HTTP, at walrelay's paths and Cloudflare's:
+//! create, list, get, delete, queries by name and uuid, and bad input.
+
+mod common;
+
+use common::fleet::{OneNode, one_node_at};
+use common::free_port;
+use serde_json::{Value as Json, json};
+use std::sync::Arc;
+use std::time::Duration;
+use walrelay_engine::http::auth::{ApiToken, Auth, Permission, Scope};
+use walrelay_engine::http::server::{HttpConfig, HttpServer, Node, Role, serve};
+use walrelay_engine::http::token_store::{self, TokenStore};
+use walrelay_engine::{Database, Options};
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    node: OneNode,
+    _server: HttpServer,
+    url: String,
+    admin: ApiToken,
+    reader: ApiToken,
+    scoped: ApiToken,
+    agent: ureq::Agent,
+}
+
+struct Reply {
+    status: u16,
+    json: Json,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    let admin = token_store::create(&tokens, Scope::All, Permission::ReadWrite).unwrap();
+    let reader = token_store::create(&tokens, Scope::All, Permission::Read).unwrap();
+    let scoped = token_store::create(
+        &tokens,
+        Scope::Database("main".into()),
+        Permission::ReadWrite,
+    )
+    .unwrap();
+    let addr = free_port();
+    let url = format!("http://{addr}");
+    let node = one_node_at(&url, dir.path(), 16, 60_000, 60_000);
+    let main = Database::open(dir.path().join("main.db"), Options::default()).unwrap();
+    let http = Node::new(
+        Role::Primary(main),
+        HttpConfig::default(),
+        Auth::Tokens(Arc::new(TokenStore::open(&tokens).unwrap())),
+    )
+    .with_fleet(Arc::clone(&node.fleet));
+    let server = serve(Arc::new(http), addr).unwrap();
+    let agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(30)))
+        .http_status_as_error(false)
+        .build()
+        .new_agent();
+    Fixture {
+        _dir: dir,
+        node,
+        _server: server,
+        url,
+        admin,
+        reader,
+        scoped,
+        agent,
+    }
+}
+
+impl Fixture {
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&ApiToken>,
+        body: Option<&str>,
+    ) -> Reply {
+        let url = format!("{}{path}", self.url);
+        let auth = token.map(|t| t.bearer()).unwrap_or_default();
+        let resp = match method {
+            "POST" => self
+                .agent
+                .post(&url)
+                .header("authorization", &auth)
+                .send(body.unwrap_or("").as_bytes()),
+            "DELETE" => self
+                .agent
+                .delete(&url)
+                .header("authorization", &auth)
+                .call(),
+            _ => self.agent.get(&url).header("authorization", &auth).call(),
+        };
+        let mut resp = resp.expect("the node answers");
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap();
+        let json = serde_json::from_str(&text).unwrap_or(Json::String(text));
+        Reply { status, json }
+    }
+
+    fn admin(&self, method: &str, path: &str, body: Option<Json>) -> Reply {
+        let body = body.map(|b| b.to_string());
+        self.call(method, path, Some(&self.admin), body.as_deref())
+    }
+
+    fn query(&self, db: &str, sql: &str) -> Reply {
+        self.admin(
+            "POST",
+            &format!("/v1/databases/{db}/query"),
+            Some(json!({ "sql": sql })),
+        )
+    }
+}
+
+fn refused(r: &Reply, status: u16, what: &str) {
+    assert_eq!(r.status, status, "{what}: {}", r.json);
+    assert_eq!(r.json["success"], false, "{what}");
+    assert!(
+        r.json["errors"][0]["message"].is_string(),
+        "{what}: {}",
+        r.json
+    );
+}
+
+#[test]
+fn a_database_created_over_http_is_listed_queried_by_name_and_uuid_and_deleted() {
+    let fx = fixture();
+    let r = fx.admin("POST", "/v1/databases", Some(json!({"name": "shop"})));
+    assert_eq!(r.status, 200, "{}", r.json);
+    let uuid = r.json["result"]["uuid"].as_str().unwrap().to_string();
+    assert_eq!(r.json["result"]["name"], "shop");
+    assert!(
+        r.json["result"]["created_at"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z')
+    );
+
+    let q = fx.query("shop", "CREATE TABLE t(x); ");
+    assert_eq!(q.status, 200, "{}", q.json);
+    assert_eq!(fx.query("shop", "INSERT INTO t VALUES (42)").status, 200);
+    let q = fx.query(&uuid, "SELECT x FROM t");
+    assert_eq!(q.json["result"][0]["results"][0]["x"], 42, "{}", q.json);
+    // `main` is still the node's own database, apart from the fleet's.
+    assert_eq!(fx.query("main", "SELECT 1 AS one").status, 200);
+
+    let got = fx.admin("GET", &format!("/v1/databases/{uuid}"), None);
+    assert_eq!(got.json["result"]["name"], "shop");
+    let by_name = fx.admin("GET", "/v1/databases/shop", None);
+    assert_eq!(by_name.json["result"]["uuid"], uuid.as_str());
+
+    for i in 0..3 {
+        fx.admin(
+            "POST",
+            "/v1/databases",
+            Some(json!({"name": format!("more-{i}")})),
+        );
+    }
+    let list = fx.admin("GET", "/v1/databases?per_page=2&page=2", None);
+    assert_eq!(list.json["result_info"]["total_count"], 4, "{}", list.json);
+    assert_eq!(list.json["result"].as_array().unwrap().len(), 2);
+    let filtered = fx.admin("GET", "/v1/databases?name=more", None);
+    assert_eq!(filtered.json["result_info"]["total_count"], 3);
+
+    let del = fx.admin("DELETE", &format!("/v1/databases/{uuid}"), None);
+    assert_eq!(del.status, 200, "{}", del.json);
+    refused(
+        &fx.query("shop", "SELECT x FROM t"),
+        404,
+        "query after delete",
+    );
+    refused(
+        &fx.query(&uuid, "SELECT x FROM t"),
+        404,
+        "query by uuid after delete",
+    );
+    refused(
+        &fx.admin("GET", &format!("/v1/databases/{uuid}"), None),
+        404,
+        "get after delete",
+    );
+    assert_eq!(fx.node.reads.on_query_path(), 0);
+}
+
+#[test]
+fn cloudflares_paths_create_list_get_and_delete_per_account() {
+    let fx = fixture();
+    let base = "/client/v4/accounts/acct-1/d1/database";
+    let r = fx.admin(
+        "POST",
+        base,
+        Some(json!({"name": "cf", "primary_location_hint": "weur"})),
+    );
+    assert_eq!(r.status, 200, "{}", r.json);
+    let uuid = r.json["result"]["uuid"].as_str().unwrap().to_string();
+    // Another account does not see it, and may use the same name.
+    let other = fx.admin("GET", "/client/v4/accounts/acct-2/d1/database", None);
+    assert_eq!(other.json["result_info"]["total_count"], 0);
+    assert_eq!(
+        fx.admin(
+            "POST",
+            "/client/v4/accounts/acct-2/d1/database",
+            Some(json!({"name": "cf"}))
+        )
+        .status,
+        200
+    );
+    let list = fx.admin("GET", base, None);
+    assert_eq!(list.json["result"][0]["uuid"], uuid.as_str());
+    let got = fx.admin("GET", &format!("{base}/{uuid}"), None);
+    assert_eq!(got.json["result"]["name"], "cf");
+    assert_eq!(
+        fx.admin("DELETE", &format!("{base}/{uuid}"), None).status,
+        200
+    );
+    refused(
+        &fx.admin("GET", &format!("{base}/{uuid}"), None),
+        404,
+        "deleted",
+    );
+}
+
+#[test]
+fn bad_control_plane_requests_get_a_clear_4xx_and_change_nothing() {
+    let fx = fixture();
+    let create = |body: &str| fx.call("POST", "/v1/databases", Some(&fx.admin), Some(body));
+    refused(&create("{"), 400, "malformed JSON");
+    refused(&create("[]"), 400, "not an object");
+    refused(&create(r#"{"name":"Bad Name"}"#), 400, "a bad name");
+    refused(&create(r#"{"name":""}"#), 400, "an empty name");
+    refused(
+        &create(&format!(r#"{{"name":"{}"}}"#, "a".repeat(65))),
+        400,
+        "a long name",
+    );
+    refused(
+        &create(r#"{"name":"x","surprise":1}"#),
+        400,
+        "an unknown field",
+    );
+    refused(
+        &create(r#"{"name":"x","account":"no spaces"}"#),
+        400,
+        "a bad account",
+    );
+    let uuid_name = format!(r#"{{"name":"{}"}}"#, uuid_like());
+    refused(&create(&uuid_name), 400, "a uuid-shaped name");
+    let huge = format!(r#"{{"name":"x","pad":"{}"}}"#, "p".repeat(64 << 10));
+    refused(&create(&huge), 413, "an oversized body");
+    for q in [
+        "page=0",
+        "per_page=0",
+        "per_page=10001",
+        "page=-1",
+        "page=x",
+        "name=Bad",
+    ] {
+        refused(
+            &fx.admin("GET", &format!("/v1/databases?{q}"), None),
+            400,
+            q,
+        );
+    }
+    refused(
+        &fx.admin("GET", "/v1/databases/no-such-db", None),
+        404,
+        "unknown name",
+    );
+    refused(
+        &fx.admin("DELETE", &format!("/v1/databases/{}", uuid_like()), None),
+        404,
+        "unknown uuid",
+    );
+    // Authorization: none, read-only for a write, one database's token.
+    refused(
+        &fx.call("POST", "/v1/databases", None, Some(r#"{"name":"x"}"#)),
+        401,
+        "no token",
+    );
+    refused(
+        &fx.call(
+            "POST",
+            "/v1/databases",
+            Some(&fx.reader),
+            Some(r#"{"name":"x"}"#),
+        ),
+        403,
+        "a read-only token",
+    );
+    refused(
+        &fx.call("GET", "/v1/databases", Some(&fx.scoped), None),
+        403,
+        "a scoped token",
+    );
+    assert_eq!(
+        fx.call("GET", "/v1/databases", Some(&fx.reader), None)
+            .status,
+        200
+    );
+    // A taken name.
+    assert_eq!(create(r#"{"name":"x"}"#).status, 200);
+    refused(&create(r#"{"name":"x"}"#), 409, "a taken name");
+    // Nothing above created anything but the one database.
+    let list = fx.admin("GET", "/v1/databases", None);
+    assert_eq!(list.json["result_info"]["total_count"], 1, "{}", list.json);
+    assert_eq!(fx.node.host.hosted_count(), 1);
+}
+
+fn uuid_like() -> String {
+    walrelay_engine::fleet::names::DatabaseUuid::random().to_string()
+}
