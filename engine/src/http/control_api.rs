@@ -290,16 +290,29 @@ impl Node {
     }
 }
 
-async fn handle(
-    node: Arc<Node>,
+/// A control-plane request as it arrived.
+struct Incoming {
     method: Method,
     account: Option<String>,
     id: Option<String>,
     query: Option<String>,
     headers: HeaderMap,
-    body: axum::body::Body,
     path_and_query: String,
+}
+
+async fn handle(
+    node: Arc<Node>,
+    incoming: Incoming,
+    body: axum::body::Body,
 ) -> axum::response::Response {
+    let Incoming {
+        method,
+        account,
+        id,
+        query,
+        headers,
+        path_and_query,
+    } = incoming;
     let write = method == Method::POST || method == Method::DELETE;
     let authorization = headers.get(AUTHORIZATION).map(HeaderValue::as_bytes);
     if let Err(answer) = node.authorize(authorization, Target::ControlPlane { write }) {
@@ -355,7 +368,19 @@ pub(super) async fn databases_route(
     body: axum::body::Body,
 ) -> axum::response::Response {
     let pq = path_and_query(&uri);
-    handle(node, method, None, None, query, headers, body, pq).await
+    handle(
+        node,
+        Incoming {
+            method,
+            account: None,
+            id: None,
+            query,
+            headers,
+            path_and_query: pq,
+        },
+        body,
+    )
+    .await
 }
 
 /// `GET|DELETE /v1/databases/{id}`.
@@ -369,7 +394,19 @@ pub(super) async fn database_route(
     body: axum::body::Body,
 ) -> axum::response::Response {
     let pq = path_and_query(&uri);
-    handle(node, method, None, Some(id), query, headers, body, pq).await
+    handle(
+        node,
+        Incoming {
+            method,
+            account: None,
+            id: Some(id),
+            query,
+            headers,
+            path_and_query: pq,
+        },
+        body,
+    )
+    .await
 }
 
 /// `POST|GET /client/v4/accounts/{account_id}/d1/database`.
@@ -383,7 +420,19 @@ pub(super) async fn cf_databases_route(
     body: axum::body::Body,
 ) -> axum::response::Response {
     let pq = path_and_query(&uri);
-    handle(node, method, Some(account), None, query, headers, body, pq).await
+    handle(
+        node,
+        Incoming {
+            method,
+            account: Some(account),
+            id: None,
+            query,
+            headers,
+            path_and_query: pq,
+        },
+        body,
+    )
+    .await
 }
 
 /// `GET|DELETE /client/v4/accounts/{account_id}/d1/database/{database_id}`.
@@ -397,15 +446,13 @@ pub(super) async fn cf_database_route(
     body: axum::body::Body,
 ) -> axum::response::Response {
     let pq = path_and_query(&uri);
-    handle(
-        node,
+    let incoming = Incoming {
         method,
-        Some(account),
-        Some(id),
+        account: Some(account),
+        id: Some(id),
         query,
         headers,
-        body,
-        pq,
-    )
-    .await
+        path_and_query: pq,
+    };
+    handle(node, incoming, body).await
 }
