@@ -274,6 +274,8 @@ pub struct PrimaryArgs {
     pub auth: AuthArgs,
     #[command(flatten)]
     pub replication_auth: ReplicationAuthArgs,
+    #[command(flatten)]
+    pub fleet: crate::fleet_cmd::FleetLinkArgs,
 }
 
 /// How a node's HTTP API authenticates: one of the two is required with
@@ -299,7 +301,7 @@ pub(crate) fn warn(line: &str) {
 
 /// The node's [`Auth`] for an HTTP server on `addr`: the store is loaded
 /// now (a bad one stops the start), and `--insecure` is said out loud.
-fn http_auth(a: &AuthArgs, who: &str, addr: SocketAddr) -> Result<Auth> {
+pub(crate) fn http_auth(a: &AuthArgs, who: &str, addr: SocketAddr) -> Result<Auth> {
     match (&a.tokens, a.insecure) {
         (Some(path), _) => {
             let store = TokenStore::open(path)
@@ -355,6 +357,7 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
         .map(|addr| http_auth(&a.auth, "primary", addr))
         .transpose()?;
     let cluster_key = a.replication_auth.key("primary")?;
+    let fleet_key = cluster_key.clone();
     std::fs::create_dir_all(&a.dir)?;
     let mut config = PrimaryConfig::new(database_path(&a.dir), a.followers.clone(), cluster_key);
     config.database = DatabaseId(a.database);
@@ -382,7 +385,7 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
     let primary = Arc::new(ReplicatedPrimary::start(config).context("starting the primary")?);
     let http = match (a.http, auth) {
         (Some(addr), Some(auth)) => {
-            let node = Node::new(
+            let mut node = Node::new(
                 Role::Primary(primary.database().clone()),
                 HttpConfig {
                     database: a.database_name.clone(),
@@ -392,6 +395,9 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
                 },
                 auth,
             );
+            if let Some(fleet) = a.fleet.fleet(&a.dir, addr, fleet_key.as_ref())? {
+                node = node.with_fleet(fleet);
+            }
             let server =
                 serve(Arc::new(node), addr).with_context(|| format!("serving HTTP on {addr}"))?;
             println!(
@@ -563,11 +569,14 @@ pub struct ReplicaArgs {
     pub auth: AuthArgs,
     #[command(flatten)]
     pub replication_auth: ReplicationAuthArgs,
+    #[command(flatten)]
+    pub fleet: crate::fleet_cmd::FleetLinkArgs,
 }
 
 pub fn replica(a: ReplicaArgs) -> Result<()> {
     install_stop_handler();
     let cluster_key = a.replication_auth.key("replica")?;
+    let fleet_key = cluster_key.clone();
     let (dir, leader) = (a.dir.clone(), a.leader);
     // Checked before anything starts: a bad store stops the start.
     let auth = match (a.http, &a.primary_http) {
@@ -617,7 +626,7 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
     );
     let http = match (a.http, a.primary_http.clone(), auth) {
         (Some(addr), Some(primary_url), Some(auth)) => {
-            let node = Arc::new(Node::new(
+            let mut node = Node::new(
                 Role::Replica {
                     replica: Arc::clone(&r),
                     primary_url,
@@ -628,7 +637,11 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
                     ..HttpConfig::default()
                 },
                 auth,
-            ));
+            );
+            if let Some(fleet) = a.fleet.fleet(&dir, addr, fleet_key.as_ref())? {
+                node = node.with_fleet(fleet);
+            }
+            let node = Arc::new(node);
             let server = serve(Arc::clone(&node), addr)
                 .with_context(|| format!("serving HTTP on {addr}"))?;
             println!(

@@ -3,6 +3,7 @@
 mod archive_args;
 mod archive_cmd;
 mod cmd;
+mod fleet_cmd;
 mod supervisor;
 mod token_cmd;
 mod up_cmd;
@@ -50,6 +51,9 @@ enum Command {
     Primary(cmd::PrimaryArgs),
     /// Run a read replica streaming from a primary.
     Replica(cmd::ReplicaArgs),
+    /// Run a fleet node: it hosts many databases (opened on first use,
+    /// closed when idle) and, with --control-plane, the control plane.
+    Node(fleet_cmd::NodeArgs),
     /// Prepare a stopped replica's directory to start as the primary.
     Promote(cmd::PromoteArgs),
     /// Write a database as it was at a bookmark or time, from cold
@@ -227,6 +231,7 @@ fn main() -> Result<()> {
         Command::Follower(a) => cmd::follower(a),
         Command::Primary(a) => cmd::primary(a),
         Command::Replica(a) => cmd::replica(a),
+        Command::Node(a) => fleet_cmd::node(a),
         Command::Promote(a) => cmd::promote(a),
         Command::Restore(a) => archive_cmd::restore(a),
         Command::Fork(a) => archive_cmd::fork(a),

@@ -59,6 +59,31 @@ pub struct Plan {
     pub deadline: Option<Instant>,
     /// The cold store's URL, for every node.
     pub store: String,
+    /// The fleet's control plane (None: no fleet).
+    pub fleet_control_url: Option<String>,
+    /// Every HTTP node's base URL (data slots and fleet nodes): the
+    /// fleet's routing entries go to all.
+    pub http_urls: Vec<String>,
+}
+
+/// A data slot's fleet flags: where the control plane is, and its peers.
+fn fleet_args(plan: &Plan, k: usize, args: &mut Vec<String>) {
+    let Some(control) = &plan.fleet_control_url else {
+        return;
+    };
+    let me = format!("http://{}", plan.slots[k].http);
+    let peers: Vec<&str> = plan
+        .http_urls
+        .iter()
+        .map(String::as_str)
+        .filter(|u| *u != me)
+        .collect();
+    args.extend([
+        "--fleet-control-url".into(),
+        control.clone(),
+        "--fleet-peers".into(),
+        peers.join(","),
+    ]);
 }
 
 type Spawn<'a> = dyn Fn(Vec<String>) -> Result<Child> + 'a;
@@ -406,6 +431,7 @@ fn primary_args(plan: &Plan, k: usize) -> Vec<String> {
         args.extend(["--seconds".into(), left.to_string()]);
     }
     common_args(plan, &mut args);
+    fleet_args(plan, k, &mut args);
     args
 }
 
@@ -432,5 +458,6 @@ fn replica_args(plan: &Plan, k: usize, primary: usize) -> Vec<String> {
         plan.primary_addr.to_string(),
     ];
     common_args(plan, &mut args);
+    fleet_args(plan, k, &mut args);
     args
 }

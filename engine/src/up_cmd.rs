@@ -59,6 +59,17 @@ pub struct UpArgs {
     /// ...and keep this much archived log on local disk.
     #[arg(long, default_value_t = 64 << 20)]
     pub local_keep_bytes: u64,
+    /// Fleet nodes, each hosting many databases (created through
+    /// `POST /v1/databases`), on the HTTP ports after the replicas'; the
+    /// first also runs the control plane (0: no fleet).
+    #[arg(long, default_value_t = 3)]
+    pub fleet_nodes: usize,
+    /// The fleet's heartbeat interval (D1: 30 s).
+    #[arg(long, default_value_t = 30_000)]
+    pub heartbeat_ms: u64,
+    /// The fleet's catalog: `embedded` or a postgres:// URL.
+    #[arg(long, default_value = "embedded")]
+    pub catalog: String,
 }
 
 fn addrs(base: u16, n: usize) -> Vec<SocketAddr> {
@@ -80,8 +91,10 @@ pub fn up(a: UpArgs) -> Result<()> {
     if a.replicas > 26 {
         bail!("at most 26 replicas (regions region-a to region-z)");
     }
-    // Followers take base+1..=base+N; HTTP takes base+10..=base+10+replicas.
-    let highest = u32::from(a.base_port) + (a.followers as u32).max(10 + a.replicas as u32);
+    // Followers take base+1..=base+N; HTTP takes base+10..=base+10+replicas
+    // and the fleet nodes the ports after those.
+    let highest = u32::from(a.base_port)
+        + (a.followers as u32).max(10 + a.replicas as u32 + a.fleet_nodes as u32);
     if a.followers > 9 || highest > u32::from(u16::MAX) {
         bail!(
             "ports {}..={highest} do not fit (at most 9 followers, and a lower --base-port)",
@@ -205,6 +218,71 @@ pub fn up(a: UpArgs) -> Result<()> {
         })
         .collect();
     let deadline = (a.seconds > 0).then(|| Instant::now() + Duration::from_secs(a.seconds));
+    // Fleet nodes: HTTP on the ports after the data slots'.
+    let fleet_http: Vec<SocketAddr> = (0..a.fleet_nodes)
+        .map(|i| http(a.replicas + 1 + i))
+        .collect();
+    let http_urls: Vec<String> = slots
+        .iter()
+        .map(|s| s.http)
+        .chain(fleet_http.iter().copied())
+        .map(|h| format!("http://{h}"))
+        .collect();
+    let fleet_control_url = fleet_http.first().map(|h| format!("http://{h}"));
+    for (i, addr) in fleet_http.iter().enumerate() {
+        let me = format!("http://{addr}");
+        let peers: Vec<&str> = http_urls
+            .iter()
+            .map(String::as_str)
+            .filter(|u| *u != me)
+            .collect();
+        let mut args = vec![
+            "node".into(),
+            "--http".into(),
+            addr.to_string(),
+            "--dir".into(),
+            dir.join(format!("node-{i}")).display().to_string(),
+            "--location".into(),
+            format!("fleet-{i}"),
+            "--fleet-peers".into(),
+            peers.join(","),
+            "--heartbeat-ms".into(),
+            a.heartbeat_ms.to_string(),
+        ];
+        if i == 0 {
+            let hosts: Vec<String> = fleet_http
+                .iter()
+                .enumerate()
+                .map(|(j, h)| format!("http://{h}@fleet-{j}"))
+                .collect();
+            args.extend([
+                "--control-plane".into(),
+                "--catalog".into(),
+                a.catalog.clone(),
+                "--hosts".into(),
+                hosts.join(","),
+            ]);
+        } else {
+            args.extend([
+                "--fleet-control-url".into(),
+                fleet_control_url.clone().unwrap_or_default(),
+            ]);
+        }
+        key_arg(&mut args);
+        args.extend(auth_flags.iter().cloned());
+        followers.push(Supervised::start(
+            format!("fleet node {i}"),
+            args,
+            crate::supervisor::pid_dir(&dir).join(format!("node-{i}")),
+            &spawn,
+        )?);
+    }
+    if let Some(url) = &fleet_control_url {
+        println!(
+            "  fleet: {} nodes from {url}; create a database: curl -s -X POST {url}/v1/databases{auth_header} -d '{{\"name\":\"shop\"}}'",
+            a.fleet_nodes
+        );
+    }
     let plan = Plan {
         slots,
         follower_addrs: follower_addrs.clone(),
@@ -217,6 +295,8 @@ pub fn up(a: UpArgs) -> Result<()> {
         dir: dir.clone(),
         deadline,
         store: store.clone(),
+        fleet_control_url,
+        http_urls,
     };
     let mut cluster = crate::supervisor::Cluster::start(plan, followers, &spawn)?;
     let status = cluster.run(&spawn)?;

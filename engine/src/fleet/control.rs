@@ -57,6 +57,8 @@ pub enum ControlError {
     CreateFailed { attempts: u32, last: String },
     #[error("no database {0}")]
     NotFound(String),
+    #[error("the control plane is unreachable: {0}")]
+    Unreachable(String),
 }
 
 /// A heartbeat's question: this database's object asking what it is.

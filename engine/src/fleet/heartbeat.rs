@@ -83,7 +83,7 @@ pub fn beat_one(fleet: &Fleet, id: DatabaseId) -> Result<(), BeatError> {
         return Ok(());
     }
     fleet.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
-    let answer = fleet.control()?.heartbeat(&Heartbeat {
+    let answer = fleet.heartbeat(&Heartbeat {
         uuid: state.uuid.clone(),
         database_id: id.0,
         node: fleet.config.self_url.clone(),
@@ -95,7 +95,7 @@ pub fn beat_one(fleet: &Fleet, id: DatabaseId) -> Result<(), BeatError> {
         Verdict::Deleted => {
             tracing::warn!(database = %id, %uuid, "heartbeat: the catalog does not know this database as live; marking it deleted");
             host.delete(id)?;
-            fleet.routes.remove(uuid, id)?;
+            fleet.routes.unpublish(uuid, id)?;
         }
         Verdict::Active => {
             if state.lifecycle == Lifecycle::Initialised {
@@ -122,8 +122,9 @@ pub fn beat_one(fleet: &Fleet, id: DatabaseId) -> Result<(), BeatError> {
             if stale {
                 tracing::info!(database = %id, %uuid, "heartbeat: rewriting a missing or stale routing entry");
                 fleet.stats.routes_repaired.fetch_add(1, Ordering::Relaxed);
-                fleet.routes.put(want)?;
             }
+            // Sent to every node again: their copies are repaired too.
+            fleet.routes.publish(want)?;
             fleet.set_storage_over(id, answer.storage_over);
         }
     }
@@ -136,6 +137,7 @@ pub fn run(fleet: Arc<Fleet>, stop: Arc<std::sync::atomic::AtomicBool>) {
     let tick = Duration::from_millis(fleet.config.tick_ms.max(1));
     while !stop.load(Ordering::Relaxed) {
         beat_due(&fleet, &mut due);
+        fleet.send_routes();
         if let Some(host) = &fleet.host {
             host.close_idle();
         }

@@ -125,6 +125,10 @@ pub enum HostError {
     State { id: DatabaseId, reason: String },
     #[error("host storage: {0}")]
     Io(#[from] std::io::Error),
+    #[error("database {id}'s host: {reason}")]
+    Remote { id: DatabaseId, reason: String },
+    #[error("a malformed request: {0}")]
+    BadRequest(String),
 }
 
 /// How a node hosts databases.

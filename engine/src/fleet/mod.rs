@@ -26,6 +26,7 @@ pub mod catalog;
 pub mod control;
 pub mod heartbeat;
 pub mod host;
+pub mod link;
 pub mod names;
 pub mod routes;
 
@@ -56,6 +57,10 @@ pub struct FleetConfig {
     /// Where the control plane is, for a node that does not run it (its
     /// HTTP base URL).
     pub control_url: Option<String>,
+    /// Every other node's HTTP base URL: routing entries go to all.
+    pub peers: Vec<String>,
+    /// How internal calls between nodes are authenticated.
+    pub auth: link::InternalAuth,
 }
 
 impl FleetConfig {
@@ -67,6 +72,8 @@ impl FleetConfig {
             heartbeat_jitter_ms: 5_000,
             tick_ms: 250,
             control_url: None,
+            peers: Vec::new(),
+            auth: link::InternalAuth::new(None),
         }
     }
 }
@@ -104,6 +111,7 @@ pub struct Fleet {
     pub reads: Arc<catalog::CatalogReads>,
     pub stats: FleetStats,
     storage_over: Mutex<HashSet<DatabaseId>>,
+    internal: link::Internal,
     stop: Arc<AtomicBool>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -117,6 +125,7 @@ impl Fleet {
         reads: Arc<catalog::CatalogReads>,
     ) -> Fleet {
         Fleet {
+            internal: link::Internal::new(config.auth.clone(), 10_000),
             config,
             routes,
             host,
@@ -158,6 +167,41 @@ impl Fleet {
 
     pub fn runs_control_plane(&self) -> bool {
         self.control.is_some()
+    }
+
+    /// Internal calls to other nodes.
+    pub fn internal(&self) -> &link::Internal {
+        &self.internal
+    }
+
+    /// Asks the control plane (here or on its node) about a database.
+    pub fn heartbeat(
+        &self,
+        beat: &control::Heartbeat,
+    ) -> Result<control::HeartbeatAnswer, ControlError> {
+        match (&self.control, &self.config.control_url) {
+            (Some(c), _) => c.heartbeat(beat),
+            (None, Some(url)) => link::remote_heartbeat(&self.internal, url, beat),
+            (None, None) => Err(ControlError::NoHost),
+        }
+    }
+
+    /// Sends this node's queued routing changes to every other node; a
+    /// node that did not take them gets them again with the databases'
+    /// next heartbeats.
+    pub fn send_routes(&self) -> usize {
+        let changes = self.routes.take_outbox();
+        if changes.is_empty() || self.config.peers.is_empty() {
+            return 0;
+        }
+        for chunk in changes.chunks(10_000) {
+            for peer in &self.config.peers {
+                if let Err(e) = link::send_routes(&self.internal, peer, chunk) {
+                    tracing::warn!(peer, error = %e, "routing entries not sent (heartbeats resend them)");
+                }
+            }
+        }
+        changes.len()
     }
 
     /// Finds a database by uuid or by name (in `account`), from the
@@ -232,7 +276,7 @@ impl HostApi for LocalHostApi {
         }
         // The database writes its own routing entry.
         self.routes
-            .put(Route {
+            .publish(Route {
                 uuid: uuid.to_string(),
                 database_id: id.0,
                 account: state.account,
@@ -248,10 +292,12 @@ impl HostApi for LocalHostApi {
 
     fn delete(&self, uuid: DatabaseUuid, id: DatabaseId) -> Result<(), HostError> {
         self.host.delete(id)?;
-        self.routes.remove(uuid, id).map_err(|e| HostError::State {
-            id,
-            reason: e.to_string(),
-        })?;
+        self.routes
+            .unpublish(uuid, id)
+            .map_err(|e| HostError::State {
+                id,
+                reason: e.to_string(),
+            })?;
         Ok(())
     }
 }

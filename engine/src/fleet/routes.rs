@@ -90,11 +90,25 @@ impl Maps {
     }
 }
 
+/// A change this node's databases made to their own entries, to be sent
+/// to every other node's table.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+pub enum RouteChange {
+    Put { route: Route },
+    Remove { uuid: String, database_id: u64 },
+}
+
+/// Most changes waiting to be sent; past it the oldest are dropped (the
+/// next heartbeat of their database sends them again).
+pub const MAX_OUTBOX: usize = 100_000;
+
 /// The routing table.
 #[derive(Debug)]
 pub struct Routes {
     maps: RwLock<Maps>,
     conn: Mutex<Connection>,
+    outbox: Mutex<std::collections::VecDeque<RouteChange>>,
 }
 
 impl Routes {
@@ -132,6 +146,7 @@ impl Routes {
         Ok(Routes {
             maps: RwLock::new(maps),
             conn: Mutex::new(conn),
+            outbox: Mutex::new(std::collections::VecDeque::new()),
         })
     }
 
@@ -185,6 +200,70 @@ impl Routes {
         Ok(maps.remove(uuid).is_some())
     }
 
+    /// Writes a hosted database's own entry here and queues it for every
+    /// other node (sent again even if unchanged: that is how a heartbeat
+    /// repairs the other nodes' copies).
+    pub fn publish(&self, route: Route) -> Result<(), RouteError> {
+        let unchanged = self
+            .get(route.parsed()?.0)
+            .is_some_and(|r| same_target(&r, &route));
+        if !unchanged {
+            self.put(route.clone())?;
+        }
+        self.queue(RouteChange::Put { route });
+        Ok(())
+    }
+
+    /// Removes a hosted database's own entry here and on every other node.
+    pub fn unpublish(&self, uuid: DatabaseUuid, database_id: DatabaseId) -> Result<(), RouteError> {
+        self.remove(uuid, database_id)?;
+        self.queue(RouteChange::Remove {
+            uuid: uuid.to_string(),
+            database_id: database_id.0,
+        });
+        Ok(())
+    }
+
+    fn queue(&self, change: RouteChange) {
+        let mut outbox = self.outbox.lock();
+        if outbox.len() >= MAX_OUTBOX {
+            outbox.pop_front();
+        }
+        outbox.push_back(change);
+    }
+
+    /// The changes waiting to be sent, taken.
+    pub fn take_outbox(&self) -> Vec<RouteChange> {
+        self.outbox.lock().drain(..).collect()
+    }
+
+    /// Applies changes another node's databases made; returns how many
+    /// changed this table.
+    pub fn apply(&self, changes: &[RouteChange]) -> Result<usize, RouteError> {
+        let mut changed = 0;
+        for c in changes {
+            match c {
+                RouteChange::Put { route } => {
+                    let uuid = route.parsed()?.0;
+                    if !self.get(uuid).is_some_and(|r| same_target(&r, route)) {
+                        self.put(route.clone())?;
+                        changed += 1;
+                    }
+                }
+                RouteChange::Remove { uuid, database_id } => {
+                    let uuid: DatabaseUuid =
+                        uuid.parse().map_err(|e: super::names::UuidParseError| {
+                            RouteError::Malformed(e.to_string())
+                        })?;
+                    if self.remove(uuid, DatabaseId(*database_id))? {
+                        changed += 1;
+                    }
+                }
+            }
+        }
+        Ok(changed)
+    }
+
     /// Entries held.
     pub fn len(&self) -> usize {
         self.maps.read().by_uuid.len()
@@ -193,6 +272,15 @@ impl Routes {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// Whether two entries send a query to the same place.
+fn same_target(a: &Route, b: &Route) -> bool {
+    a.uuid == b.uuid
+        && a.database_id == b.database_id
+        && a.node == b.node
+        && a.account == b.account
+        && a.name == b.name
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ pub mod api;
 pub mod auth;
 pub mod client;
 mod control_api;
+mod fleet_internal;
 mod fleet_query;
 pub mod forward;
 pub mod metrics;

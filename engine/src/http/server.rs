@@ -52,6 +52,9 @@ pub enum Role {
         /// `http://127.0.0.1:8100,http://127.0.0.1:8101` ([`super::forward`]).
         primary_url: String,
     },
+    /// A fleet node: it serves only the fleet's databases (set with
+    /// [`Node::with_fleet`]), every name goes to the fleet.
+    Fleet,
 }
 
 /// How a node serves HTTP.
@@ -164,7 +167,7 @@ impl Node {
     pub fn new(role: Role, config: HttpConfig, auth: Auth) -> Node {
         let agent = super::client::agent(Duration::from_millis(config.forward_timeout_ms));
         let primaries = match &role {
-            Role::Primary(_) => None,
+            Role::Primary(_) | Role::Fleet => None,
             Role::Replica { primary_url, .. } => Some(super::forward::Primaries::new(
                 primary_url,
                 config.failover_wait_ms,
@@ -212,7 +215,7 @@ impl Node {
     pub(super) fn primary_database(&self) -> Option<&Database> {
         match &self.role {
             Role::Primary(db) => Some(db),
-            Role::Replica { .. } => None,
+            Role::Replica { .. } | Role::Fleet => None,
         }
     }
 
@@ -257,6 +260,7 @@ impl Node {
         match self.role {
             Role::Primary(_) => "primary",
             Role::Replica { .. } => "replica",
+            Role::Fleet => "fleet",
         }
     }
 
@@ -326,7 +330,7 @@ impl Node {
         body: &[u8],
         cancel: &CancelToken,
     ) -> Answer {
-        let fleet_database = name != self.config.database;
+        let fleet_database = name != self.config.database || matches!(self.role, Role::Fleet);
         if fleet_database && self.fleet.is_none() {
             return Answer::error(
                 404,
@@ -349,6 +353,8 @@ impl Node {
             return self.fleet_query(caller, name, header, body, constraint, &parsed, cancel);
         }
         match &self.role {
+            // Every name is the fleet's on a fleet node (handled above).
+            Role::Fleet => Answer::error(404, codes::UNKNOWN_DATABASE, "unknown database"),
             Role::Primary(db) => self
                 .run(db, caller, constraint, &parsed, cancel)
                 .into_answer(),
@@ -478,7 +484,7 @@ impl Node {
     /// The Prometheus exposition for `GET /metrics`.
     pub fn metrics_text(&self) -> String {
         let lag = match &self.role {
-            Role::Primary(_) => None,
+            Role::Primary(_) | Role::Fleet => None,
             Role::Replica { replica, .. } => {
                 let node = replica.node();
                 let samples = node.take_confirm_lags_us();
@@ -729,6 +735,10 @@ pub fn serve(node: Arc<Node>, addr: SocketAddr) -> io::Result<HttpServer> {
     let app = Router::new()
         .route("/v1/databases/{name}/query", post(query_route))
         .route("/metrics", get(metrics_route))
+        .route(
+            "/internal/fleet/{call}",
+            post(super::fleet_internal::internal_route),
+        )
         .route(
             "/v1/databases",
             post(super::control_api::databases_route).get(super::control_api::databases_route),

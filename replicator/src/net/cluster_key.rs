@@ -61,6 +61,14 @@ impl ClusterKey {
     }
 
     /// Reads a key file, refusing one group or others can access.
+    /// A 32-byte secret for another purpose (`context` names it, e.g.
+    /// "walrelay 2026 internal http"), derived with BLAKE3's key
+    /// derivation: knowing it reveals nothing of the key or of any other
+    /// context's secret.
+    pub fn derive(&self, context: &str) -> [u8; 32] {
+        blake3::derive_key(context, self.bytes())
+    }
+
     pub fn load(path: &Path) -> Result<ClusterKey, KeyFileError> {
         let io = |source| KeyFileError::Io {
             path: path.to_path_buf(),

@@ -1,0 +1,242 @@
+//! `walrelay node`: a fleet node, hosting many databases and, on one node,
+//! the control plane; and the fleet flags of `walrelay primary|replica`.
+
+use crate::cmd::{AuthArgs, ReplicationAuthArgs, http_auth, install_stop_handler, stopping};
+use anyhow::{Context, Result, bail};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use walrelay_engine::fleet::catalog::{Catalog, CatalogReads, PgCatalog, SqliteCatalog};
+use walrelay_engine::fleet::control::{ControlConfig, ControlPlane, HostApi, HostNode};
+use walrelay_engine::fleet::host::{Host, HostConfig, LocalOpener};
+use walrelay_engine::fleet::link::{HttpHostApi, Internal, InternalAuth};
+use walrelay_engine::fleet::routes::Routes;
+use walrelay_engine::fleet::{Fleet, FleetConfig, LocalHostApi};
+use walrelay_engine::http::server::{HttpConfig, Node, Role, serve};
+use walrelay_engine::{ClusterKey, Database, Options, Synchronous};
+
+/// How a primary or replica node takes part in a fleet (it keeps a
+/// routing table and passes control-plane calls on).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct FleetLinkArgs {
+    /// The control plane's node (HTTP base URL): control-plane calls, and
+    /// queries for fleet databases this node has no route to, go there.
+    #[arg(long)]
+    pub fleet_control_url: Option<String>,
+    /// Every other node's HTTP base URL, comma-separated: each database's
+    /// routing entry is sent to all of them.
+    #[arg(long, value_delimiter = ',')]
+    pub fleet_peers: Vec<String>,
+}
+
+impl FleetLinkArgs {
+    /// A fleet that hosts nothing (None without `--fleet-control-url`).
+    pub fn fleet(
+        &self,
+        dir: &Path,
+        http: SocketAddr,
+        key: Option<&ClusterKey>,
+    ) -> Result<Option<Arc<Fleet>>> {
+        let Some(control) = &self.fleet_control_url else {
+            return Ok(None);
+        };
+        let routes = Arc::new(Routes::open(&dir.join("routes.db")).context("opening routes.db")?);
+        let mut config = FleetConfig::new(format!("http://{http}"));
+        config.control_url = Some(control.clone());
+        config.peers = self.fleet_peers.clone();
+        config.auth = InternalAuth::new(key);
+        Ok(Some(Arc::new(Fleet::new(
+            config,
+            routes,
+            None,
+            None,
+            Arc::new(CatalogReads::default()),
+        ))))
+    }
+}
+
+/// Options of `walrelay node`.
+#[derive(clap::Args)]
+pub struct NodeArgs {
+    /// The HTTP API address.
+    #[arg(long)]
+    pub http: SocketAddr,
+    /// Where the hosted databases, the routing table (and the embedded
+    /// catalog) live.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// This node's location, matched against `primary_location_hint`.
+    #[arg(long, default_value = "local")]
+    pub location: String,
+    /// Run the control plane on this node.
+    #[arg(long)]
+    pub control_plane: bool,
+    /// The catalog, for the control plane: `embedded` (a walrelay database
+    /// in DIR/catalog) or a PostgreSQL URL (`postgres://user@host:port/db`).
+    #[arg(long, default_value = "embedded")]
+    pub catalog: String,
+    /// The nodes that host databases, for the control plane: HTTP base
+    /// URLs, each optionally `URL@location` (this node included).
+    #[arg(long, value_delimiter = ',')]
+    pub hosts: Vec<String>,
+    #[command(flatten)]
+    pub link: FleetLinkArgs,
+    #[command(flatten)]
+    pub auth: AuthArgs,
+    #[command(flatten)]
+    pub replication_auth: ReplicationAuthArgs,
+    /// Heartbeat interval of an open database (D1: 30 s), plus jitter.
+    #[arg(long, default_value_t = 30_000)]
+    pub heartbeat_ms: u64,
+    #[arg(long, default_value_t = 5_000)]
+    pub heartbeat_jitter_ms: u64,
+    /// An open database unused this long is closed.
+    #[arg(long, default_value_t = 60_000)]
+    pub idle_close_ms: u64,
+    /// Most databases open at once (0: from the file-descriptor limit).
+    #[arg(long, default_value_t = 0)]
+    pub max_open: usize,
+    /// Most databases this node hosts.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub max_hosted: u64,
+    /// Stop after this many seconds (0: at Ctrl-C).
+    #[arg(long, default_value_t = 0)]
+    pub seconds: u64,
+}
+
+fn host_node(
+    spec: &str,
+    self_url: &str,
+    local: &Arc<dyn HostApi>,
+    internal: &Internal,
+) -> HostNode {
+    let (url, location) = spec.split_once('@').unwrap_or((spec, "local"));
+    let api: Arc<dyn HostApi> = if url == self_url {
+        Arc::clone(local)
+    } else {
+        Arc::new(HttpHostApi {
+            url: url.to_string(),
+            internal: internal.clone(),
+        })
+    };
+    HostNode {
+        url: url.to_string(),
+        location: location.to_string(),
+        api,
+    }
+}
+
+/// Runs a fleet node until Ctrl-C or `--seconds`.
+pub fn node(a: NodeArgs) -> Result<()> {
+    install_stop_handler();
+    let auth = http_auth(&a.auth, "node", a.http)?;
+    let key = a.replication_auth.key("node")?;
+    if !a.control_plane && a.link.fleet_control_url.is_none() {
+        bail!("a node needs --control-plane or --fleet-control-url URL");
+    }
+    std::fs::create_dir_all(&a.dir)?;
+    let self_url = format!("http://{}", a.http);
+    let reads = Arc::new(CatalogReads::default());
+    let routes = Arc::new(Routes::open(&a.dir.join("routes.db")).context("opening routes.db")?);
+    let options = Options {
+        readers: 1,
+        synchronous: Synchronous::Full,
+        region: a.location.clone(),
+        ..Options::default()
+    };
+    let host = Arc::new(
+        Host::open(
+            HostConfig {
+                dir: a.dir.join("dbs"),
+                max_open: a.max_open,
+                idle_close_ms: a.idle_close_ms,
+                max_hosted: a.max_hosted,
+            },
+            Box::new(LocalOpener { options }),
+        )
+        .context("opening the hosted databases")?,
+    );
+    let internal = Internal::new(InternalAuth::new(key.as_ref()), 10_000);
+    let local: Arc<dyn HostApi> = Arc::new(LocalHostApi {
+        host: Arc::clone(&host),
+        routes: Arc::clone(&routes),
+        self_url: self_url.clone(),
+    });
+    let control = if a.control_plane {
+        let catalog: Arc<dyn Catalog> = if a.catalog == "embedded" {
+            std::fs::create_dir_all(a.dir.join("catalog"))?;
+            let db = Database::open(a.dir.join("catalog").join("db"), Options::default())
+                .context("opening the embedded catalog")?;
+            Arc::new(SqliteCatalog::open(db, Arc::clone(&reads)).context("the catalog schema")?)
+        } else if a.catalog.starts_with("postgres://") || a.catalog.starts_with("postgresql://") {
+            Arc::new(
+                PgCatalog::connect(&a.catalog, Arc::clone(&reads))
+                    .context("connecting to the PostgreSQL catalog")?,
+            )
+        } else {
+            bail!("--catalog must be `embedded` or a postgres:// URL");
+        };
+        let specs = if a.hosts.is_empty() {
+            vec![format!("{self_url}@{}", a.location)]
+        } else {
+            a.hosts.clone()
+        };
+        let hosts = specs
+            .iter()
+            .map(|s| host_node(s, &self_url, &local, &internal))
+            .collect();
+        Some(Arc::new(ControlPlane::new(
+            catalog,
+            hosts,
+            ControlConfig::default(),
+        )))
+    } else {
+        None
+    };
+    let mut config = FleetConfig::new(self_url.clone());
+    config.control_url = a.link.fleet_control_url.clone();
+    config.peers = a.link.fleet_peers.clone();
+    config.auth = InternalAuth::new(key.as_ref());
+    config.heartbeat_ms = a.heartbeat_ms;
+    config.heartbeat_jitter_ms = a.heartbeat_jitter_ms;
+    let fleet = Arc::new(Fleet::new(
+        config,
+        routes,
+        Some(Arc::clone(&host)),
+        control,
+        reads,
+    ));
+    fleet.start();
+    let http = Node::new(
+        Role::Fleet,
+        HttpConfig {
+            database: String::new(),
+            region: a.location.clone(),
+            ..HttpConfig::default()
+        },
+        auth,
+    )
+    .with_fleet(Arc::clone(&fleet));
+    let server =
+        serve(Arc::new(http), a.http).with_context(|| format!("serving HTTP on {}", a.http))?;
+    println!(
+        "node HTTP at {} hosting {} databases (at most {} open){}",
+        server.url(),
+        host.hosted_count(),
+        host.max_open(),
+        if a.control_plane {
+            ", control plane here"
+        } else {
+            ""
+        }
+    );
+    let deadline = (a.seconds > 0).then(|| Instant::now() + Duration::from_secs(a.seconds));
+    while !stopping() && deadline.is_none_or(|d| Instant::now() < d) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(server);
+    fleet.stop();
+    println!("node stopped");
+    Ok(())
+}

@@ -1,0 +1,139 @@
+//! The server side of the fleet's internal calls (format:
+//! [`crate::fleet::link`]): each checks the node header first, then reads
+//! a bounded body.
+
+use super::server::Node;
+use crate::fleet::LocalHostApi;
+use crate::fleet::control::{Heartbeat, HostApi};
+use crate::fleet::host::HostError;
+use crate::fleet::link::{
+    Changed, Empty, ErrorBody, Ids, InitBody, MAX_INTERNAL_BODY_BYTES, NODE_HEADER,
+};
+use crate::fleet::names::{AccountId, DatabaseName, DatabaseUuid};
+use crate::fleet::routes::RouteChange;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+use walrelay_replicator::DatabaseId;
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (
+        status,
+        axum::Json(ErrorBody {
+            error: message.into(),
+        }),
+    )
+        .into_response()
+}
+
+fn host_status(e: &HostError) -> StatusCode {
+    match e {
+        HostError::NotHosted(_) | HostError::Deleted(_) => StatusCode::NOT_FOUND,
+        HostError::Exists(_) => StatusCode::CONFLICT,
+        HostError::BadRequest(_) | HostError::State { .. } => StatusCode::BAD_REQUEST,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+fn ids(body: &Ids) -> Result<(DatabaseUuid, DatabaseId), HostError> {
+    let uuid = body
+        .uuid
+        .parse()
+        .map_err(|e: crate::fleet::names::UuidParseError| HostError::BadRequest(e.to_string()))?;
+    Ok((uuid, DatabaseId(body.database_id)))
+}
+
+/// `POST /internal/fleet/{call}`.
+pub(super) async fn internal_route(
+    State(node): State<Arc<Node>>,
+    Path(call): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Response {
+    let Some(fleet) = node.fleet().cloned() else {
+        return error(StatusCode::NOT_FOUND, "this node serves no fleet");
+    };
+    if !fleet
+        .internal()
+        .auth()
+        .check(headers.get(NODE_HEADER).map(|v| v.as_bytes()))
+    {
+        tracing::warn!(call, "refused an internal call without the cluster's proof");
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "internal calls need the cluster key",
+        );
+    }
+    let Ok(body) = axum::body::to_bytes(body, MAX_INTERNAL_BODY_BYTES).await else {
+        return error(StatusCode::PAYLOAD_TOO_LARGE, "the body is too large");
+    };
+    tokio::task::spawn_blocking(move || {
+        let local = || {
+            fleet.host.as_ref().map(|host| LocalHostApi {
+                host: Arc::clone(host),
+                routes: Arc::clone(&fleet.routes),
+                self_url: fleet.config.self_url.clone(),
+            })
+        };
+        let host_call = |f: &dyn Fn(&LocalHostApi) -> Result<(), HostError>| -> Response {
+            match local() {
+                None => error(StatusCode::NOT_FOUND, "this node hosts no databases"),
+                Some(api) => match f(&api) {
+                    Ok(()) => axum::Json(Empty {}).into_response(),
+                    Err(e) => error(host_status(&e), e.to_string()),
+                },
+            }
+        };
+        match call.as_str() {
+            "init" => match serde_json::from_slice::<InitBody>(&body) {
+                Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+                Ok(b) => host_call(&|api| {
+                    let (uuid, id) = ids(&Ids {
+                        uuid: b.uuid.clone(),
+                        database_id: b.database_id,
+                    })?;
+                    let account = AccountId::new(&b.account)
+                        .map_err(|e| HostError::BadRequest(e.to_string()))?;
+                    let name = DatabaseName::new(&b.name)
+                        .map_err(|e| HostError::BadRequest(e.to_string()))?;
+                    api.init(uuid, id, &account, &name)
+                }),
+            },
+            "activate" | "delete" => match serde_json::from_slice::<Ids>(&body) {
+                Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+                Ok(b) => host_call(&|api| {
+                    let (uuid, id) = ids(&b)?;
+                    if call == "activate" {
+                        api.activate(uuid, id)
+                    } else {
+                        api.delete(uuid, id)
+                    }
+                }),
+            },
+            "heartbeat" => match serde_json::from_slice::<Heartbeat>(&body) {
+                Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+                Ok(beat) => match fleet.control() {
+                    Err(_) => error(
+                        StatusCode::NOT_FOUND,
+                        "this node does not run the control plane",
+                    ),
+                    Ok(c) => match c.heartbeat(&beat) {
+                        Ok(a) => axum::Json(a).into_response(),
+                        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+                    },
+                },
+            },
+            "routes" => match serde_json::from_slice::<Vec<RouteChange>>(&body) {
+                Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+                Ok(changes) => match fleet.routes.apply(&changes) {
+                    Ok(changed) => axum::Json(Changed { changed }).into_response(),
+                    Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+                },
+            },
+            _ => error(StatusCode::NOT_FOUND, "no such internal call"),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
