@@ -6,6 +6,7 @@
 
 pub mod consistency;
 pub mod fleet;
+pub mod pg;
 pub mod procs;
 pub mod up;
 
