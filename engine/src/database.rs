@@ -1,6 +1,8 @@
 //! A primary database: one writer connection, a pool of readers, and the
 //! bookmark issuer that the capturing VFS feeds.
 
+mod growth;
+
 use crate::error::{CheckpointError, OpenError, QueryError, SessionError};
 use crate::limits::Limits;
 use crate::meta;
@@ -305,6 +307,8 @@ pub(crate) struct PrimaryRole {
     gate: Option<Arc<dyn CommitGate>>,
     max_transaction_bytes: u64,
     size_limit: crate::sandbox::SizeLimit,
+    /// Writes that would grow the file are refused ([`growth`]).
+    growth_frozen: std::sync::atomic::AtomicBool,
 }
 
 /// A database: a primary ([`Database::open`]) or the read side of a
@@ -577,6 +581,7 @@ impl Database {
                     gate: options.gate.clone(),
                     max_transaction_bytes: options.limits.max_transaction_bytes,
                     size_limit: crate::sandbox::SizeLimit::new(&options.limits, page_size),
+                    growth_frozen: std::sync::atomic::AtomicBool::new(false),
                 }),
                 path: path.to_path_buf(),
                 region: options.region.clone(),
@@ -724,6 +729,11 @@ impl Database {
                 index,
                 source: Box::new(self.explain_full(*source)),
             },
+            QueryError::Sql {
+                code: Some(code), ..
+            } if code & 0xff == ffi::SQLITE_FULL && p.growth_frozen.load(Ordering::SeqCst) => {
+                QueryError::StorageLimit
+            }
             QueryError::Sql {
                 code: Some(code), ..
             } if code & 0xff == ffi::SQLITE_FULL

@@ -96,6 +96,13 @@ pub enum QueryError {
         "the database size limit was reached: the database may not grow past {max_bytes} bytes"
     )]
     DatabaseFull { max_bytes: u64 },
+    /// The account is over its storage limit (D1's Free plan: 5 GB): a
+    /// write that would grow the database is refused; one that frees
+    /// space or rewrites pages in place is not.
+    #[error(
+        "the account is over its storage limit: writes that would grow the database are refused until it is under it again"
+    )]
+    StorageLimit,
     #[error("this is a read replica: it runs only read-only statements")]
     ReadOnlyReplica,
     /// The session has read-only access and the statement writes.

@@ -332,7 +332,7 @@ fn disable_extension_loading(conn: &Connection) -> Result<(), rusqlite::Error> {
 
 /// The database size limit in pages (SQLite keeps at least the current
 /// size if that is already larger).
-fn max_pages(conn: &Connection, limits: &Limits) -> Result<u32, rusqlite::Error> {
+pub(crate) fn max_pages(conn: &Connection, limits: &Limits) -> Result<u32, rusqlite::Error> {
     let page_size: u32 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
     Ok(pages_for(limits.max_database_bytes, page_size))
 }

@@ -3,113 +3,16 @@
 
 mod common;
 
-use common::fleet::{OneNode, one_node_at};
-use common::free_port;
-use serde_json::{Value as Json, json};
-use std::sync::Arc;
-use std::time::Duration;
-use walrelay_engine::http::auth::{ApiToken, Auth, Permission, Scope};
-use walrelay_engine::http::server::{HttpConfig, HttpServer, Node, Role, serve};
-use walrelay_engine::http::token_store::{self, TokenStore};
-use walrelay_engine::{Database, Options};
-
-struct Fixture {
-    _dir: tempfile::TempDir,
-    node: OneNode,
-    _server: HttpServer,
-    url: String,
-    admin: ApiToken,
-    reader: ApiToken,
-    scoped: ApiToken,
-    agent: ureq::Agent,
-}
-
-struct Reply {
-    status: u16,
-    json: Json,
-}
+use common::fleet::{HttpFleet as Fixture, Reply, Tuning};
+use serde_json::json;
 
 fn fixture() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens");
-    let admin = token_store::create(&tokens, Scope::All, Permission::ReadWrite).unwrap();
-    let reader = token_store::create(&tokens, Scope::All, Permission::Read).unwrap();
-    let scoped = token_store::create(
-        &tokens,
-        Scope::Database("main".into()),
-        Permission::ReadWrite,
-    )
-    .unwrap();
-    let addr = free_port();
-    let url = format!("http://{addr}");
-    let node = one_node_at(&url, dir.path(), 16, 60_000, 60_000);
-    let main = Database::open(dir.path().join("main.db"), Options::default()).unwrap();
-    let http = Node::new(
-        Role::Primary(main),
-        HttpConfig::default(),
-        Auth::Tokens(Arc::new(TokenStore::open(&tokens).unwrap())),
-    )
-    .with_fleet(Arc::clone(&node.fleet));
-    let server = serve(Arc::new(http), addr).unwrap();
-    let agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs(30)))
-        .http_status_as_error(false)
-        .build()
-        .new_agent();
-    Fixture {
-        _dir: dir,
-        node,
-        _server: server,
-        url,
-        admin,
-        reader,
-        scoped,
-        agent,
-    }
-}
-
-impl Fixture {
-    fn call(
-        &self,
-        method: &str,
-        path: &str,
-        token: Option<&ApiToken>,
-        body: Option<&str>,
-    ) -> Reply {
-        let url = format!("{}{path}", self.url);
-        let auth = token.map(|t| t.bearer()).unwrap_or_default();
-        let resp = match method {
-            "POST" => self
-                .agent
-                .post(&url)
-                .header("authorization", &auth)
-                .send(body.unwrap_or("").as_bytes()),
-            "DELETE" => self
-                .agent
-                .delete(&url)
-                .header("authorization", &auth)
-                .call(),
-            _ => self.agent.get(&url).header("authorization", &auth).call(),
-        };
-        let mut resp = resp.expect("the node answers");
-        let status = resp.status().as_u16();
-        let text = resp.body_mut().read_to_string().unwrap();
-        let json = serde_json::from_str(&text).unwrap_or(Json::String(text));
-        Reply { status, json }
-    }
-
-    fn admin(&self, method: &str, path: &str, body: Option<Json>) -> Reply {
-        let body = body.map(|b| b.to_string());
-        self.call(method, path, Some(&self.admin), body.as_deref())
-    }
-
-    fn query(&self, db: &str, sql: &str) -> Reply {
-        self.admin(
-            "POST",
-            &format!("/v1/databases/{db}/query"),
-            Some(json!({ "sql": sql })),
-        )
-    }
+    Fixture::start(Tuning {
+        max_open: 16,
+        idle_close_ms: 60_000,
+        heartbeat_ms: 60_000,
+        limits: false,
+    })
 }
 
 fn refused(r: &Reply, status: u16, what: &str) {

@@ -115,12 +115,49 @@ struct AccountFacts {
     storage_over: bool,
 }
 
+/// The control plane's limit pipeline: the size queue, the analytics
+/// table and the limit cache ([`super::limits`]).
+#[derive(Debug)]
+pub struct LimitsService {
+    pub queue: super::limits::SizeQueue,
+    pub analytics: super::limits::Analytics,
+    pub keys: super::limits::LimitKeys,
+    /// Consumer threads writing sizes to the catalog (capped, so a spike
+    /// of reports cannot overload it).
+    pub consumers: usize,
+    /// Sizes per consumer batch.
+    pub consumer_batch: usize,
+    /// How often deltas are folded into account totals (D1: 1 s).
+    pub fold_ms: u64,
+    /// How often the limiter looks for accounts over their daily rows.
+    pub limiter_ms: u64,
+}
+
+impl LimitsService {
+    /// Opens the queue and analytics files in `dir`.
+    pub fn open(dir: &std::path::Path) -> Result<LimitsService, super::limits::LimitsError> {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            super::limits::LimitsError::Malformed(format!("{}: {e}", dir.display()))
+        })?;
+        Ok(LimitsService {
+            queue: super::limits::SizeQueue::open(&dir.join("size-queue.db"))?,
+            analytics: super::limits::Analytics::open(&dir.join("analytics.db"))?,
+            keys: super::limits::LimitKeys::default(),
+            consumers: 2,
+            consumer_batch: 10_000,
+            fold_ms: 1_000,
+            limiter_ms: 10_000,
+        })
+    }
+}
+
 /// The control plane.
 #[derive(Debug)]
 pub struct ControlPlane {
     catalog: Arc<dyn Catalog>,
     hosts: Vec<HostNode>,
     config: ControlConfig,
+    limits: Option<Arc<LimitsService>>,
     account_cache: Mutex<HashMap<(AccountId, i64), AccountFacts>>,
     next_host: std::sync::atomic::AtomicUsize,
 }
@@ -133,7 +170,108 @@ impl ControlPlane {
             config,
             account_cache: Mutex::new(HashMap::new()),
             next_host: Default::default(),
+            limits: None,
         }
+    }
+
+    /// Runs the limit pipeline too.
+    pub fn with_limits(mut self, limits: LimitsService) -> ControlPlane {
+        self.limits = Some(Arc::new(limits));
+        self
+    }
+
+    pub fn limits(&self) -> Option<&Arc<LimitsService>> {
+        self.limits.as_ref()
+    }
+
+    /// Takes a host node's report (sizes into the durable queue, usage
+    /// into the analytics table) and answers with the limit cache's keys.
+    pub fn report(
+        &self,
+        report: &super::limits::Report,
+    ) -> Result<super::limits::ReportAnswer, ControlError> {
+        let Some(l) = &self.limits else {
+            return Ok(super::limits::ReportAnswer::default());
+        };
+        let failed = |e: super::limits::LimitsError| ControlError::Unreachable(e.to_string());
+        if !report.sizes.is_empty() {
+            l.queue.push(&report.sizes).map_err(failed)?;
+        }
+        if !report.usage.is_empty() {
+            l.analytics.insert(&report.usage).map_err(failed)?;
+        }
+        Ok(super::limits::ReportAnswer {
+            blocked: l.keys.live(),
+        })
+    }
+
+    /// Starts the limit jobs (consumers, the fold, the limiter) until
+    /// `stop` is set.
+    pub fn start_jobs(
+        self: &Arc<Self>,
+        stop: Arc<std::sync::atomic::AtomicBool>,
+    ) -> Vec<std::thread::JoinHandle<()>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        use std::time::Duration;
+        let Some(l) = self.limits.clone() else {
+            return Vec::new();
+        };
+        let mut threads = Vec::new();
+        for i in 0..l.consumers.max(1) {
+            let (cp, l, stop) = (Arc::clone(self), Arc::clone(&l), Arc::clone(&stop));
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("walrelay-sizes-{i}"))
+                    .spawn(move || {
+                        while !stop.load(Relaxed) {
+                            match super::limits::consume(
+                                &l.queue,
+                                cp.catalog.as_ref(),
+                                l.consumer_batch,
+                            ) {
+                                Ok(0) => std::thread::sleep(Duration::from_millis(50)),
+                                Ok(_) => {}
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "size consumer failed");
+                                    std::thread::sleep(Duration::from_millis(500));
+                                }
+                            }
+                        }
+                    })
+                    .expect("spawning a size consumer"),
+            );
+        }
+        let (cp, jl, jstop) = (Arc::clone(self), Arc::clone(&l), Arc::clone(&stop));
+        threads.push(
+            std::thread::Builder::new()
+                .name("walrelay-limits".into())
+                .spawn(move || {
+                    let mut next_fold = std::time::Instant::now();
+                    let mut next_limiter = std::time::Instant::now();
+                    while !jstop.load(Relaxed) {
+                        let now = std::time::Instant::now();
+                        if now >= next_fold {
+                            next_fold = now + Duration::from_millis(jl.fold_ms.max(1));
+                            if let Err(e) = cp.catalog.fold_size_deltas() {
+                                tracing::warn!(error = %e, "folding size deltas failed");
+                            }
+                        }
+                        if now >= next_limiter {
+                            next_limiter = now + Duration::from_millis(jl.limiter_ms.max(1));
+                            if let Err(e) = super::limits::Limiter::run_once(
+                                &jl.analytics,
+                                cp.catalog.as_ref(),
+                                &jl.keys,
+                            ) {
+                                tracing::warn!(error = %e, "the limiter failed");
+                            }
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                })
+                .expect("spawning the limit jobs"),
+        );
+        threads
     }
 
     pub fn catalog(&self) -> &Arc<dyn Catalog> {

@@ -138,6 +138,7 @@ pub fn run(fleet: Arc<Fleet>, stop: Arc<std::sync::atomic::AtomicBool>) {
     while !stop.load(Ordering::Relaxed) {
         beat_due(&fleet, &mut due);
         fleet.send_routes();
+        fleet.send_report();
         if let Some(host) = &fleet.host {
             host.close_idle();
         }

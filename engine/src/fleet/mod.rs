@@ -26,7 +26,9 @@ pub mod catalog;
 pub mod control;
 pub mod heartbeat;
 pub mod host;
+pub mod limits;
 pub mod link;
+pub mod metering;
 pub mod names;
 pub mod routes;
 
@@ -111,9 +113,11 @@ pub struct Fleet {
     pub reads: Arc<catalog::CatalogReads>,
     pub stats: FleetStats,
     storage_over: Mutex<HashSet<DatabaseId>>,
+    /// Rows and sizes for the limits, and the limit cache's keys.
+    pub metering: metering::Metering,
     internal: link::Internal,
     stop: Arc<AtomicBool>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    thread: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 impl Fleet {
@@ -133,26 +137,31 @@ impl Fleet {
             reads,
             stats: FleetStats::default(),
             storage_over: Mutex::new(HashSet::new()),
+            metering: metering::Metering::default(),
             stop: Arc::new(AtomicBool::new(false)),
-            thread: Mutex::new(None),
+            thread: Mutex::new(Vec::new()),
         }
     }
 
     /// Starts the heartbeat and idle-closing thread.
     pub fn start(self: &Arc<Fleet>) {
         let (fleet, stop) = (Arc::clone(self), Arc::clone(&self.stop));
-        *self.thread.lock() = Some(
+        let mut threads = self.thread.lock();
+        threads.push(
             std::thread::Builder::new()
                 .name("walrelay-heartbeat".into())
                 .spawn(move || heartbeat::run(fleet, stop))
                 .expect("spawning the heartbeat thread"),
         );
+        if let Some(control) = &self.control {
+            threads.extend(control.start_jobs(Arc::clone(&self.stop)));
+        }
     }
 
     /// Stops the thread and closes every hosted database.
     pub fn stop(&self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(t) = self.thread.lock().take() {
+        for t in self.thread.lock().drain(..) {
             let _ = t.join();
         }
         if let Some(h) = &self.host {
@@ -183,6 +192,27 @@ impl Fleet {
             (Some(c), _) => c.heartbeat(beat),
             (None, Some(url)) => link::remote_heartbeat(&self.internal, url, beat),
             (None, None) => Err(ControlError::NoHost),
+        }
+    }
+
+    /// Sends this tick's report (usage, changed sizes) to the control
+    /// plane and takes the limit cache's keys from its answer.
+    pub fn send_report(&self) {
+        let report = self.metering.collect(self.host.as_deref());
+        let answer = match (&self.control, &self.config.control_url) {
+            (Some(c), _) => c.report(&report),
+            (None, Some(url)) => self
+                .internal
+                .post(url, "/internal/fleet/report", &report)
+                .map_err(|e| ControlError::Unreachable(e.to_string())),
+            (None, None) => return,
+        };
+        match answer {
+            Ok(a) => self.metering.apply(&a),
+            Err(e) => {
+                tracing::warn!(error = %e, "the usage report was not delivered; it is sent again");
+                self.metering.undelivered(report);
+            }
         }
     }
 
@@ -226,6 +256,12 @@ impl Fleet {
             .as_ref()
             .ok_or_else(|| FleetError::Elsewhere(route.name.clone()))?;
         let open = host.acquire(DatabaseId(route.database_id))?;
+        let frozen = self.storage_over(open.id());
+        if open.database().growth_frozen() != frozen {
+            if let Err(e) = open.database().freeze_growth(frozen) {
+                tracing::warn!(database = %open.id(), error = %e, "could not change the growth limit");
+            }
+        }
         // A stale route may lead to a later database's id with an old
         // uuid, or the reverse: the database's own record decides.
         if open.state.uuid != route.uuid {
@@ -235,11 +271,26 @@ impl Fleet {
     }
 
     pub(crate) fn set_storage_over(&self, id: DatabaseId, over: bool) {
-        let mut set = self.storage_over.lock();
-        if over {
-            set.insert(id);
-        } else {
-            set.remove(&id);
+        {
+            let mut set = self.storage_over.lock();
+            if over {
+                set.insert(id);
+            } else {
+                set.remove(&id);
+            }
+        }
+        // An open database applies it now; one opened later on acquire.
+        if let Some(host) = &self.host {
+            if let Some(open) = host
+                .open_ids()
+                .contains(&id)
+                .then(|| host.acquire(id).ok())
+                .flatten()
+            {
+                if let Err(e) = open.database().freeze_growth(over) {
+                    tracing::warn!(database = %id, error = %e, "could not change the growth limit");
+                }
+            }
         }
     }
 

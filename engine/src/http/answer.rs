@@ -15,6 +15,8 @@ pub mod codes {
     pub const TOO_LARGE: u32 = 7413;
     pub const RESPONSE_TOO_LARGE: u32 = 7414;
     pub const SQL: u32 = 7500;
+    /// An account limit (storage, daily rows) refused the query.
+    pub const LIMIT: u32 = 7429;
     pub const UNAVAILABLE: u32 = 7503;
     pub const INTERNAL: u32 = 7000;
     /// Missing or invalid credentials (401), or a token that does not
@@ -33,6 +35,9 @@ pub struct Answer {
     pub(super) served: Option<Vec<(bool, String)>>,
     /// Seconds for a `Retry-After` header (a 503 the client should retry).
     pub retry_after_s: Option<u32>,
+    /// Rows read and written by the statements answered here (the
+    /// fleet's usage events).
+    pub(super) usage: Option<(u64, u64)>,
 }
 
 impl Answer {
@@ -53,6 +58,7 @@ impl Answer {
                     .collect(),
             ),
             retry_after_s: None,
+            usage: None,
         }
     }
     /// A relayed answer, as the primary sent it.
@@ -63,6 +69,7 @@ impl Answer {
             body: raw.body,
             served: None,
             retry_after_s: raw.retry_after_s,
+            usage: None,
         }
     }
 
@@ -78,6 +85,7 @@ impl Answer {
             body,
             served: None,
             retry_after_s: None,
+            usage: None,
         }
     }
 }
@@ -127,6 +135,7 @@ pub(super) fn query_error(e: &QueryError) -> (u16, u32) {
         | QueryError::TooManyColumns { .. }
         | QueryError::DatabaseFull { .. }
         | QueryError::ReadOnlyReplica => (400, codes::SQL),
+        QueryError::StorageLimit => (429, codes::LIMIT),
         QueryError::Timeout { .. } => (400, codes::TIMEOUT),
         QueryError::ResponseTooLarge { .. } => (400, codes::RESPONSE_TOO_LARGE),
         QueryError::NotConfirmed { .. }

@@ -124,6 +124,19 @@ pub(super) async fn internal_route(
                     },
                 },
             },
+            "report" => match serde_json::from_slice::<crate::fleet::limits::Report>(&body) {
+                Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+                Ok(report) => match fleet.control() {
+                    Err(_) => error(
+                        StatusCode::NOT_FOUND,
+                        "this node does not run the control plane",
+                    ),
+                    Ok(c) => match c.report(&report) {
+                        Ok(a) => axum::Json(a).into_response(),
+                        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+                    },
+                },
+            },
             "routes" => match serde_json::from_slice::<Vec<RouteChange>>(&body) {
                 Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
                 Ok(changes) => match fleet.routes.apply(&changes) {

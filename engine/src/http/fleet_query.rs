@@ -90,7 +90,21 @@ impl Node {
             }
             Err(e) => return fleet_error(&e),
         };
-        self.run_on(open.database(), caller, constraint, body, cancel)
+        // The limit cache's key for the account (memory only).
+        if fleet.metering.keys.blocked(&route.account) {
+            return Answer::error(
+                429,
+                codes::LIMIT,
+                "the account exceeded its daily rows limit (free plan); queries are refused until the end of the day (UTC)",
+            );
+        }
+        let answer = self.run_on(open.database(), caller, constraint, body, cancel);
+        if let Some((read, written)) = answer.usage {
+            fleet
+                .metering
+                .record(&route.uuid, &route.account, read, written);
+        }
+        answer
     }
 
     fn pass_query(

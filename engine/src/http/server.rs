@@ -414,7 +414,13 @@ impl Node {
         let result = run_body(&session, body);
         let bookmark = session.bookmark().map(|b| b.to_string());
         match result {
-            Ok(results) => Routed::Done(Answer::json(200, bookmark, &Response::ok(&results))),
+            Ok(results) => {
+                let mut a = Answer::json(200, bookmark, &Response::ok(&results));
+                a.usage = Some(results.iter().fold((0, 0), |(r, w), q| {
+                    (r + q.meta.rows_read, w + q.meta.rows_written)
+                }));
+                Routed::Done(a)
+            }
             Err(QueryError::ReadOnlyReplica) => Routed::Forward(Forward::Write),
             Err(QueryError::ReplicaBehind { .. }) => Routed::Forward(Forward::Behind),
             Err(e) => {

@@ -1,17 +1,24 @@
 //! A one-node fleet in this process: an embedded catalog, a host, the
 //! control plane and the routing table, with hooks to inject faults.
 
+use serde_json::{Value as Json, json};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 use walrelay_engine::fleet::catalog::{
     AccountLimits, Catalog, CatalogError, CatalogReads, DatabaseRow, Page, SqliteCatalog,
 };
-use walrelay_engine::fleet::control::{ControlConfig, ControlPlane, HostApi, HostNode};
+use walrelay_engine::fleet::control::{
+    ControlConfig, ControlPlane, HostApi, HostNode, LimitsService,
+};
 use walrelay_engine::fleet::host::{Host, HostConfig, HostError, LocalOpener};
 use walrelay_engine::fleet::names::{AccountId, DatabaseName, DatabaseUuid};
 use walrelay_engine::fleet::routes::Routes;
 use walrelay_engine::fleet::{Fleet, FleetConfig, LocalHostApi};
+use walrelay_engine::http::auth::{ApiToken, Auth, Permission, Scope};
+use walrelay_engine::http::server::{HttpConfig, HttpServer, Node, Role, serve};
+use walrelay_engine::http::token_store::{self, TokenStore};
 use walrelay_engine::{Database, Options};
 use walrelay_replicator::DatabaseId;
 
@@ -132,6 +139,35 @@ pub fn one_node_at(
     idle_close_ms: u64,
     heartbeat_ms: u64,
 ) -> OneNode {
+    one_node_tuned(
+        url,
+        dir,
+        Tuning {
+            max_open,
+            idle_close_ms,
+            heartbeat_ms,
+            limits: false,
+        },
+    )
+}
+
+/// How a test's one-node fleet runs.
+pub struct Tuning {
+    pub max_open: usize,
+    pub idle_close_ms: u64,
+    pub heartbeat_ms: u64,
+    /// Runs the limit pipeline with intervals of tens of milliseconds.
+    pub limits: bool,
+}
+
+/// A one-node fleet with every knob.
+pub fn one_node_tuned(url: &str, dir: &Path, t: Tuning) -> OneNode {
+    let Tuning {
+        max_open,
+        idle_close_ms,
+        heartbeat_ms,
+        limits,
+    } = t;
     let reads = Arc::new(CatalogReads::default());
     let catalog_db =
         Database::open(dir.join("catalog.db"), Options::default()).expect("catalog opens");
@@ -175,11 +211,32 @@ pub fn one_node_at(
             location: "local".into(),
             api: Arc::clone(&api) as Arc<dyn HostApi>,
         }],
-        ControlConfig::default(),
+        if limits {
+            ControlConfig {
+                account_cache_bucket_ms: 100,
+                ..ControlConfig::default()
+            }
+        } else {
+            ControlConfig::default()
+        },
     ));
+    let control = if limits {
+        let mut service = LimitsService::open(&dir.join("limits")).expect("limits open");
+        service.consumers = 1;
+        service.fold_ms = 50;
+        service.limiter_ms = 100;
+        Arc::new(
+            Arc::try_unwrap(control)
+                .expect("not shared yet")
+                .with_limits(service),
+        )
+    } else {
+        control
+    };
     let mut config = FleetConfig::new(url.into());
     config.heartbeat_ms = heartbeat_ms;
     config.heartbeat_jitter_ms = 1;
+    config.tick_ms = 20;
     let fleet = Arc::new(Fleet::new(
         config,
         Arc::clone(&routes),
@@ -195,5 +252,118 @@ pub fn one_node_at(
         catalog,
         api,
         reads,
+    }
+}
+
+/// A one-node fleet behind a node's HTTP API, with tokens of each kind.
+pub struct HttpFleet {
+    pub node: OneNode,
+    pub server: Option<HttpServer>,
+    pub url: String,
+    pub admin: ApiToken,
+    pub reader: ApiToken,
+    pub scoped: ApiToken,
+    agent: ureq::Agent,
+    _dir: tempfile::TempDir,
+}
+
+/// A JSON answer.
+pub struct Reply {
+    pub status: u16,
+    pub json: Json,
+}
+
+impl HttpFleet {
+    /// Starts it (`tuning.limits` also starts the fleet's threads).
+    pub fn start(tuning: Tuning) -> HttpFleet {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = dir.path().join("tokens");
+        let admin = token_store::create(&tokens, Scope::All, Permission::ReadWrite).unwrap();
+        let reader = token_store::create(&tokens, Scope::All, Permission::Read).unwrap();
+        let scoped = token_store::create(
+            &tokens,
+            Scope::Database("main".into()),
+            Permission::ReadWrite,
+        )
+        .unwrap();
+        let addr = super::free_port();
+        let url = format!("http://{addr}");
+        let threads = tuning.limits;
+        let node = one_node_tuned(&url, dir.path(), tuning);
+        if threads {
+            node.fleet.start();
+        }
+        let main = Database::open(dir.path().join("main.db"), Options::default()).unwrap();
+        let http = Node::new(
+            Role::Primary(main),
+            HttpConfig::default(),
+            Auth::Tokens(Arc::new(TokenStore::open(&tokens).unwrap())),
+        )
+        .with_fleet(Arc::clone(&node.fleet));
+        let server = serve(Arc::new(http), addr).unwrap();
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(30)))
+            .http_status_as_error(false)
+            .build()
+            .new_agent();
+        HttpFleet {
+            _dir: dir,
+            node,
+            server: Some(server),
+            url,
+            admin,
+            reader,
+            scoped,
+            agent,
+        }
+    }
+
+    pub fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&ApiToken>,
+        body: Option<&str>,
+    ) -> Reply {
+        let url = format!("{}{path}", self.url);
+        let auth = token.map(|t| t.bearer()).unwrap_or_default();
+        let resp = match method {
+            "POST" => self
+                .agent
+                .post(&url)
+                .header("authorization", &auth)
+                .send(body.unwrap_or("").as_bytes()),
+            "DELETE" => self
+                .agent
+                .delete(&url)
+                .header("authorization", &auth)
+                .call(),
+            _ => self.agent.get(&url).header("authorization", &auth).call(),
+        };
+        let mut resp = resp.expect("the node answers");
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap();
+        let json = serde_json::from_str(&text).unwrap_or(Json::String(text));
+        Reply { status, json }
+    }
+
+    pub fn admin(&self, method: &str, path: &str, body: Option<Json>) -> Reply {
+        let body = body.map(|b| b.to_string());
+        self.call(method, path, Some(&self.admin), body.as_deref())
+    }
+
+    pub fn query(&self, db: &str, sql: &str) -> Reply {
+        self.admin(
+            "POST",
+            &format!("/v1/databases/{db}/query"),
+            Some(json!({ "sql": sql })),
+        )
+    }
+}
+
+impl Drop for HttpFleet {
+    fn drop(&mut self) {
+        self.server.take();
+        self.node.fleet.stop();
     }
 }
