@@ -200,6 +200,7 @@ pub fn node(a: NodeArgs) -> Result<()> {
     config.auth = InternalAuth::new(key.as_ref());
     config.heartbeat_ms = a.heartbeat_ms;
     config.heartbeat_jitter_ms = a.heartbeat_jitter_ms;
+    config.orphan_grace_ms = a.heartbeat_ms.max(60_000);
     let fleet = Arc::new(Fleet::new(
         config,
         routes,

@@ -92,6 +92,15 @@ pub fn beat_one(fleet: &Fleet, id: DatabaseId) -> Result<(), BeatError> {
         return Ok(());
     };
     match answer.verdict {
+        Verdict::Deleted
+            if state.lifecycle == Lifecycle::Initialised
+                && super::catalog::now_ms() - state.created_at_ms
+                    < fleet.config.orphan_grace_ms as i64 =>
+        {
+            // Its creation may still be writing the catalog row: only an
+            // initialised database older than any creation attempt is an
+            // orphan.
+        }
         Verdict::Deleted => {
             tracing::warn!(database = %id, %uuid, "heartbeat: the catalog does not know this database as live; marking it deleted");
             host.delete(id)?;

@@ -53,6 +53,9 @@ pub struct FleetConfig {
     pub heartbeat_ms: u64,
     /// Most extra delay added per database.
     pub heartbeat_jitter_ms: u64,
+    /// An initialised database the catalog does not know is an orphan
+    /// only once it is this old (its creation may still be running).
+    pub orphan_grace_ms: u64,
     /// How often the heartbeat thread looks for due beats and idle
     /// databases.
     pub tick_ms: u64,
@@ -72,6 +75,7 @@ impl FleetConfig {
             default_account: AccountId::default_account(),
             heartbeat_ms: 30_000,
             heartbeat_jitter_ms: 5_000,
+            orphan_grace_ms: 60_000,
             tick_ms: 250,
             control_url: None,
             peers: Vec::new(),

@@ -236,6 +236,7 @@ pub fn one_node_tuned(url: &str, dir: &Path, t: Tuning) -> OneNode {
     let mut config = FleetConfig::new(url.into());
     config.heartbeat_ms = heartbeat_ms;
     config.heartbeat_jitter_ms = 1;
+    config.orphan_grace_ms = heartbeat_ms;
     config.tick_ms = 20;
     let fleet = Arc::new(Fleet::new(
         config,
