@@ -303,6 +303,18 @@ impl FollowerHost {
             })
     }
 
+    /// Creates (or opens) database `id` as a leader's handshake would:
+    /// refused with [`HostError::Full`] past `max_databases`, or
+    /// [`HostError::Busy`] when `max_open` are open and all in use.
+    pub fn create(&self, id: DatabaseId) -> Result<FollowerDb, HostError> {
+        let mut reg = self.shared.registry.lock();
+        self.shared.resolve(&mut reg, id, true)?;
+        Ok(FollowerDb {
+            host: Arc::clone(&self.shared),
+            id,
+        })
+    }
+
     /// Every database this host holds, in id order.
     pub fn databases(&self) -> Vec<DatabaseId> {
         let mut ids: Vec<DatabaseId> = self.shared.registry.lock().slots.keys().copied().collect();
