@@ -477,7 +477,11 @@ impl Shared {
         let Some(db) = slot.open.clone().filter(|_| slot.users == 0) else {
             return false;
         };
-        let mut core = db.core.lock();
+        // Busy (a sync round holds it): not idle, and the registry must
+        // not wait behind a sync.
+        let Some(mut core) = db.core.try_lock() else {
+            return false;
+        };
         if core.closed || !Db::closable(&core) {
             return false;
         }
