@@ -10,6 +10,7 @@ use walrelay_archive::{
     Archiver, ArchiverConfig, ArchiverStats, Flush, Source, SourceError, Store,
 };
 use walrelay_replicator::node::follower::FollowerNode;
+use walrelay_replicator::node::follower_db::FollowerDb;
 use walrelay_replicator::{Bookmark, Epoch};
 
 /// How often the uploader looks at the log.
@@ -47,6 +48,44 @@ impl Source for NodeSource {
     }
 }
 
+/// One database of a follower host as the uploader sees it. The questions
+/// that cannot fail on a single-database follower answer "nothing yet"
+/// (ZERO, 0) if the host cannot open the database right now; the next
+/// round asks again.
+struct DbSource(FollowerDb);
+
+impl Source for DbSource {
+    fn confirmed(&self) -> Bookmark {
+        self.0.confirmed().unwrap_or(Bookmark::ZERO)
+    }
+    fn epoch(&self) -> Epoch {
+        self.0.epoch().unwrap_or(Epoch(0))
+    }
+    fn log_start(&self) -> Bookmark {
+        self.0.log_start().unwrap_or(Bookmark::ZERO)
+    }
+    fn read_confirmed(
+        &self,
+        after: Bookmark,
+        max_bytes: usize,
+    ) -> Result<Vec<bytes::Bytes>, SourceError> {
+        Ok(self.0.read_confirmed(after, max_bytes)?)
+    }
+    fn disk_bytes(&self) -> u64 {
+        self.0.disk_bytes().unwrap_or(0)
+    }
+    fn release_point(&self, keep_bytes: u64) -> Bookmark {
+        // Nothing to release when it cannot be asked: the log's start.
+        self.0
+            .release_point(keep_bytes)
+            .unwrap_or_else(|_| self.log_start())
+    }
+    fn release_through(&self, upto: Bookmark) -> Result<(), SourceError> {
+        self.0.release_through(upto)?;
+        Ok(())
+    }
+}
+
 /// The uploader thread of one follower.
 #[derive(Debug)]
 pub struct Uploader {
@@ -62,6 +101,23 @@ impl Uploader {
         store: Store,
         config: ArchiverConfig,
     ) -> std::io::Result<Uploader> {
+        Self::start_source(NodeSource(node), store, config)
+    }
+
+    /// Starts uploading one database of a follower host.
+    pub fn start_db(
+        db: FollowerDb,
+        store: Store,
+        config: ArchiverConfig,
+    ) -> std::io::Result<Uploader> {
+        Self::start_source(DbSource(db), store, config)
+    }
+
+    fn start_source(
+        source: impl Source + 'static,
+        store: Store,
+        config: ArchiverConfig,
+    ) -> std::io::Result<Uploader> {
         let mut archiver = Archiver::new(store, config);
         let stats = archiver.stats();
         let stop = Arc::new(AtomicBool::new(false));
@@ -69,7 +125,6 @@ impl Uploader {
         let thread = std::thread::Builder::new()
             .name("walrelay-archiver".into())
             .spawn(move || {
-                let source = NodeSource(node);
                 while !flag.load(Ordering::Relaxed) {
                     let _ = archiver.round(&source, Flush::No);
                     std::thread::sleep(ROUND_EVERY);

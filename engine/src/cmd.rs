@@ -28,7 +28,7 @@ use walrelay_engine::replication::{
 };
 use walrelay_engine::{Constraint, ReplicaOptions, Value};
 use walrelay_replicator::net::Backend;
-use walrelay_replicator::node::follower::{FollowerNode, FollowerNodeConfig};
+use walrelay_replicator::node::follower_host::{FollowerHost, FollowerHostConfig};
 use walrelay_replicator::{ClusterKey, DatabaseId};
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -124,6 +124,11 @@ pub struct FollowerArgs {
     /// The other followers (catch-up sources), comma-separated.
     #[arg(long, default_value = "", value_parser = parse_addrs)]
     pub peers: Addrs,
+    /// The follower serves every database a leader introduces (each in
+    /// DIR/db/<id>/); this one keeps the single-database layout in DIR
+    /// itself, serves connections that do not name a database (older
+    /// peers), and is the one archived (one archiver per database is to
+    /// come).
     #[arg(long, default_value_t = 1)]
     pub database: u64,
     /// Transport: auto, std or io_uring.
@@ -150,48 +155,53 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
         .context("opening the cold store")?;
     install_stop_handler();
     let auth = auth.key("follower")?;
-    let node = Arc::new(
-        FollowerNode::start(FollowerNodeConfig {
-            database: DatabaseId(database),
-            listen,
-            dir: dir.clone(),
-            peers,
-            segment_bytes: 64 << 20,
-            backend: net,
-            auth,
-            catch_up_batch_bytes: walrelay_replicator::node::follower::CATCH_UP_BATCH_BYTES,
-        })
-        .with_context(|| format!("starting follower in {}", dir.display()))?,
-    );
-    let r = node.recovery();
+    let legacy = DatabaseId(database);
+    let mut config = FollowerHostConfig::new(listen, dir.clone());
+    config.peers = peers;
+    config.segment_bytes = 64 << 20;
+    config.backend = net;
+    config.auth = auth;
+    config.legacy = Some(legacy);
+    let host = FollowerHost::start(config)
+        .with_context(|| format!("starting follower in {}", dir.display()))?;
+    let node = host
+        .database(legacy)
+        .context("the follower's own database is not held")?;
+    let durable = || {
+        node.durable()
+            .map(|b| b.to_string())
+            .unwrap_or_else(|e| e.to_string())
+    };
+    let r = host.recovery(legacy).unwrap_or_default();
     if let Some(good) = r.mid_log_corruption {
         eprintln!(
             "follower {}: a damaged record after {good} in the middle of the log ({} records after it quarantined in {}/log/quarantine); they are fetched again from the leader and peers",
-            node.addr(),
+            host.addr(),
             r.records_after_corruption,
             dir.display()
         );
     }
     println!(
-        "follower {} listening, log at {} ({} records, {} torn bytes cut, transport {}, storage {})",
-        node.addr(),
-        node.durable(),
+        "follower {} listening, log at {} ({} records, {} torn bytes cut, transport {}, storage {}); other databases a leader introduces are kept in {}/db",
+        host.addr(),
+        durable(),
         r.records,
         r.cut_bytes,
-        node.backend(),
-        node.storage_backend()
+        host.backend(),
+        host.storage_backend(),
+        dir.display()
     );
     let uploader = match archive {
         Some((store, config)) => {
             println!(
-                "follower {} archiving to {} (rank {}, log starts at {})",
-                node.addr(),
+                "follower {} archiving database {legacy} to {} (rank {}, log starts at {})",
+                host.addr(),
                 store.url(),
                 config.rank,
-                node.log_start()
+                node.log_start().unwrap_or_default()
             );
             Some(
-                walrelay_engine::archiving::Uploader::start(Arc::clone(&node), store, config)
+                walrelay_engine::archiving::Uploader::start_db(node.clone(), store, config)
                     .context("starting the archiver")?,
             )
         }
@@ -200,20 +210,25 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
     let mut last_report = Instant::now();
     while !stopping() {
         std::thread::sleep(Duration::from_millis(50));
-        if let Some(why) = node.broken() {
+        if let Some((id, why)) = host.broken().into_iter().next() {
             // Exit loudly: a supervisor restarts it, and the restart cuts
-            // the log back to what was durable before the failure.
-            bail!("follower {} stopped taking records: {why}", node.addr());
+            // every log back to what was durable before the failure.
+            bail!(
+                "follower {} stopped taking records for database {id}: {why}",
+                host.addr()
+            );
         }
         if let Some(u) = &uploader
             && last_report.elapsed() >= Duration::from_secs(10)
         {
             last_report = Instant::now();
             println!(
-                "follower {} log_bytes={} log_start={} {}",
-                node.addr(),
-                node.disk_bytes(),
-                node.log_start(),
+                "follower {} log_bytes={} log_start={} databases={} open={} {}",
+                host.addr(),
+                node.disk_bytes().unwrap_or(0),
+                node.log_start().unwrap_or_default(),
+                host.databases().len(),
+                host.open_databases().len(),
                 u.summary()
             );
         }
@@ -221,7 +236,7 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
     if let Some(u) = uploader {
         u.stop();
     }
-    println!("follower {} stopping at {}", node.addr(), node.durable());
+    println!("follower {} stopping at {}", host.addr(), durable());
     Ok(())
 }
 

@@ -247,6 +247,44 @@ impl Follower {
         }
     }
 
+    /// The handshake opening a catch-up connection: names the database,
+    /// claims nothing (role follower).
+    fn introduction(&self) -> Message {
+        Message::Handshake {
+            database: self.database,
+            epoch: self.promise.epoch,
+            role: Role::Follower,
+            node: NodeId::NONE,
+            last_durable: self.durable.last,
+            last_chain: self.durable.chain,
+            confirmed: self.confirmed.min(self.durable.last),
+            history: History::new(),
+        }
+    }
+
+    /// The same follower, knowing `confirmed` was confirmed (what it knew
+    /// before its state was set aside, e.g. by a host closing an idle
+    /// database); never past its durable end.
+    pub fn with_confirmed(mut self, confirmed: Bookmark) -> Follower {
+        self.confirmed = self.confirmed.max(confirmed.min(self.durable.last));
+        self
+    }
+
+    pub fn database(&self) -> DatabaseId {
+        self.database
+    }
+
+    /// Whether a sync is asked for or running: the log holds records not
+    /// yet acknowledged as durable.
+    pub fn sync_pending(&self) -> bool {
+        self.sync_in_flight.is_some() || self.sync_wanted
+    }
+
+    /// Whether catch-up is dialing or streaming.
+    pub fn catching_up(&self) -> bool {
+        self.catch_up != CatchUp::Idle
+    }
+
     fn send(peer: PeerId, message: Message) -> FollowerAction {
         FollowerAction::Send { peer, message }
     }
@@ -344,6 +382,10 @@ impl Follower {
                 if self.catch_up == CatchUp::Dialing {
                     let from = self.appended.last;
                     self.catch_up = CatchUp::From { peer, from };
+                    // Introduce the connection first: a peer serving many
+                    // databases routes it by the database named here (one
+                    // serving a single one ignores a follower's handshake).
+                    out.push(Self::send(peer, self.introduction()));
                     out.push(Self::send(peer, Message::CatchUp { from }));
                 } else {
                     out.push(FollowerAction::Close { peer });

@@ -5,9 +5,12 @@
 //! ```text
 //! <dir>/<index:016x>.seg   index = 0, 1, 2, ... (or from the first index
 //!                           the `released` marker keeps); each segment is
-//!                           set to `segment_bytes` at creation (or to the
-//!                           size of a larger record, which then has a
-//!                           segment of its own) and holds records
+//!                           set to its size at creation (`segment_bytes`,
+//!                           or with growth, see `grow_from`, the first
+//!                           small and each next twice the newest up to
+//!                           `segment_bytes`; or the size of a larger
+//!                           record, which then has a segment of its own)
+//!                           and holds records
 //!                           (see `record`) back to back from offset 0;
 //!                           the rest is zero (a zero magic ends the scan)
 //! <dir>/released           where the log starts once a prefix archived in
@@ -129,7 +132,7 @@ fn uring_forbidden() -> bool {
 enum Io {
     Std,
     #[cfg(target_os = "linux")]
-    Uring(Box<uring::SyncRing>),
+    Uring(Box<parking_lot::Mutex<uring::SyncRing>>),
 }
 
 impl std::fmt::Debug for Io {
@@ -153,7 +156,7 @@ impl Io {
         }
         #[cfg(target_os = "linux")]
         if let Ok(ring) = uring::SyncRing::new(RING_ENTRIES) {
-            return Io::Uring(Box::new(ring));
+            return Io::Uring(Box::new(parking_lot::Mutex::new(ring)));
         }
         Io::Std
     }
@@ -205,6 +208,10 @@ pub struct Recovery {
 pub struct SegmentLog {
     dir: PathBuf,
     segment_bytes: u64,
+    /// The size of a log's first segment (`segment_bytes` unless
+    /// `grow_from` set it lower): each later one doubles the newest, up to
+    /// `segment_bytes`.
+    first_segment_bytes: u64,
     /// Where the log starts: the bookmark before its first record (the
     /// last released one, or the start given to `open`).
     base: Bookmark,
@@ -313,8 +320,32 @@ impl SegmentLog {
         self.io.name()
     }
 
+    /// Makes new segments start small: the next one created is
+    /// `first_bytes` if the log has none (else twice the newest), each
+    /// later one twice the one before, up to `segment_bytes`. A database
+    /// that writes little then holds little on disk (a follower hosting
+    /// many databases), and a busy one reaches full-size segments after a
+    /// few rolls. Existing segments keep their sizes.
+    pub fn grow_from(&mut self, first_bytes: u64) {
+        self.first_segment_bytes = first_bytes.clamp(1, self.segment_bytes.max(1));
+    }
+
+    /// The size of the next segment: see `grow_from`.
+    fn next_segment_bytes(&self) -> u64 {
+        let newest = self.sizes.values().next_back().copied().unwrap_or(0);
+        newest
+            .saturating_mul(2)
+            .max(self.first_segment_bytes)
+            .min(self.segment_bytes)
+    }
+
+    /// Whether records are staged that no `sync` has written yet.
+    pub fn has_staged(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
     fn roll(&mut self, at_least: u64) -> Result<(), SegmentError> {
-        let size = self.segment_bytes.max(at_least);
+        let size = self.next_segment_bytes().max(at_least);
         let index = self
             .current
             .as_ref()
@@ -333,7 +364,7 @@ impl SegmentLog {
             .truncate(true)
             .open(&tmp)
             .map_err(io_at(&tmp))?;
-        let zeros = vec![0u8; 1 << 20];
+        let zeros = vec![0u8; (size.min(1 << 20)) as usize];
         let mut at = 0u64;
         while at < size {
             let n = (size - at).min(zeros.len() as u64) as usize;
@@ -422,7 +453,18 @@ impl SegmentLog {
             return Err(SegmentError::Failed);
         }
         let upto = self.last();
-        if let Err(e) = self.write_pending() {
+        let done = self.write_pending();
+        self.finish_sync(upto, done)
+    }
+
+    /// Ends a sync of everything staged up to `upto` that `done` says
+    /// succeeded or failed (see `sync`).
+    fn finish_sync(
+        &mut self,
+        upto: Bookmark,
+        done: Result<(), SegmentError>,
+    ) -> Result<Bookmark, SegmentError> {
+        if let Err(e) = done {
             self.failed = true;
             // Best effort: a reopen must not trust what this failed sync
             // may or may not have written (a retried fdatasync can report
@@ -436,25 +478,21 @@ impl SegmentLog {
         Ok(upto)
     }
 
-    fn write_pending(&mut self) -> Result<(), SegmentError> {
-        let SegmentLog {
-            dir,
-            current,
-            rolled,
-            pending,
-            io,
-            ..
-        } = self;
+    /// The staged writes, each with its segment's file, and the segments
+    /// they touch (each once, in order).
+    #[allow(clippy::type_complexity)]
+    fn staged(&self) -> Result<(Vec<(&File, &Pending)>, Vec<(u64, &File)>), SegmentError> {
         let mut touched: Vec<(u64, &File)> = Vec::new();
-        let mut writes = Vec::with_capacity(pending.len());
-        for p in pending.iter() {
-            let file = current
+        let mut writes = Vec::with_capacity(self.pending.len());
+        for p in &self.pending {
+            let file = self
+                .current
                 .iter()
-                .chain(rolled.iter())
+                .chain(self.rolled.iter())
                 .find(|(i, _)| *i == p.segment)
                 .map(|(_, f)| f)
                 .ok_or_else(|| SegmentError::Io {
-                    path: Self::segment_path(dir, p.segment),
+                    path: Self::segment_path(&self.dir, p.segment),
                     source: io::Error::other("staged record's segment is not open"),
                 })?;
             if touched.last().is_none_or(|(i, _)| *i != p.segment) {
@@ -462,7 +500,26 @@ impl SegmentLog {
             }
             writes.push((file, p));
         }
-        match io {
+        Ok((writes, touched))
+    }
+
+    /// The fdatasyncs a `sync` now would issue (one per touched segment).
+    pub fn staged_segments(&self) -> usize {
+        let mut n = 0;
+        let mut last = None;
+        for p in &self.pending {
+            if last != Some(p.segment) {
+                n += 1;
+                last = Some(p.segment);
+            }
+        }
+        n
+    }
+
+    fn write_pending(&self) -> Result<(), SegmentError> {
+        let (writes, touched) = self.staged()?;
+        let dir = &self.dir;
+        match &self.io {
             Io::Std => {
                 for (file, p) in writes {
                     file.write_all_at(&p.bytes, p.offset)
@@ -481,14 +538,19 @@ impl SegmentLog {
                     .map(|(file, p)| (file.as_fd(), p.offset, &p.bytes[..]))
                     .collect();
                 let syncs: Vec<_> = touched.iter().map(|(_, f)| f.as_fd()).collect();
-                ring.write_and_sync(&writes, &syncs).map_err(|source| {
-                    // One submission: the error is not tied to a segment.
-                    let path = match touched[..] {
-                        [(index, _)] => Self::segment_path(dir, index),
-                        _ => dir.clone(),
-                    };
-                    SegmentError::Io { path, source }
-                })?;
+                // The ring is behind a lock only so that `staged` can
+                // borrow the files while it runs (one sync at a time
+                // anyway: `sync` takes `&mut self`).
+                ring.lock()
+                    .write_and_sync(&writes, &syncs)
+                    .map_err(|source| {
+                        // One submission: the error is not tied to a segment.
+                        let path = match touched[..] {
+                            [(index, _)] => Self::segment_path(dir, index),
+                            _ => dir.clone(),
+                        };
+                        SegmentError::Io { path, source }
+                    })?;
             }
         }
         Ok(())
@@ -620,6 +682,10 @@ mod recovery;
 
 #[path = "segments_release.rs"]
 mod release;
+
+#[path = "segments_group.rs"]
+mod group;
+pub use group::{GroupSync, GroupSyncer};
 pub use release::Released;
 
 #[cfg(test)]

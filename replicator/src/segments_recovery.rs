@@ -64,6 +64,7 @@ impl SegmentLog {
         let mut log = SegmentLog {
             dir: dir.to_path_buf(),
             segment_bytes,
+            first_segment_bytes: segment_bytes,
             base,
             base_chain,
             base_history,

@@ -106,27 +106,38 @@ impl Subscriber {
         }
     }
 
+    fn introduction(&self, role: Role) -> Message {
+        Message::Handshake {
+            database: self.database,
+            epoch: self.confirmed.epoch,
+            role,
+            node: crate::ids::NodeId::NONE,
+            last_durable: self.confirmed,
+            // A replica keeps no chains: the leader places it by its
+            // confirmed bookmark, which every later history holds.
+            last_chain: crate::chain::ChainHash::GENESIS,
+            confirmed: self.confirmed,
+            history: crate::history::History::new(),
+        }
+    }
+
     pub fn handle(&mut self, event: SubscriberEvent) -> Vec<SubscriberAction> {
         let mut out = Vec::new();
         match event {
             SubscriberEvent::Connected(source) => {
                 self.discard(&mut out);
                 let message = match source {
-                    Source::Leader => Message::Handshake {
-                        database: self.database,
-                        epoch: self.confirmed.epoch,
-                        role: Role::Replica,
-                        node: crate::ids::NodeId::NONE,
-                        last_durable: self.confirmed,
-                        // A replica keeps no chains: the leader places it
-                        // by its confirmed bookmark, which every later
-                        // history holds.
-                        last_chain: crate::chain::ChainHash::GENESIS,
-                        confirmed: self.confirmed,
-                        history: crate::history::History::new(),
-                    },
+                    Source::Leader => self.introduction(Role::Replica),
                     Source::Follower => {
                         self.catch_up_from = self.confirmed;
+                        // Introduce the connection first: a follower
+                        // serving many databases routes it by the database
+                        // named here (one serving a single database ignores
+                        // a replica's handshake).
+                        out.push(SubscriberAction::Send(
+                            source,
+                            self.introduction(Role::Replica),
+                        ));
                         Message::CatchUp {
                             from: self.confirmed,
                         }
@@ -300,9 +311,21 @@ mod tests {
             ]
         );
         let a = s.handle(SubscriberEvent::Connected(Source::Follower));
+        // The connection names its database first (a host of many routes
+        // by it), then asks.
+        assert!(matches!(
+            &a[0],
+            SubscriberAction::Send(
+                Source::Follower,
+                Message::Handshake {
+                    role: Role::Replica,
+                    ..
+                }
+            )
+        ));
         assert_eq!(
-            a,
-            vec![SubscriberAction::Send(
+            a[1..],
+            [SubscriberAction::Send(
                 Source::Follower,
                 Message::CatchUp { from: b(0) }
             )]

@@ -91,6 +91,10 @@ pub enum RefuseReason {
     Diverged,
     /// An append arrived in an epoch no handshake introduced.
     NotIntroduced,
+    /// The receiver serves many databases and cannot take this one now:
+    /// it holds as many as it may (or has as many open as it may, all in
+    /// use). Try another node, or later.
+    Unavailable,
 }
 
 /// One protocol message.
@@ -315,6 +319,7 @@ impl Message {
                     RefuseReason::Behind => 4,
                     RefuseReason::Diverged => 5,
                     RefuseReason::NotIntroduced => 6,
+                    RefuseReason::Unavailable => 7,
                 });
                 kind_and_body(&mut b, REFUSE, &body);
             }
@@ -468,6 +473,7 @@ impl Message {
                     4 => RefuseReason::Behind,
                     5 => RefuseReason::Diverged,
                     6 => RefuseReason::NotIntroduced,
+                    7 => RefuseReason::Unavailable,
                     r => return Err(WireError::UnknownReason(r)),
                 };
                 Message::Refuse {

@@ -59,6 +59,12 @@ pub trait NetHandler: Send + Sync {
     fn drained(&self, conn: ConnId) {
         let _ = conn;
     }
+    /// Every `drained` of one round of reads was called: on io_uring once
+    /// per batch of completions (however many connections it drained), on
+    /// the std transport right after each `drained` (each connection reads
+    /// on a thread of its own). A handler serving many databases issues
+    /// their syncs together here (group commit across databases).
+    fn drains_done(&self) {}
     /// The connection is gone (peer closed, error, bad frame, or `close`).
     fn closed(&self, conn: ConnId, error: Option<String>);
 }

@@ -157,6 +157,7 @@ impl Shared {
             });
             if handed {
                 self.handler.drained(conn);
+                self.handler.drains_done();
             }
             sound?;
             // One small copy per read keeps this free of unsafe; page

@@ -405,6 +405,9 @@ struct Ring {
     cmds: Vec<Cmd>,
     dirty: Vec<ConnId>,
     cqes: Vec<(u64, i32)>,
+    /// A connection was drained in this batch of completions: the
+    /// handler hears `drains_done` once the batch is through.
+    drained_any: bool,
 }
 
 fn retryable(e: &io::Error) -> bool {
@@ -432,6 +435,7 @@ impl Ring {
             cmds: Vec::new(),
             dirty: Vec::new(),
             cqes: Vec::new(),
+            drained_any: false,
         }
     }
 
@@ -580,6 +584,9 @@ impl Ring {
         }
         cqes.clear();
         self.cqes = cqes;
+        if std::mem::take(&mut self.drained_any) && !self.leak {
+            self.shared.handler.drains_done();
+        }
     }
 
     fn arm_wake(&mut self) {
@@ -690,6 +697,7 @@ impl Ring {
         if handed {
             // Even before a bad frame: what was handed over gets its sync.
             handler.drained(id);
+            self.drained_any = true;
         }
         match sound {
             Ok(()) => self.arm_recv(id),

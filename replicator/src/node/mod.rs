@@ -4,6 +4,10 @@
 //!
 //! - [`follower::FollowerNode`]: a durability follower (segment log,
 //!   group fdatasync, catch-up serving and fetching).
+//! - [`follower_host::FollowerHost`]: one follower process serving many
+//!   databases (one listener, a core and log per database opened lazily
+//!   and closed when idle, one sync round for every database that has
+//!   records waiting).
 //! - [`leader::LeaderNode`]: the primary's side (fan-out, quorum, the
 //!   confirm watch the engine's output gate waits on).
 //! - [`replica::ReplicaNode`]: a read replica's subscriber, driving an
@@ -11,6 +15,8 @@
 
 pub mod candidate;
 pub mod follower;
+pub mod follower_db;
+pub mod follower_host;
 pub mod leader;
 pub mod replica;
 

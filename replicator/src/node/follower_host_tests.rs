@@ -1,0 +1,129 @@
+//! The host's routing and group sync, driven through its handler directly
+//! (connection ids no socket has: sends to them go nowhere), so what
+//! arrives "in one drain" is exactly what the test says.
+
+use super::*;
+use crate::bookmark::Sequence;
+use crate::chain::ChainHash;
+use crate::history::History;
+use crate::ids::NodeId;
+use crate::record::{Encoded, Record};
+use bytes::Bytes;
+
+fn host(dir: &Path, storage: IoBackend) -> FollowerHost {
+    let mut config = FollowerHostConfig::new("127.0.0.1:0".parse().expect("addr"), dir.into());
+    config.storage = storage;
+    config.backend = Backend::Std;
+    FollowerHost::start(config).expect("host")
+}
+
+fn claim(id: DatabaseId) -> Message {
+    Message::Handshake {
+        database: id,
+        epoch: Epoch(1),
+        role: Role::Leader,
+        node: NodeId(1),
+        last_durable: Bookmark::ZERO,
+        last_chain: ChainHash::GENESIS,
+        confirmed: Bookmark::ZERO,
+        history: History::new(),
+    }
+}
+
+fn first_record(fill: u8) -> Encoded {
+    Record {
+        bookmark: Bookmark::new(Epoch(1), Sequence(1)),
+        previous: Bookmark::ZERO,
+        prev_chain: ChainHash::GENESIS,
+        commit_us: 0,
+        page_size: 512,
+        db_pages: 1,
+        pages: vec![(1, Bytes::from(vec![fill; 512]))],
+    }
+    .to_encoded()
+    .expect("record")
+}
+
+fn group_commit(storage: IoBackend) {
+    const N: u64 = 8;
+    let dir = tempfile::tempdir().expect("dir");
+    let host = host(dir.path(), storage);
+    let h = &host.shared;
+    for i in 0..N {
+        h.message(1000 + i, claim(DatabaseId(i + 1)));
+    }
+    assert_eq!(host.databases().len(), N as usize);
+    let before = h.stats.sync_rounds.load(Ordering::Relaxed);
+    let fsyncs = h.stats.fdatasyncs.load(Ordering::Relaxed);
+    let submissions = h.stats.sync_submissions.load(Ordering::Relaxed);
+    // One drain: a record for every database, then each connection
+    // drained, then the drain is over.
+    for i in 0..N {
+        h.message(1000 + i, Message::Append(first_record(i as u8)));
+        let db = host.database(DatabaseId(i + 1)).expect("held");
+        assert_eq!(
+            db.durable().expect("durable"),
+            Bookmark::ZERO,
+            "not before the sync"
+        );
+    }
+    for i in 0..N {
+        h.drained(1000 + i);
+    }
+    h.drains_done();
+    assert_eq!(h.stats.sync_rounds.load(Ordering::Relaxed) - before, 1);
+    assert_eq!(h.stats.fdatasyncs.load(Ordering::Relaxed) - fsyncs, N);
+    let submitted = h.stats.sync_submissions.load(Ordering::Relaxed) - submissions;
+    if host.storage_backend() == "io_uring" {
+        assert_eq!(submitted, 1, "every database's fdatasync in one submission");
+    } else {
+        assert_eq!(submitted, N, "the std backend loops");
+    }
+    for i in 0..N {
+        let db = host.database(DatabaseId(i + 1)).expect("held");
+        assert_eq!(
+            db.durable().expect("durable"),
+            Bookmark::new(Epoch(1), Sequence(1))
+        );
+    }
+}
+
+#[test]
+fn records_of_many_databases_in_one_drain_cost_one_sync_round() {
+    group_commit(IoBackend::Auto);
+}
+
+#[test]
+fn records_of_many_databases_in_one_drain_cost_one_sync_round_on_std_storage() {
+    group_commit(IoBackend::Std);
+}
+
+#[test]
+fn a_replica_or_follower_handshake_for_an_unknown_database_creates_nothing() {
+    let dir = tempfile::tempdir().expect("dir");
+    let host = host(dir.path(), IoBackend::Std);
+    let h = &host.shared;
+    for (conn, role) in [(1, Role::Replica), (2, Role::Follower)] {
+        let mut m = claim(DatabaseId(7));
+        if let Message::Handshake { role: r, .. } = &mut m {
+            *r = role;
+        }
+        h.message(conn, m);
+        h.message(
+            conn,
+            Message::CatchUp {
+                from: Bookmark::ZERO,
+            },
+        );
+    }
+    assert!(host.databases().is_empty());
+    assert!(host.database(DatabaseId(7)).is_none());
+    let entries = std::fs::read_dir(dir.path().join("db"))
+        .expect("db dir")
+        .count();
+    assert_eq!(entries, 0, "no directory made");
+    assert!(matches!(
+        h.open(DatabaseId(7)),
+        Err(HostError::Unknown { id: DatabaseId(7) })
+    ));
+}
