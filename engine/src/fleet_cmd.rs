@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use walrelay_engine::fleet::catalog::{Catalog, CatalogReads, PgCatalog, SqliteCatalog};
 use walrelay_engine::fleet::control::{ControlConfig, ControlPlane, HostApi, HostNode};
-use walrelay_engine::fleet::host::{Host, HostConfig, LocalOpener};
+use walrelay_engine::fleet::host::{Host, HostConfig, LocalOpener, ReplicatedOpener};
 use walrelay_engine::fleet::link::{HttpHostApi, Internal, InternalAuth};
 use walrelay_engine::fleet::routes::Routes;
 use walrelay_engine::fleet::{Fleet, FleetConfig, LocalHostApi};
@@ -103,6 +103,13 @@ pub struct NodeArgs {
     /// Stop after this many seconds (0: at Ctrl-C).
     #[arg(long, default_value_t = 0)]
     pub seconds: u64,
+    /// The durability followers every hosted database replicates to (each
+    /// follower hosts many databases); none: databases are local only.
+    #[arg(long, value_parser = crate::cmd::parse_addrs, default_value = "")]
+    pub followers: crate::cmd::Addrs,
+    /// Transport to the followers: auto, std or io_uring.
+    #[arg(long, default_value = "auto", value_parser = crate::cmd::backend)]
+    pub net: walrelay_replicator::net::Backend,
 }
 
 fn host_node(
@@ -125,6 +132,30 @@ fn host_node(
         location: location.to_string(),
         api,
     }
+}
+
+/// How hosted databases open: replicated to the followers if there are
+/// any, local otherwise.
+fn opener(
+    a: &NodeArgs,
+    options: Options,
+    key: Option<ClusterKey>,
+) -> Box<dyn walrelay_engine::fleet::host::Opener> {
+    if a.followers.is_empty() {
+        return Box::new(LocalOpener { options });
+    }
+    let mut template = walrelay_engine::replication::PrimaryConfig::new(
+        a.dir.join("unused"),
+        a.followers.clone(),
+        key,
+    );
+    template.backend = a.net;
+    template.options.readers = options.readers;
+    template.options.region = options.region;
+    Box::new(ReplicatedOpener {
+        template,
+        stop_timeout_ms: 5_000,
+    })
 }
 
 /// Runs a fleet node until Ctrl-C or `--seconds`.
@@ -153,7 +184,7 @@ pub fn node(a: NodeArgs) -> Result<()> {
                 idle_close_ms: a.idle_close_ms,
                 max_hosted: a.max_hosted,
             },
-            Box::new(LocalOpener { options }),
+            opener(&a, options, key.clone()),
         )
         .context("opening the hosted databases")?,
     );

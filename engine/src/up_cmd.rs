@@ -248,6 +248,11 @@ pub fn up(a: UpArgs) -> Result<()> {
             peers.join(","),
             "--heartbeat-ms".into(),
             a.heartbeat_ms.to_string(),
+            // Every hosted database replicates to the same followers.
+            "--followers".into(),
+            join(&follower_addrs),
+            "--net".into(),
+            backend_name(a.net).into(),
         ];
         if i == 0 {
             let hosts: Vec<String> = fleet_http

@@ -73,7 +73,7 @@ pub trait Hosted: Send + Sync + fmt::Debug {
 
 /// Opens a hosted database's file.
 pub trait Opener: Send + Sync + fmt::Debug {
-    fn open(&self, id: DatabaseId, path: &Path) -> Result<Box<dyn Hosted>, OpenError>;
+    fn open(&self, id: DatabaseId, path: &Path) -> Result<Box<dyn Hosted>, HostError>;
 }
 
 /// A database served from this node alone (its WAL synced locally).
@@ -95,8 +95,63 @@ impl Hosted for Local {
 }
 
 impl Opener for LocalOpener {
-    fn open(&self, _id: DatabaseId, path: &Path) -> Result<Box<dyn Hosted>, OpenError> {
-        Ok(Box::new(Local(Database::open(path, self.options.clone())?)))
+    fn open(&self, id: DatabaseId, path: &Path) -> Result<Box<dyn Hosted>, HostError> {
+        let db = Database::open(path, self.options.clone())
+            .map_err(|source| HostError::Open { id, source })?;
+        Ok(Box::new(Local(db)))
+    }
+}
+
+/// A database replicated to W of N followers (the followers host many
+/// databases each): every open wins a new epoch from them and brings the
+/// local file to the end of their log; a close stops cleanly.
+#[derive(Debug)]
+pub struct ReplicatedOpener {
+    /// Everything but the database's id and path.
+    pub template: crate::replication::PrimaryConfig,
+    /// How long a close waits for the last writes to be confirmed.
+    pub stop_timeout_ms: u64,
+}
+
+#[derive(Debug)]
+struct Replicated {
+    primary: crate::replication::ReplicatedPrimary,
+    stop_timeout_ms: u64,
+}
+
+impl Hosted for Replicated {
+    fn database(&self) -> &Database {
+        self.primary.database()
+    }
+    fn close(self: Box<Self>) {
+        self.primary.database().stop_queries();
+        let path = self.primary.database().path().display().to_string();
+        if let Err(e) = self
+            .primary
+            .stop(std::time::Duration::from_millis(self.stop_timeout_ms))
+        {
+            // The next open recovers it from the followers' log.
+            tracing::warn!(path, error = %e, "a hosted database did not stop cleanly");
+        }
+    }
+}
+
+impl Opener for ReplicatedOpener {
+    fn open(&self, id: DatabaseId, path: &Path) -> Result<Box<dyn Hosted>, HostError> {
+        let mut config = self.template.clone();
+        config.database = id;
+        config.path = path.to_path_buf();
+        config.listen = None;
+        let primary = crate::replication::ReplicatedPrimary::start(config).map_err(|e| {
+            HostError::Replication {
+                id,
+                reason: e.to_string(),
+            }
+        })?;
+        Ok(Box::new(Replicated {
+            primary,
+            stop_timeout_ms: self.stop_timeout_ms,
+        }))
     }
 }
 
@@ -121,6 +176,8 @@ pub enum HostError {
         #[source]
         source: OpenError,
     },
+    #[error("replicating database {id}: {reason}")]
+    Replication { id: DatabaseId, reason: String },
     #[error("database {id}'s state: {reason}")]
     State { id: DatabaseId, reason: String },
     #[error("host storage: {0}")]
@@ -361,12 +418,8 @@ impl Host {
         };
         self.set_unconfirmed(id, true)?;
         self.write_state(&state)?;
-        // Its file exists from here on: opening creates it.
-        let hosted_db = self
-            .opener
-            .open(id, &self.db_path(id))
-            .map_err(|source| HostError::Open { id, source })?;
-        hosted_db.close();
+        // Its SQLite file is made by its first open: at rest a database
+        // is its directory and its record.
         self.hosted.fetch_add(1, Ordering::Relaxed);
         self.stats.created.fetch_add(1, Ordering::Relaxed);
         tracing::info!(database = %id, %uuid, %account, %name, "database initialised");
@@ -429,10 +482,7 @@ impl Host {
             Lifecycle::Active => {}
         }
         self.make_room()?;
-        let hosted = self
-            .opener
-            .open(id, &self.db_path(id))
-            .map_err(|source| HostError::Open { id, source })?;
+        let hosted = self.opener.open(id, &self.db_path(id))?;
         let open = Arc::new(OpenDb {
             id,
             database: hosted.database().clone(),
