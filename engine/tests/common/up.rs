@@ -11,9 +11,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// A base port with every port `up` derives from it free: the primary and
-/// followers use base..=base+5, HTTP base+10..=base+12.
+/// followers use base..=base+5, HTTP base+10..=base+12, the fleet nodes
+/// base+13..=base+15.
 pub fn free_base() -> u16 {
-    super::free_port_base(13)
+    super::free_port_base(16)
 }
 
 /// One HTTP answer.
@@ -120,6 +121,41 @@ impl Up {
     /// credentials).
     pub fn query_as(&self, i: u16, bookmark: &str, body: &Json, token: Option<&str>) -> Reply {
         post(&self.agent, &self.http(i), bookmark, body, token)
+    }
+
+    /// Any call to node `i` (0 the primary, 1.. the replicas, then the
+    /// fleet nodes) with the admin token: `method` GET, POST or DELETE.
+    pub fn call(&self, i: u16, method: &str, path: &str, body: Option<&Json>) -> Reply {
+        let url = format!("{}{path}", self.http(i));
+        let auth = self
+            .token()
+            .map(|t| format!("Bearer {t}"))
+            .unwrap_or_default();
+        let sent = match method {
+            "POST" => self
+                .agent
+                .post(&url)
+                .header("authorization", &auth)
+                .send_json(body.cloned().unwrap_or(Json::Null)),
+            "DELETE" => self
+                .agent
+                .delete(&url)
+                .header("authorization", &auth)
+                .call(),
+            _ => self.agent.get(&url).header("authorization", &auth).call(),
+        };
+        match sent {
+            Ok(mut resp) => Reply {
+                status: resp.status().as_u16(),
+                bookmark: None,
+                json: resp.body_mut().read_json().unwrap_or(Json::Null),
+            },
+            Err(e) => Reply {
+                status: 0,
+                bookmark: None,
+                json: Json::String(e.to_string()),
+            },
+        }
     }
 
     /// A handle that queries the nodes from other threads.
