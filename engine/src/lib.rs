@@ -97,6 +97,7 @@ pub mod replication;
 mod restore_in_place;
 mod sandbox;
 mod session;
+mod split;
 mod statement;
 pub mod stop_marker;
 mod value;

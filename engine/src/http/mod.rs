@@ -20,6 +20,7 @@ pub mod auth;
 pub mod client;
 pub mod forward;
 pub mod metrics;
+mod routes;
 pub mod server;
 pub mod time_travel;
 pub mod token_store;

@@ -5,6 +5,7 @@
 #![allow(dead_code)] // each test binary uses a different part
 
 pub mod consistency;
+pub mod http_kit;
 pub mod procs;
 pub mod up;
 
@@ -444,7 +445,7 @@ pub struct HttpCluster {
     // Field order is drop order: the cluster stops before its directory goes.
     pub c: walrelay_engine::local_cluster::LocalCluster,
     pub dir: tempfile::TempDir,
-    agent: ureq::Agent,
+    pub(crate) agent: ureq::Agent,
 }
 
 /// What a test saw of one HTTP answer.
