@@ -84,6 +84,7 @@
 
 pub mod archiving;
 mod database;
+pub mod dump;
 mod error;
 mod execution;
 pub mod http;

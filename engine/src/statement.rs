@@ -450,7 +450,7 @@ impl Database {
     /// a primary, the latest once in-flight commits settle, held at the
     /// output gate until confirmed (no reader sees an unconfirmed
     /// transaction); on a replica, what it reported as visible.
-    fn read_bookmark(&self) -> Result<Bookmark, QueryError> {
+    pub(crate) fn read_bookmark(&self) -> Result<Bookmark, QueryError> {
         match &self.inner.role {
             Role::Primary(p) => {
                 p.attachment.wait_commit_settled();

@@ -266,6 +266,18 @@ pub fn serve(node: Arc<Node>, addr: SocketAddr) -> io::Result<HttpServer> {
     let app = Router::new()
         .route("/v1/databases/{name}/query", post(query_route))
         .route("/v1/databases/{name}/raw", post(raw_route))
+        .route(
+            "/v1/databases/{name}/export",
+            post(super::transfer::export_route),
+        )
+        .route(
+            "/v1/databases/{name}/import",
+            post(super::transfer::import_route),
+        )
+        .route(
+            "/v1/transfers/{token}",
+            get(super::transfer::download_route).put(super::transfer::upload_route),
+        )
         .route("/metrics", get(metrics_route))
         .route(
             "/v1/databases/{name}/time_travel/bookmark",

@@ -72,6 +72,12 @@ pub struct HttpConfig {
     /// Cold storage, for time travel on a primary (None: its endpoints
     /// answer 501).
     pub time_travel: Option<super::time_travel::TimeTravelConfig>,
+    /// Largest export (the SQL text, held in memory while it is built and
+    /// while its link lives); a larger one is refused with 413.
+    pub max_export_bytes: usize,
+    /// Largest import body (the SQL file); a larger one is refused with
+    /// 413 before it is read.
+    pub max_import_bytes: usize,
 }
 
 impl Default for HttpConfig {
@@ -85,6 +91,8 @@ impl Default for HttpConfig {
             forward_timeout_ms: 2 * crate::Limits::default().query_timeout_ms,
             failover_wait_ms: 5_000,
             time_travel: None,
+            max_export_bytes: 64 << 20,
+            max_import_bytes: 32 << 20,
         }
     }
 }
@@ -105,6 +113,8 @@ pub struct Node {
     requests: CancelToken,
     /// Cold storage, for time travel (None without a store).
     time_travel: Option<super::time_travel::TimeTravel>,
+    /// Exports and uploads in flight ([`super::transfer`]).
+    transfers: super::transfer::Transfers,
 }
 
 /// An authenticated caller: what its statements may do, and the
@@ -176,6 +186,7 @@ impl Node {
                 .time_travel
                 .clone()
                 .map(super::time_travel::TimeTravel::new),
+            transfers: super::transfer::Transfers::default(),
             config,
         }
     }
@@ -223,6 +234,43 @@ impl Node {
 
     pub(super) fn time_travel_state(&self) -> Option<&super::time_travel::TimeTravel> {
         self.time_travel.as_ref()
+    }
+
+    pub(super) fn transfers(&self) -> &super::transfer::Transfers {
+        &self.transfers
+    }
+
+    /// The database this node holds: the primary's, or the replica's copy.
+    pub(super) fn local_database(&self) -> &Database {
+        match &self.role {
+            Role::Primary(db) => db,
+            Role::Replica { replica, .. } => replica.replica().database(),
+        }
+    }
+
+    /// Forwards `payload` to another endpoint of the primary (`path`),
+    /// with the caller's credentials; `reason` labels the metric.
+    pub(super) fn forward_payload(
+        &self,
+        caller: &Caller,
+        name: &str,
+        path: &str,
+        payload: &[u8],
+        reason: &'static str,
+    ) -> Answer {
+        let Some(primaries) = &self.primaries else {
+            return Answer::error(503, codes::UNAVAILABLE, "no primary is known");
+        };
+        self.metrics.forwarded(reason);
+        let request = super::client::Request {
+            database: name,
+            bookmark: None,
+            authorization: caller.authorization.as_deref(),
+            payload,
+            forwarded: true,
+            path: Some(path),
+        };
+        super::forward::answer(primaries.post(&self.agent, &request, 1 << 20))
     }
 
     pub(super) fn primary_database(&self) -> Option<&Database> {

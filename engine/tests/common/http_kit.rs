@@ -82,3 +82,38 @@ impl HttpCluster {
         admin_bearer(&self.c)
     }
 }
+
+impl HttpCluster {
+    /// A new token in the cluster's store, once the nodes accept it (they
+    /// re-read the store within a second).
+    pub fn mint(
+        &self,
+        scope: walrelay_engine::http::auth::Scope,
+        permission: walrelay_engine::http::auth::Permission,
+    ) -> String {
+        let store = self.c.tokens_path().expect("the cluster has a token store");
+        let bearer = walrelay_engine::http::token_store::create(store, scope, permission)
+            .expect("mint a token")
+            .bearer();
+        for (_, url) in self.nodes() {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                let r = self.send(
+                    "POST",
+                    &format!("{url}/v1/databases/main/query"),
+                    Some(&bearer),
+                    br#"{"sql":"SELECT 1"}"#,
+                );
+                if r.status != 401 {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the new token was never accepted"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        }
+        bearer
+    }
+}
