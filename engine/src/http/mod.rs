@@ -22,12 +22,11 @@ mod answer;
 pub mod api;
 pub mod auth;
 pub mod client;
+pub mod cloudflare;
 pub mod forward;
 pub mod metrics;
 mod routes;
 pub mod server;
 pub mod time_travel;
 pub mod token_store;
-// The Cloudflare flows (next commit) use the links.
-#[allow(dead_code)]
 pub mod transfer;

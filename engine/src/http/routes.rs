@@ -263,7 +263,7 @@ pub fn serve(node: Arc<Node>, addr: SocketAddr) -> io::Result<HttpServer> {
     let listener = runtime.block_on(tokio::net::TcpListener::bind(addr))?;
     let bound = listener.local_addr()?;
     // The body limit is enforced by the handler, in D1's error shape.
-    let app = Router::new()
+    let app = super::cloudflare::routes(Router::new())
         .route("/v1/databases/{name}/query", post(query_route))
         .route("/v1/databases/{name}/raw", post(raw_route))
         .route(
