@@ -182,17 +182,29 @@ pub(crate) fn statement_follows(
     !matches!(next_statement(conn, sql, from, max_sql_bytes), Ok(None))
 }
 
-/// Whether `sql` holds more than one statement. Cheap when it has no `;`
-/// at all (the common case): a statement can only end at one.
-pub(crate) fn is_multi(conn: &Connection, sql: &str, max_sql_bytes: usize) -> bool {
+/// How many statements a text holds, as far as can be told now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Count {
+    /// None or one.
+    One,
+    /// More than one.
+    Several,
+    /// The first statement does not prepare against the connection's
+    /// schema (it may name what a newer schema has), so where it ends is
+    /// not known.
+    Unknown,
+}
+
+/// How many statements `sql` holds. Cheap when it has no `;` at all (the
+/// common case): a statement can only end at one.
+pub(crate) fn count(conn: &Connection, sql: &str, max_sql_bytes: usize) -> Count {
     if !sql.as_bytes().contains(&b';') {
-        return false;
+        return Count::One;
     }
     match next_statement(conn, sql, 0, max_sql_bytes) {
-        Ok(Some(h)) => statement_follows(conn, sql, h.end, max_sql_bytes),
-        // No statement, or the first one fails: the one-statement path
-        // reports it.
-        Ok(None) | Err(_) => false,
+        Ok(Some(h)) if statement_follows(conn, sql, h.end, max_sql_bytes) => Count::Several,
+        Ok(_) => Count::One,
+        Err(_) => Count::Unknown,
     }
 }
 

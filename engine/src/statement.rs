@@ -290,15 +290,15 @@ impl Database {
         Ok((None, readonly))
     }
 
-    /// Whether `sql` holds several statements, asked of an idle reader or
-    /// the classifier.
-    fn is_multi(&self, sql: &str) -> Result<bool, QueryError> {
+    /// How many statements `sql` holds, asked of an idle reader or the
+    /// classifier.
+    fn count_statements(&self, sql: &str) -> Result<crate::split::Count, QueryError> {
         let max = self.inner.limits.max_sql_bytes as usize;
         if !sql.as_bytes().contains(&b';') {
-            return Ok(false);
+            return Ok(crate::split::Count::One);
         }
         if let Some(r) = self.inner.readers.try_take()? {
-            return Ok(crate::split::is_multi(&r.conn.conn, sql, max));
+            return Ok(crate::split::count(&r.conn.conn, sql, max));
         }
         let Some(c) = self.inner.classifier.try_lock_for(self.pool_wait()) else {
             return Err(QueryError::Busy {
@@ -306,7 +306,7 @@ impl Database {
                 waited_ms: self.inner.limits.pool_wait_ms,
             });
         };
-        Ok(crate::split::is_multi(&c.conn.conn, sql, max))
+        Ok(crate::split::count(&c.conn.conn, sql, max))
     }
 
     /// Runs the statements of `sql` (D1's `sql` field: one statement, or
@@ -329,13 +329,20 @@ impl Database {
         let started = Instant::now();
         check_start(&self.inner.stopping, cancel)?;
         self.check_capture()?;
+        use crate::split::Count;
+        let mut count = self.count_statements(sql)?;
         if let (Role::Replica(r), Some(b)) = (&self.inner.role, at_least)
+            && count != Count::One
             && r.visible() < b
         {
-            // Split against the session's schema, not an older one.
+            // Several statements (or a first one this replica cannot
+            // prepare yet) are split and read against the session's
+            // schema, not an older one. One statement is not held back
+            // here: `execute` forwards a write at once.
             r.wait_visible(b)?;
+            count = self.count_statements(sql)?;
         }
-        if !self.is_multi(sql)? {
+        if count != Count::Several {
             return self
                 .execute(sql, params, at_least, access, cancel)
                 .map(|o| vec![o]);
