@@ -53,6 +53,12 @@ pub enum QueryError {
     Sql { message: String, code: Option<i32> },
     #[error("statement expects {expected} parameters, {given} given")]
     ParameterCount { expected: usize, given: usize },
+    /// A text of several statements binds its parameters to the last one
+    /// (as D1 does); an earlier one took parameters.
+    #[error(
+        "only the last statement of a multi-statement query may take parameters (they bind to it); send the others separately or in a batch"
+    )]
+    ParametersNotLast,
     #[error("{0}")]
     NotSupported(String),
     #[error("statement {index} of the batch failed: {source}")]

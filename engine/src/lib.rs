@@ -84,6 +84,7 @@
 
 pub mod archiving;
 mod database;
+pub mod dump;
 mod error;
 mod execution;
 pub mod fleet;
@@ -98,6 +99,7 @@ pub mod replication;
 mod restore_in_place;
 mod sandbox;
 mod session;
+mod split;
 mod statement;
 pub mod stop_marker;
 mod value;

@@ -167,6 +167,53 @@ impl Session {
             .collect())
     }
 
+    /// Runs every statement of `sql` (one, or several joined by
+    /// semicolons, as D1's `sql` field allows), one result each, with the
+    /// column names even when no row came back. Several statements are
+    /// one atomic transaction, their parameters binding to the last (D1's
+    /// rule; an earlier statement taking parameters is
+    /// [`QueryError::ParametersNotLast`]).
+    pub fn exec(
+        &self,
+        sql: &str,
+        params: impl IntoIterator<Item = Value>,
+    ) -> Result<Vec<RawResult>, QueryError> {
+        let params: Vec<Value> = params.into_iter().collect();
+        let at_least = *self.bookmark.lock();
+        let outs =
+            self.db
+                .execute_script(sql, &params, at_least, self.access, self.cancel.as_ref())?;
+        Ok(self.raw_results(outs))
+    }
+
+    /// [`Session::batch`] with rows as arrays and the column names. Each
+    /// statement's text may hold several statements (as in
+    /// [`Session::exec`]): there is one result per statement run.
+    pub fn batch_raw<'a>(
+        &self,
+        statements: impl IntoIterator<Item = Statement<'a>>,
+    ) -> Result<Vec<RawResult>, QueryError> {
+        let stmts: Vec<(String, Vec<Value>)> =
+            statements.into_iter().map(|s| (s.sql, s.params)).collect();
+        let outs = self
+            .db
+            .execute_batch(&stmts, self.access, self.cancel.as_ref())?;
+        Ok(self.raw_results(outs))
+    }
+
+    fn raw_results(&self, outs: Vec<Output>) -> Vec<RawResult> {
+        if let Some(b) = outs.iter().map(|o| o.meta.bookmark).max() {
+            self.observe(b);
+        }
+        outs.into_iter()
+            .map(|o| RawResult {
+                columns: o.columns.to_vec(),
+                rows: o.rows.into_iter().map(Row::into_values).collect(),
+                meta: o.meta,
+            })
+            .collect()
+    }
+
     fn observe(&self, b: Bookmark) {
         let mut cur = self.bookmark.lock();
         if cur.is_none_or(|c| b > c) {

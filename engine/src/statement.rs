@@ -20,6 +20,7 @@ use crate::error::QueryError;
 use crate::execution::{CancelToken, check_start};
 use crate::pool::{Lease, Pooled};
 use crate::session::Access;
+use crate::split::Cursor;
 use crate::value::{Row, Value};
 use parking_lot::MutexGuard;
 use rusqlite::types::ValueRef;
@@ -107,7 +108,7 @@ pub(crate) fn prepare<'c>(
 }
 
 /// Brings the connection's cached schema up to date with its database.
-fn refresh_schema(conn: &Connection) -> rusqlite::Result<()> {
+pub(crate) fn refresh_schema(conn: &Connection) -> rusqlite::Result<()> {
     let mut s = conn.prepare("SELECT 1 FROM sqlite_schema LIMIT 1")?;
     let mut rows = s.raw_query();
     rows.next()?;
@@ -289,6 +290,72 @@ impl Database {
         Ok((None, readonly))
     }
 
+    /// How many statements `sql` holds, asked of an idle reader or the
+    /// classifier.
+    fn count_statements(&self, sql: &str) -> Result<crate::split::Count, QueryError> {
+        let max = self.inner.limits.max_sql_bytes as usize;
+        if !sql.as_bytes().contains(&b';') {
+            return Ok(crate::split::Count::One);
+        }
+        if let Some(r) = self.inner.readers.try_take()? {
+            return Ok(crate::split::count(&r.conn.conn, sql, max));
+        }
+        let Some(c) = self.inner.classifier.try_lock_for(self.pool_wait()) else {
+            return Err(QueryError::Busy {
+                resource: "the classifier connection",
+                waited_ms: self.inner.limits.pool_wait_ms,
+            });
+        };
+        Ok(crate::split::count(&c.conn.conn, sql, max))
+    }
+
+    /// Runs the statements of `sql` (D1's `sql` field: one statement, or
+    /// several joined by semicolons), one result each. One statement runs
+    /// as [`Database::execute`] runs it. Several run as one atomic batch,
+    /// each delimited by SQLite once the ones before it ran, `params`
+    /// binding to the last ([`crate::split`]): on a primary on the writer;
+    /// under read-only access, or on a replica, in one read transaction on
+    /// a reader, where a statement that writes fails the whole text with
+    /// `ReadOnlyAccess` (read-only access) or `ReadOnlyReplica` (a
+    /// replica: the caller sends it to the primary) before it runs.
+    pub(crate) fn execute_script(
+        &self,
+        sql: &str,
+        params: &[Value],
+        at_least: Option<Bookmark>,
+        access: Access,
+        cancel: Option<&CancelToken>,
+    ) -> Result<Vec<Output>, QueryError> {
+        let started = Instant::now();
+        check_start(&self.inner.stopping, cancel)?;
+        self.check_capture()?;
+        use crate::split::Count;
+        let mut count = self.count_statements(sql)?;
+        if let (Role::Replica(r), Some(b)) = (&self.inner.role, at_least)
+            && count != Count::One
+            && r.visible() < b
+        {
+            // Several statements (or a first one this replica cannot
+            // prepare yet) are split and read against the session's
+            // schema, not an older one. One statement is not held back
+            // here: `execute` forwards a write at once.
+            r.wait_visible(b)?;
+            count = self.count_statements(sql)?;
+        }
+        if count != Count::Several {
+            return self
+                .execute(sql, params, at_least, access, cancel)
+                .map(|o| vec![o]);
+        }
+        let items = [(sql.to_string(), params.to_vec())];
+        match (&self.inner.role, access) {
+            (Role::Replica(_), Access::ReadWrite) => {
+                self.read_only_batch(&items, started, cancel, || QueryError::ReadOnlyReplica)
+            }
+            _ => self.execute_batch(&items, access, cancel),
+        }
+    }
+
     /// Runs one statement: on a reader if SQLite says it is read-only,
     /// otherwise on the writer (a replica refuses it). `at_least` is the
     /// session's bookmark: the read must reflect at least that state.
@@ -390,7 +457,7 @@ impl Database {
     /// a primary, the latest once in-flight commits settle, held at the
     /// output gate until confirmed (no reader sees an unconfirmed
     /// transaction); on a replica, what it reported as visible.
-    fn read_bookmark(&self) -> Result<Bookmark, QueryError> {
+    pub(crate) fn read_bookmark(&self) -> Result<Bookmark, QueryError> {
         match &self.inner.role {
             Role::Primary(p) => {
                 p.attachment.wait_commit_settled();
@@ -404,15 +471,18 @@ impl Database {
         }
     }
 
-    /// A batch under read-only access: one read transaction on a reader,
-    /// whose connection cannot write, so a statement SQLite calls
-    /// read-only but that writes anyway (`PRAGMA optimize` running
-    /// ANALYZE) fails there instead of committing on the writer.
+    /// A batch on a reader, in one read transaction, whose connection
+    /// cannot write: under read-only access (a statement SQLite calls
+    /// read-only but that writes anyway, `PRAGMA optimize` running
+    /// ANALYZE, fails there instead of committing on the writer), or a
+    /// multi-statement text on a replica. A statement that writes fails
+    /// the batch with `on_write`'s error before it runs.
     fn read_only_batch(
         &self,
         stmts: &[(String, Vec<Value>)],
         started: Instant,
         cancel: Option<&CancelToken>,
+        on_write: fn() -> QueryError,
     ) -> Result<Vec<Output>, QueryError> {
         let limits = self.inner.limits;
         let reader = self.inner.readers.take(self.pool_wait())?;
@@ -421,23 +491,40 @@ impl Database {
         reader.conn.set_in_batch(true);
         let mut outs = Vec::with_capacity(stmts.len());
         let mut failure = None;
-        for (index, (sql, params)) in stmts.iter().enumerate() {
-            let source = match run_statement(
-                &reader,
-                sql,
-                params,
-                Prepare::Fresh,
-                limits.max_response_bytes,
-            ) {
-                Ok(o) if !reader.conn.conn.is_autocommit() => {
-                    outs.push(o);
-                    continue;
+        let mut cursor = Cursor::new(stmts, limits.max_sql_bytes);
+        loop {
+            let index = outs.len();
+            let next = match cursor.next(&reader.conn.conn) {
+                Ok(Some(n)) => n,
+                Ok(None) => break,
+                Err(e) => {
+                    failure = Some(QueryError::Batch {
+                        index,
+                        source: Box::new(e),
+                    });
+                    break;
                 }
-                Ok(_) => tx_control_refused(),
-                Err(QueryError::Sql {
-                    code: Some(code), ..
-                }) if code & 0xff == rusqlite::ffi::SQLITE_READONLY => QueryError::ReadOnlyAccess,
-                Err(e) => e,
+            };
+            let source = if !next.readonly {
+                on_write()
+            } else {
+                match run_statement(
+                    &reader,
+                    next.sql,
+                    next.params,
+                    Prepare::Fresh,
+                    limits.max_response_bytes,
+                ) {
+                    Ok(o) if !reader.conn.conn.is_autocommit() => {
+                        outs.push(o);
+                        continue;
+                    }
+                    Ok(_) => tx_control_refused(),
+                    Err(QueryError::Sql {
+                        code: Some(code), ..
+                    }) if code & 0xff == rusqlite::ffi::SQLITE_READONLY => on_write(),
+                    Err(e) => e,
+                }
             };
             failure = Some(QueryError::Batch {
                 index,
@@ -453,6 +540,12 @@ impl Database {
         drop(armed);
         drop(reader);
         if let Some(e) = failure {
+            // A write met on a replica is not an error to wait for: it
+            // goes to the primary.
+            if matches!(&e, QueryError::Batch { source, .. } if matches!(**source, QueryError::ReadOnlyReplica))
+            {
+                return Err(QueryError::ReadOnlyReplica);
+            }
             return Err(self.settle_error(e, true));
         }
         let bookmark = self.read_bookmark()?;
@@ -532,7 +625,7 @@ impl Database {
         check_start(&self.inner.stopping, cancel)?;
         self.check_capture()?;
         if access == Access::ReadOnly {
-            return self.read_only_batch(stmts, started, cancel);
+            return self.read_only_batch(stmts, started, cancel, || QueryError::ReadOnlyAccess);
         }
         let limits = self.inner.limits;
         let (p, w) = self.writer()?;
@@ -546,10 +639,24 @@ impl Database {
         w.conn.set_in_batch(true);
         let mut outs = Vec::with_capacity(stmts.len());
         let mut failure = None;
-        for (index, (sql, params)) in stmts.iter().enumerate() {
-            match run_statement(&w, sql, params, Prepare::Fresh, limits.max_response_bytes) {
-                Ok(o) if !w.conn.conn.is_autocommit() => outs.push(o),
-                Ok(_) => {
+        let mut cursor = Cursor::new(stmts, limits.max_sql_bytes);
+        loop {
+            let index = outs.len();
+            let ran = cursor.next(&w.conn.conn).and_then(|next| match next {
+                None => Ok(None),
+                Some(n) => run_statement(
+                    &w,
+                    n.sql,
+                    n.params,
+                    Prepare::Fresh,
+                    limits.max_response_bytes,
+                )
+                .map(Some),
+            });
+            match ran {
+                Ok(None) => break,
+                Ok(Some(o)) if !w.conn.conn.is_autocommit() => outs.push(o),
+                Ok(Some(_)) => {
                     failure = Some(QueryError::Batch {
                         index,
                         source: Box::new(tx_control_refused()),

@@ -489,11 +489,13 @@ fn sql_cases() -> Vec<Case> {
             "cannot store TEXT value in INTEGER column",
         ),
         case(
-            "two statements in one",
-            r#"{"sql": "INSERT INTO t(name) VALUES ('x'); DELETE FROM t"}"#,
+            // Several statements run as one unit: the second's failure
+            // undoes the first.
+            "two statements in one, the second failing",
+            r#"{"sql": "INSERT INTO t(name) VALUES ('x'); DELETE FROM no_such_table"}"#,
             400,
             SQL,
-            "Multiple statements",
+            "no such table",
         ),
     ]
 }

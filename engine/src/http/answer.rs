@@ -61,6 +61,28 @@ impl Answer {
             usage: None,
         }
     }
+    /// A successful query's answer, rows laid out in `shape`.
+    pub(super) fn results(
+        status: u16,
+        bookmark: Option<String>,
+        results: &[crate::session::RawResult],
+        shape: super::api::Shape,
+    ) -> Answer {
+        Answer {
+            status,
+            bookmark,
+            body: super::api::encode_results(results, shape),
+            served: Some(
+                results
+                    .iter()
+                    .map(|r| (r.meta.served_by_primary, r.meta.served_by_region.clone()))
+                    .collect(),
+            ),
+            retry_after_s: None,
+            usage: None,
+        }
+    }
+
     /// A relayed answer, as the primary sent it.
     pub(crate) fn relayed(raw: super::client::RawAnswer) -> Answer {
         Answer {
@@ -127,6 +149,7 @@ pub(super) fn query_error(e: &QueryError) -> (u16, u32) {
         QueryError::Batch { source, .. } => query_error(source),
         QueryError::Sql { .. }
         | QueryError::ParameterCount { .. }
+        | QueryError::ParametersNotLast
         | QueryError::NotSupported(_)
         | QueryError::NotAuthorized(_)
         | QueryError::SqlTooLong { .. }

@@ -2,11 +2,21 @@
 //! module is the only place that reads or writes it.
 //!
 //! ```text
-//! POST /v1/databases/{name}/query
+//! POST /v1/databases/{name}/query    (and /raw, below)
 //!   x-d1-bookmark: first-primary | first-unconstrained | <bookmark>   (optional)
-//!   body: {"sql": "...", "params": [...]}            one statement
+//!   body: {"sql": "...", "params": [...]}            one query
 //!       | [{"sql": ..., "params": [...]}, ...]       an atomic batch
+//!       | {"batch": [{"sql": ..., "params": [...]}, ...]}   the same (Cloudflare's form)
 //!   params: null | true/false (as 1/0) | number | string
+//!
+//!   A query's "sql" may hold several statements joined by semicolons
+//!   ("CREATE TABLE t(x); INSERT INTO t VALUES (1); SELECT * FROM t"):
+//!   SQLite delimits them one at a time as they run, they run as one
+//!   atomic transaction (all or nothing), and there is one result per
+//!   statement. "params" bind to the LAST statement (D1's rule for a
+//!   prepared statement holding several queries); an earlier statement
+//!   that takes parameters is a 400 (code 7500). On a replica, several
+//!   statements containing a write go to the primary, as a batch does.
 //!
 //! 200  x-d1-bookmark: <the session's bookmark after the request>
 //!   {"result": [{"results": [{"col": value, ...}, ...],
@@ -19,6 +29,19 @@
 //!   {"result": [], "success": false,
 //!    "errors": [{"code": n, "message": "..."}], "messages": []}
 //! ```
+//!
+//! `POST /v1/databases/{name}/raw` takes the same bodies; each result's
+//! `results` holds the rows as arrays, with the column names (so
+//! duplicate names survive), D1's raw shape:
+//!
+//! ```text
+//! 200 {"result": [{"results": {"columns": ["a", "a"], "rows": [[1, 2], ...]},
+//!                  "success": true, "meta": {...}}, ...],
+//!      "success": true, "errors": [], "messages": []}
+//! ```
+//!
+//! Export and import: `super::dump` (the dump's format) and
+//! `super::transfer` (the endpoints).
 //!
 //! Time travel (D1's shape; see `super::time_travel`):
 //!
@@ -34,7 +57,7 @@
 //! Result values: null, integers and reals as numbers, text as strings,
 //! blobs as arrays of byte values (as D1 returns them).
 
-use crate::session::{Meta, QueryResult};
+use crate::session::{Meta, QueryResult, RawResult};
 use crate::value::Value;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json};
@@ -61,7 +84,9 @@ pub enum Body {
 pub enum BodyError {
     #[error("malformed JSON: {0}")]
     Json(String),
-    #[error("the body must be {{\"sql\": ..., \"params\": [...]}} or an array of them")]
+    #[error(
+        "the body must be {{\"sql\": ..., \"params\": [...]}}, an array of them or {{\"batch\": [...]}}"
+    )]
     Shape,
     #[error("statement {index}: \"sql\" must be a string")]
     Sql { index: usize },
@@ -143,6 +168,22 @@ pub fn parse_body(bytes: &[u8]) -> Result<Body, BodyError> {
                     .map(|(i, s)| statement(i, s))
                     .collect::<Result<_, _>>()?,
             ))
+        }
+        Json::Object(o) if o.contains_key("batch") => {
+            if o.len() != 1 {
+                return Err(BodyError::Shape);
+            }
+            match o.get("batch") {
+                Some(Json::Array(items)) if items.is_empty() => Err(BodyError::EmptyBatch),
+                Some(Json::Array(items)) => Ok(Body::Batch(
+                    items
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| statement(i, s))
+                        .collect::<Result<_, _>>()?,
+                )),
+                _ => Err(BodyError::Shape),
+            }
         }
         Json::Object(_) => Ok(Body::One(statement(0, &v)?)),
         _ => Err(BodyError::Shape),
@@ -226,6 +267,107 @@ impl From<&QueryResult> for ResultJson {
                 .collect(),
             success: true,
             meta: MetaJson::from(&r.meta),
+        }
+    }
+}
+
+impl From<&RawResult> for ResultJson {
+    /// Rows as objects: a later column of the same name wins, as in D1.
+    fn from(r: &RawResult) -> ResultJson {
+        ResultJson {
+            results: r
+                .rows
+                .iter()
+                .map(|row| {
+                    r.columns
+                        .iter()
+                        .zip(row)
+                        .map(|(c, v)| (c.clone(), value_json(v)))
+                        .collect()
+                })
+                .collect(),
+            success: true,
+            meta: MetaJson::from(&r.meta),
+        }
+    }
+}
+
+/// Any result's meta alone (where it was served), for counting.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct MetaOnlyJson {
+    pub meta: MetaJson,
+}
+
+/// D1's raw rows: column names, then each row as an array.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RawRowsJson {
+    pub columns: Vec<String>,
+    pub rows: Vec<Vec<Json>>,
+}
+
+/// One statement's result in the raw shape (`/raw`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RawResultJson {
+    pub results: RawRowsJson,
+    pub success: bool,
+    pub meta: MetaJson,
+}
+
+impl From<&RawResult> for RawResultJson {
+    fn from(r: &RawResult) -> RawResultJson {
+        RawResultJson {
+            results: RawRowsJson {
+                columns: r.columns.clone(),
+                rows: r
+                    .rows
+                    .iter()
+                    .map(|row| row.iter().map(value_json).collect())
+                    .collect(),
+            },
+            success: true,
+            meta: MetaJson::from(&r.meta),
+        }
+    }
+}
+
+/// How a response lays out rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `/query`: rows as objects.
+    Objects,
+    /// `/raw`: columns and rows as arrays.
+    Arrays,
+}
+
+/// A successful response's body, in `shape`.
+pub fn encode_results(results: &[RawResult], shape: Shape) -> Vec<u8> {
+    let encoded = match shape {
+        Shape::Objects => serde_json::to_vec(&Envelope::ok(
+            results.iter().map(ResultJson::from).collect::<Vec<_>>(),
+        )),
+        Shape::Arrays => serde_json::to_vec(&Envelope::ok(
+            results.iter().map(RawResultJson::from).collect::<Vec<_>>(),
+        )),
+    };
+    encoded.unwrap_or_default()
+}
+
+/// Cloudflare's REST envelope around any result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope<T> {
+    pub result: T,
+    pub success: bool,
+    pub errors: Vec<ErrorJson>,
+    pub messages: Vec<String>,
+}
+
+impl<T> Envelope<T> {
+    pub fn ok(result: T) -> Envelope<T> {
+        Envelope {
+            result,
+            success: true,
+            errors: Vec::new(),
+            messages: Vec::new(),
         }
     }
 }

@@ -3,7 +3,7 @@
 //! database, passed on to its host otherwise.
 
 use super::answer::{Answer, codes};
-use super::api::Body;
+use super::api::{Body, Shape};
 use super::server::{Caller, Node};
 use crate::execution::CancelToken;
 use crate::fleet::FleetError;
@@ -44,20 +44,32 @@ fn fleet_error(e: &FleetError) -> Answer {
     }
 }
 
+/// A query request, parsed.
+pub(super) struct FleetRequest<'a> {
+    pub header: Option<&'a str>,
+    pub raw_body: &'a [u8],
+    pub constraint: Constraint,
+    pub body: &'a Body,
+    pub shape: Shape,
+}
+
 impl Node {
-    /// Runs `body` on the fleet database `name` (a name in the caller's
+    /// Runs a request on the fleet database `name` (a name in the caller's
     /// account, or a uuid).
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn fleet_query(
         &self,
         caller: &Caller,
         name: &str,
-        header: Option<&str>,
-        raw_body: &[u8],
-        constraint: Constraint,
-        body: &Body,
+        request: &FleetRequest<'_>,
         cancel: &CancelToken,
     ) -> Answer {
+        let FleetRequest {
+            header,
+            raw_body,
+            constraint,
+            body,
+            shape,
+        } = *request;
         let Some(fleet) = self.fleet() else {
             return Answer::error(
                 404,
@@ -77,7 +89,7 @@ impl Node {
             // asked instead; routes reach every node in a later change.
             Err(FleetError::Unknown(_)) if fleet.host.is_none() && !caller.is_forwarded() => {
                 return match &fleet.config.control_url {
-                    Some(url) => self.pass_query(url, caller, name, header, raw_body),
+                    Some(url) => self.pass_query(url, caller, name, header, raw_body, shape),
                     None => fleet_error(&FleetError::Unknown(name.into())),
                 };
             }
@@ -86,7 +98,7 @@ impl Node {
         let open = match fleet.acquire(&route) {
             Ok(o) => o,
             Err(FleetError::Elsewhere(_)) if !caller.is_forwarded() => {
-                return self.pass_query(&route.node, caller, &route.uuid, header, raw_body);
+                return self.pass_query(&route.node, caller, &route.uuid, header, raw_body, shape);
             }
             Err(e) => return fleet_error(&e),
         };
@@ -98,13 +110,41 @@ impl Node {
                 "the account exceeded its daily rows limit (free plan); queries are refused until the end of the day (UTC)",
             );
         }
-        let answer = self.run_on(open.database(), caller, constraint, body, cancel);
+        let answer = self.run_on(open.database(), caller, constraint, body, shape, cancel);
         if let Some((read, written)) = answer.usage {
             fleet
                 .metering
                 .record(&route.uuid, &route.account, read, written);
         }
         answer
+    }
+
+    /// A fleet database hosted on this node, for export, import and the
+    /// like (a request for one hosted elsewhere is answered 421 with its
+    /// node, where the client sends it).
+    pub(super) fn hosted_database(
+        &self,
+        name: &str,
+    ) -> Result<std::sync::Arc<crate::fleet::host::OpenDb>, Answer> {
+        let Some(fleet) = self.fleet() else {
+            return Err(fleet_error(&FleetError::Unknown(name.into())));
+        };
+        let _on_query_path = QueryPathGuard::enter();
+        let route = fleet
+            .route(name, &fleet.config.default_account)
+            .map_err(|e| fleet_error(&e))?;
+        match fleet.acquire(&route) {
+            Ok(open) => Ok(open),
+            Err(FleetError::Elsewhere(_)) => Err(Answer::error(
+                421,
+                codes::UNAVAILABLE,
+                format!(
+                    "database {name:?} is served by {}: send this request there",
+                    route.node
+                ),
+            )),
+            Err(e) => Err(fleet_error(&e)),
+        }
     }
 
     fn pass_query(
@@ -114,14 +154,16 @@ impl Node {
         name: &str,
         header: Option<&str>,
         payload: &[u8],
+        shape: Shape,
     ) -> Answer {
+        let raw_path = format!("/v1/databases/{name}/raw");
         let request = super::client::Request {
             database: name,
             bookmark: header,
             authorization: caller.authorization(),
             payload,
             forwarded: true,
-            path: None,
+            path: (shape == Shape::Arrays).then_some(raw_path.as_str()),
         };
         match super::client::post_query(self.agent(), node_url, &request, 64 << 20) {
             Ok(raw) => Answer::relayed(raw),

@@ -1,9 +1,13 @@
-//! A node's HTTP server: the D1-shaped query endpoint and `/metrics`.
+//! A node's request handling: the D1-shaped query endpoints (`/query`,
+//! `/raw`), database resolution, authentication and `/metrics`. The HTTP
+//! routes themselves are in `super::routes` (and `super::cloudflare`,
+//! `super::transfer`).
 //!
 //! On the primary every request runs locally (behind the output gate when
 //! the primary replicates). On a replica:
 //! - `first-primary` (the session's first query) and batches go to the
-//!   primary;
+//!   primary; so does a multi-statement `sql` that writes (the replica
+//!   runs one that only reads itself, in one read transaction);
 //! - a statement SQLite calls a write (`sqlite3_stmt_readonly`) is refused
 //!   by the replica's engine and forwarded to the primary;
 //! - a read waits, boundedly, until the replica has applied the session's
@@ -22,25 +26,35 @@
 //! primary's check.
 
 pub use super::answer::{Answer, codes};
-use super::answer::{log_refusal, query_error, respond, retry_after_s, too_large};
-use super::api::{self, BOOKMARK_HEADER, Body, Response};
+use super::answer::{log_refusal, query_error, retry_after_s, too_large};
+use super::api::{self, Body, Shape};
 use super::auth::{Auth, AuthError, Target};
 use super::metrics::{Metrics, ReplicaLag};
+pub use super::routes::{HttpServer, SHUTDOWN_GRACE_MS, serve};
 use crate::database::Database;
 use crate::error::{QueryError, SessionError};
 use crate::execution::CancelToken;
 use crate::replication::ReplicatedReplica;
-use crate::session::{Access, Constraint, QueryResult, Session};
-use axum::Router;
-use axum::extract::{Path, State};
-use axum::http::header::AUTHORIZATION;
-use axum::http::{HeaderMap, HeaderValue};
-use axum::response::{IntoResponse, Response as HttpResponse};
-use axum::routing::{get, post};
-use std::io;
-use std::net::SocketAddr;
+use crate::session::{Access, Constraint, RawResult, Session};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// A database a request runs on: the node's own or a hosted fleet
+/// database (held open while the request runs).
+pub(super) enum LocalDb<'a> {
+    Main(&'a Database),
+    Fleet(Arc<crate::fleet::host::OpenDb>),
+}
+
+impl std::ops::Deref for LocalDb<'_> {
+    type Target = Database;
+    fn deref(&self) -> &Database {
+        match self {
+            LocalDb::Main(db) => db,
+            LocalDb::Fleet(open) => open.database(),
+        }
+    }
+}
 
 /// What a node serves.
 #[derive(Debug)]
@@ -78,6 +92,12 @@ pub struct HttpConfig {
     /// Cold storage, for time travel on a primary (None: its endpoints
     /// answer 501).
     pub time_travel: Option<super::time_travel::TimeTravelConfig>,
+    /// Largest export (the SQL text, held in memory while it is built and
+    /// while its link lives); a larger one is refused with 413.
+    pub max_export_bytes: usize,
+    /// Largest import body (the SQL file); a larger one is refused with
+    /// 413 before it is read.
+    pub max_import_bytes: usize,
 }
 
 impl Default for HttpConfig {
@@ -91,6 +111,8 @@ impl Default for HttpConfig {
             forward_timeout_ms: 2 * crate::Limits::default().query_timeout_ms,
             failover_wait_ms: 5_000,
             time_travel: None,
+            max_export_bytes: 64 << 20,
+            max_import_bytes: 32 << 20,
         }
     }
 }
@@ -114,6 +136,8 @@ pub struct Node {
     /// The fleet's databases and control plane (None: this node serves
     /// only its own database).
     fleet: Option<Arc<crate::fleet::Fleet>>,
+    /// Exports and uploads in flight ([`super::transfer`]).
+    transfers: super::transfer::Transfers,
 }
 
 /// An authenticated caller: what its statements may do, and the
@@ -122,9 +146,17 @@ pub struct Node {
 #[derive(Clone)]
 pub struct Caller {
     access: Access,
-    authorization: Option<String>,
+    pub(super) authorization: Option<String>,
     /// The request came from a replica forwarding it.
-    forwarded: bool,
+    pub(super) forwarded: bool,
+}
+
+/// A database a request named, resolved by [`Node::resolve_database`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// The database's name: what tokens are scoped to, and what a
+    /// replica's forwarded request names on the primary.
+    pub name: String,
 }
 
 impl std::fmt::Debug for Caller {
@@ -185,6 +217,7 @@ impl Node {
                 .time_travel
                 .clone()
                 .map(super::time_travel::TimeTravel::new),
+            transfers: super::transfer::Transfers::default(),
             config,
             fleet: None,
         }
@@ -204,12 +237,112 @@ impl Node {
         &self.agent
     }
 
+    /// The database `name_or_id` names: the `{name}` of a `/v1` path or
+    /// the `{database_id}` of a Cloudflare path. All name-to-database
+    /// resolution goes through here. Today a node serves one database,
+    /// [`HttpConfig::database`], by that name; an unknown one is a 404
+    /// (code 7404).
+    pub fn resolve_database(&self, name_or_id: &str) -> Result<Resolved, Answer> {
+        if name_or_id == self.config.database && !matches!(self.role, Role::Fleet) {
+            Ok(Resolved {
+                name: self.config.database.clone(),
+            })
+        } else if self.fleet.is_some() {
+            // The fleet's databases are found through its routing table
+            // when the request runs ([`super::fleet_query`]).
+            Ok(Resolved {
+                name: name_or_id.to_string(),
+            })
+        } else {
+            Err(Answer::error(
+                404,
+                codes::UNKNOWN_DATABASE,
+                format!("unknown database {name_or_id:?}"),
+            ))
+        }
+    }
+
+    /// Authenticates a request for the database `name_or_id` names (its
+    /// token must grant that database), then resolves it. A caller the
+    /// token does not admit learns nothing about which databases exist.
+    pub fn authorize_database(
+        &self,
+        authorization: Option<&[u8]>,
+        name_or_id: &str,
+    ) -> Result<(Caller, Resolved), Answer> {
+        let target = self
+            .resolve_database(name_or_id)
+            .map_or_else(|_| name_or_id.to_string(), |r| r.name);
+        let caller = self.authorize(authorization, Target::Database(&target))?;
+        let resolved = self
+            .resolve_database(name_or_id)
+            .map_err(|a| self.refuse(a))?;
+        Ok((caller, resolved))
+    }
+
     pub(super) fn config(&self) -> &HttpConfig {
         &self.config
     }
 
     pub(super) fn time_travel_state(&self) -> Option<&super::time_travel::TimeTravel> {
         self.time_travel.as_ref()
+    }
+
+    pub(super) fn transfers(&self) -> &super::transfer::Transfers {
+        &self.transfers
+    }
+
+    /// The database `name` (resolved) as this node holds it: the
+    /// primary's, the replica's copy, or a fleet database hosted here.
+    pub(super) fn local_database(&self, name: &str) -> Result<LocalDb<'_>, Answer> {
+        if self.is_fleet_name(name) {
+            return self.hosted_database(name).map(LocalDb::Fleet);
+        }
+        Ok(LocalDb::Main(match &self.role {
+            Role::Primary(db) => db,
+            Role::Replica { replica, .. } => replica.replica().database(),
+            Role::Fleet => unreachable!("every name is the fleet's on a fleet node"),
+        }))
+    }
+
+    /// The primary of `name` on this node, if it has it here: `main`'s on a
+    /// primary, or a fleet database hosted here (None: a replica's `main`).
+    pub(super) fn writable_database(&self, name: &str) -> Result<Option<LocalDb<'_>>, Answer> {
+        if self.is_fleet_name(name) {
+            return self.hosted_database(name).map(|o| Some(LocalDb::Fleet(o)));
+        }
+        Ok(self.primary_database().map(LocalDb::Main))
+    }
+
+    /// Whether `name` is one of the fleet's databases rather than this
+    /// node's own.
+    pub(super) fn is_fleet_name(&self, name: &str) -> bool {
+        self.fleet.is_some() && (name != self.config.database || matches!(self.role, Role::Fleet))
+    }
+
+    /// Forwards `payload` to another endpoint of the primary (`path`),
+    /// with the caller's credentials; `reason` labels the metric.
+    pub(super) fn forward_payload(
+        &self,
+        caller: &Caller,
+        name: &str,
+        path: &str,
+        payload: &[u8],
+        reason: &'static str,
+    ) -> Answer {
+        let Some(primaries) = &self.primaries else {
+            return Answer::error(503, codes::UNAVAILABLE, "no primary is known");
+        };
+        self.metrics.forwarded(reason);
+        let request = super::client::Request {
+            database: name,
+            bookmark: None,
+            authorization: caller.authorization.as_deref(),
+            payload,
+            forwarded: true,
+            path: Some(path),
+        };
+        super::forward::answer(primaries.post(&self.agent, &request, 1 << 20))
     }
 
     pub(super) fn primary_database(&self) -> Option<&Database> {
@@ -296,6 +429,25 @@ impl Node {
         self.query_cancellable(caller, name, bookmark_header, body, &self.request_token())
     }
 
+    /// Handles `POST /v1/databases/{name}/raw`: as [`Node::query`], rows
+    /// as arrays.
+    pub fn raw(
+        &self,
+        caller: &Caller,
+        name: &str,
+        bookmark_header: Option<&str>,
+        body: &[u8],
+    ) -> Answer {
+        self.query_shaped(
+            caller,
+            name,
+            bookmark_header,
+            body,
+            Shape::Arrays,
+            &self.request_token(),
+        )
+    }
+
     /// [`Node::query`], stopped early once `cancel` is cancelled.
     pub fn query_cancellable(
         &self,
@@ -305,7 +457,20 @@ impl Node {
         body: &[u8],
         cancel: &CancelToken,
     ) -> Answer {
-        let answer = self.query_inner(caller, name, bookmark_header, body, cancel);
+        self.query_shaped(caller, name, bookmark_header, body, Shape::Objects, cancel)
+    }
+
+    /// [`Node::query_cancellable`] answering in `shape`.
+    pub fn query_shaped(
+        &self,
+        caller: &Caller,
+        name: &str,
+        bookmark_header: Option<&str>,
+        body: &[u8],
+        shape: Shape,
+        cancel: &CancelToken,
+    ) -> Answer {
+        let answer = self.query_inner(caller, name, bookmark_header, body, shape, cancel);
         if answer.status >= 400 {
             log_refusal(&answer);
             self.metrics.refused(answer.status);
@@ -313,7 +478,9 @@ impl Node {
             for (by_primary, region) in served {
                 self.metrics.served(*by_primary, region);
             }
-        } else if let Ok(r) = serde_json::from_slice::<Response>(&answer.body) {
+        } else if let Ok(r) =
+            serde_json::from_slice::<api::Envelope<Vec<api::MetaOnlyJson>>>(&answer.body)
+        {
             for res in &r.result {
                 self.metrics
                     .served(res.meta.served_by_primary, &res.meta.served_by_region);
@@ -328,16 +495,15 @@ impl Node {
         name: &str,
         header: Option<&str>,
         body: &[u8],
+        shape: Shape,
         cancel: &CancelToken,
     ) -> Answer {
-        let fleet_database = name != self.config.database || matches!(self.role, Role::Fleet);
-        if fleet_database && self.fleet.is_none() {
-            return Answer::error(
-                404,
-                codes::UNKNOWN_DATABASE,
-                format!("unknown database {name:?}"),
-            );
-        }
+        let name = match self.resolve_database(name) {
+            Ok(r) => r.name,
+            Err(a) => return a,
+        };
+        let name = name.as_str();
+        let fleet_database = self.is_fleet_name(name);
         if body.len() > self.config.max_body_bytes {
             return Answer::error(413, codes::TOO_LARGE, too_large(self.config.max_body_bytes));
         }
@@ -350,13 +516,20 @@ impl Node {
             Err(e) => return Answer::error(400, codes::BAD_REQUEST, e.to_string()),
         };
         if fleet_database {
-            return self.fleet_query(caller, name, header, body, constraint, &parsed, cancel);
+            let request = super::fleet_query::FleetRequest {
+                header,
+                raw_body: body,
+                constraint,
+                body: &parsed,
+                shape,
+            };
+            return self.fleet_query(caller, name, &request, cancel);
         }
         match &self.role {
             // Every name is the fleet's on a fleet node (handled above).
             Role::Fleet => Answer::error(404, codes::UNKNOWN_DATABASE, "unknown database"),
             Role::Primary(db) => self
-                .run(db, caller, constraint, &parsed, cancel)
+                .run(db, caller, constraint, &parsed, shape, cancel)
                 .into_answer(),
             Role::Replica { replica, .. } => {
                 if caller.forwarded {
@@ -366,7 +539,7 @@ impl Node {
                     // is not it and the sender tries the next node.
                     return super::forward::not_primary();
                 }
-                let forward = |reason| self.forward(caller, name, header, body, reason);
+                let forward = |reason| self.forward(caller, name, header, body, shape, reason);
                 if constraint == Constraint::FirstPrimary {
                     return forward("first-primary");
                 }
@@ -379,6 +552,7 @@ impl Node {
                     caller,
                     constraint,
                     &parsed,
+                    shape,
                     cancel,
                 ) {
                     Routed::Done(a) => a,
@@ -402,6 +576,7 @@ impl Node {
         caller: &Caller,
         constraint: Constraint,
         body: &Body,
+        shape: Shape,
         cancel: &CancelToken,
     ) -> Routed {
         let session = match db.session(constraint) {
@@ -415,7 +590,7 @@ impl Node {
         let bookmark = session.bookmark().map(|b| b.to_string());
         match result {
             Ok(results) => {
-                let mut a = Answer::json(200, bookmark, &Response::ok(&results));
+                let mut a = Answer::results(200, bookmark, &results, shape);
                 a.usage = Some(results.iter().fold((0, 0), |(r, w), q| {
                     (r + q.meta.rows_read, w + q.meta.rows_written)
                 }));
@@ -440,9 +615,11 @@ impl Node {
         caller: &Caller,
         constraint: Constraint,
         body: &Body,
+        shape: Shape,
         cancel: &CancelToken,
     ) -> Answer {
-        self.run(db, caller, constraint, body, cancel).into_answer()
+        self.run(db, caller, constraint, body, shape, cancel)
+            .into_answer()
     }
 
     fn forward(
@@ -451,19 +628,24 @@ impl Node {
         name: &str,
         header: Option<&str>,
         body: &[u8],
+        shape: Shape,
         reason: &'static str,
     ) -> Answer {
         let Some(primaries) = &self.primaries else {
             return Answer::error(503, codes::UNAVAILABLE, "no primary is known");
         };
         self.metrics.forwarded(reason);
+        let raw_path = format!("/v1/databases/{name}/raw");
         let request = super::client::Request {
             database: name,
             bookmark: header,
             authorization: caller.authorization.as_deref(),
             payload: body,
             forwarded: true,
-            path: None,
+            path: match shape {
+                Shape::Objects => None,
+                Shape::Arrays => Some(&raw_path),
+            },
         };
         super::forward::answer(primaries.post(&self.agent, &request, 64 << 20))
     }
@@ -545,261 +727,13 @@ impl Routed {
     }
 }
 
-fn run_body(session: &Session, body: &Body) -> Result<Vec<QueryResult>, QueryError> {
+fn run_body(session: &Session, body: &Body) -> Result<Vec<RawResult>, QueryError> {
     match body {
-        Body::One(s) => Ok(vec![
-            session
-                .prepare(s.sql.clone())
-                .bind(s.params.iter().cloned())
-                .all()?,
-        ]),
-        Body::Batch(ss) => session.batch(ss.iter().map(|s| {
+        Body::One(s) => session.exec(&s.sql, s.params.iter().cloned()),
+        Body::Batch(ss) => session.batch_raw(ss.iter().map(|s| {
             session
                 .prepare(s.sql.clone())
                 .bind(s.params.iter().cloned())
         })),
     }
-}
-
-/// How long a stopping server waits for its requests (all cancelled by
-/// then) before it drops them.
-pub const SHUTDOWN_GRACE_MS: u64 = 2_000;
-
-/// A running HTTP server. Dropping it stops it: every running request is
-/// cancelled, and the server waits at most [`SHUTDOWN_GRACE_MS`] for them.
-pub struct HttpServer {
-    addr: SocketAddr,
-    node: Arc<Node>,
-    shutdown: Option<tokio::sync::watch::Sender<bool>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl std::fmt::Debug for HttpServer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HttpServer")
-            .field("addr", &self.addr)
-            .finish()
-    }
-}
-
-impl HttpServer {
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-    pub fn node(&self) -> &Arc<Node> {
-        &self.node
-    }
-}
-
-impl Drop for HttpServer {
-    fn drop(&mut self) {
-        self.node.cancel_all();
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(true);
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Cancels its request's token when dropped: hyper drops a request's
-/// future when its client goes away (HTTP/1 half-close is off, so EOF on
-/// a busy connection ends it), and with it this guard.
-struct CancelOnDrop(CancelToken);
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        self.0.cancel();
-    }
-}
-
-async fn query_route(
-    State(node): State<Arc<Node>>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-    body: axum::body::Body,
-) -> impl IntoResponse {
-    // Authentication first: nothing of an unauthenticated request is
-    // read, not even its body.
-    let authorization = headers.get(AUTHORIZATION).map(HeaderValue::as_bytes);
-    // Cheap enough to run on the worker: a hash and a map lookup, and a
-    // stat of the store at most once a second.
-    let mut caller = match node.authorize(authorization, Target::Database(&name)) {
-        Ok(c) => c,
-        Err(answer) => return respond(answer),
-    };
-    caller.forwarded = headers.contains_key(super::forward::FORWARDED_HEADER);
-    let header = headers
-        .get(BOOKMARK_HEADER)
-        .map(|v| v.to_str().map(str::to_string));
-    let limit = node.config.max_body_bytes;
-    let declared = headers
-        .get("content-length")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    // Read at most one byte past the limit: enough to know it is exceeded,
-    // never an allocation the client chose.
-    let body = match declared {
-        Some(n) if n > limit as u64 => Err(BodyRead::TooLarge),
-        _ => axum::body::to_bytes(body, limit.saturating_add(1))
-            .await
-            .map_err(|e| {
-                if is_length_limit(&e) {
-                    BodyRead::TooLarge
-                } else {
-                    BodyRead::Failed(e.to_string())
-                }
-            }),
-    };
-    let answer = match (header, body) {
-        (_, Err(BodyRead::TooLarge)) => {
-            node.refuse(Answer::error(413, codes::TOO_LARGE, too_large(limit)))
-        }
-        (_, Err(BodyRead::Failed(why))) => node.refuse(Answer::error(
-            400,
-            codes::BAD_REQUEST,
-            format!("could not read the request body: {why}"),
-        )),
-        (Some(Err(_)), _) => node.refuse(Answer::error(
-            400,
-            codes::BOOKMARK,
-            "the bookmark header is not text",
-        )),
-        (header, Ok(body)) => {
-            let header = header.and_then(Result::ok);
-            // SQLite, the output gate and forwarding all block: they run on
-            // the blocking pool while this future waits, so that hyper can
-            // drop the future (cancelling the query) if the client leaves.
-            let token = node.request_token();
-            let _cancel_on_drop = CancelOnDrop(token.clone());
-            let n = Arc::clone(&node);
-            tokio::task::spawn_blocking(move || {
-                n.query_cancellable(&caller, &name, header.as_deref(), &body, &token)
-            })
-            .await
-            .unwrap_or_else(|e| {
-                node.refuse(Answer::error(
-                    500,
-                    codes::INTERNAL,
-                    format!("the request failed: {e}"),
-                ))
-            })
-        }
-    };
-    respond(answer)
-}
-
-/// Why a request body was not read.
-enum BodyRead {
-    TooLarge,
-    Failed(String),
-}
-
-/// Whether a body error is the size limit (http-body's `LengthLimitError`,
-/// which axum wraps; matched by its message to avoid a dependency for one
-/// type).
-fn is_length_limit(e: &axum::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = source {
-        if err.to_string().contains("length limit exceeded") {
-            return true;
-        }
-        source = err.source();
-    }
-    false
-}
-
-/// `GET /metrics`: node-wide, so it needs an all-databases token (of
-/// either permission).
-async fn metrics_route(State(node): State<Arc<Node>>, headers: HeaderMap) -> HttpResponse {
-    let authorization = headers.get(AUTHORIZATION).map(HeaderValue::as_bytes);
-    if let Err(answer) = node.authorize(authorization, Target::Metrics) {
-        return respond(answer).into_response();
-    }
-    let n = Arc::clone(&node);
-    let text = tokio::task::spawn_blocking(move || n.metrics_text())
-        .await
-        .unwrap_or_default();
-    ([("content-type", "text/plain; version=0.0.4")], text).into_response()
-}
-
-/// Serves `node` on `addr` from a thread of its own (a small tokio
-/// runtime; a request's blocking work runs on its blocking pool).
-pub fn serve(node: Arc<Node>, addr: SocketAddr) -> io::Result<HttpServer> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("walrelay-http")
-        .enable_all()
-        .build()?;
-    let listener = runtime.block_on(tokio::net::TcpListener::bind(addr))?;
-    let bound = listener.local_addr()?;
-    // The body limit is enforced by the handler, in D1's error shape.
-    let app = Router::new()
-        .route("/v1/databases/{name}/query", post(query_route))
-        .route("/metrics", get(metrics_route))
-        .route(
-            "/internal/fleet/{call}",
-            post(super::fleet_internal::internal_route),
-        )
-        .route(
-            "/v1/databases",
-            post(super::control_api::databases_route).get(super::control_api::databases_route),
-        )
-        .route(
-            "/v1/databases/{id}",
-            get(super::control_api::database_route).delete(super::control_api::database_route),
-        )
-        .route(
-            "/client/v4/accounts/{account_id}/d1/database",
-            post(super::control_api::cf_databases_route)
-                .get(super::control_api::cf_databases_route),
-        )
-        .route(
-            "/client/v4/accounts/{account_id}/d1/database/{database_id}",
-            get(super::control_api::cf_database_route)
-                .delete(super::control_api::cf_database_route),
-        )
-        .route(
-            "/v1/databases/{name}/time_travel/bookmark",
-            get(super::time_travel::bookmark_route).post(super::time_travel::bookmark_route),
-        )
-        .route(
-            "/v1/databases/{name}/time_travel/restore",
-            post(super::time_travel::restore_route),
-        )
-        .layer(axum::extract::DefaultBodyLimit::disable())
-        .with_state(Arc::clone(&node));
-    let (tx, rx) = tokio::sync::watch::channel(false);
-    let grace = Duration::from_millis(SHUTDOWN_GRACE_MS);
-    let thread = std::thread::Builder::new()
-        .name("walrelay-http-main".into())
-        .spawn(move || {
-            let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-                let _ = rx.wait_for(|s| *s).await;
-            };
-            let serving = axum::serve(listener, app).with_graceful_shutdown(stopped(rx.clone()));
-            runtime.block_on(async move {
-                // Graceful: no new connections, in-flight requests finish
-                // (they were cancelled) — but for at most `grace`.
-                tokio::select! {
-                    _ = serving => {}
-                    _ = async {
-                        stopped(rx).await;
-                        tokio::time::sleep(grace).await;
-                    } => {}
-                }
-            });
-            // Blocking work still running is left to finish on its own.
-            runtime.shutdown_timeout(Duration::from_millis(100));
-        })?;
-    Ok(HttpServer {
-        addr: bound,
-        node,
-        shutdown: Some(tx),
-        thread: Some(thread),
-    })
 }

@@ -381,12 +381,8 @@ impl Node {
         what: &str,
         write: bool,
     ) -> Option<Answer> {
-        if name != self.config().database {
-            return Some(self.refuse(Answer::error(
-                404,
-                codes::UNKNOWN_DATABASE,
-                format!("unknown database {name:?}"),
-            )));
+        if let Err(a) = self.resolve_database(name) {
+            return Some(self.refuse(a));
         }
         if self.primary_database().is_none() {
             let path = format!("/v1/databases/{name}/time_travel/{what}?{query}");

@@ -6,6 +6,7 @@
 
 pub mod consistency;
 pub mod fleet;
+pub mod http_kit;
 pub mod pg;
 pub mod procs;
 pub mod up;
@@ -446,7 +447,7 @@ pub struct HttpCluster {
     // Field order is drop order: the cluster stops before its directory goes.
     pub c: walrelay_engine::local_cluster::LocalCluster,
     pub dir: tempfile::TempDir,
-    agent: ureq::Agent,
+    pub(crate) agent: ureq::Agent,
 }
 
 /// What a test saw of one HTTP answer.
