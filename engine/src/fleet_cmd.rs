@@ -16,6 +16,10 @@ use walrelay_engine::fleet::{Fleet, FleetConfig, LocalHostApi};
 use walrelay_engine::http::server::{HttpConfig, Node, Role, serve};
 use walrelay_engine::{ClusterKey, Database, Options, Synchronous};
 
+/// The replicated history of the embedded catalog (ids of databases the
+/// control plane creates are random and never this small).
+pub const CATALOG_DATABASE_ID: walrelay_replicator::DatabaseId = walrelay_replicator::DatabaseId(2);
+
 /// How a primary or replica node takes part in a fleet (it keeps a
 /// routing table and passes control-plane calls on).
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -194,11 +198,29 @@ pub fn node(a: NodeArgs) -> Result<()> {
         routes: Arc::clone(&routes),
         self_url: self_url.clone(),
     });
+    // The embedded catalog is a walrelay database too: replicated to the
+    // followers (as database CATALOG_DATABASE_ID) when there are any.
+    let mut catalog_primary = None;
     let control = if a.control_plane {
         let catalog: Arc<dyn Catalog> = if a.catalog == "embedded" {
             std::fs::create_dir_all(a.dir.join("catalog"))?;
-            let db = Database::open(a.dir.join("catalog").join("db"), Options::default())
-                .context("opening the embedded catalog")?;
+            let path = a.dir.join("catalog").join("db");
+            let db = if a.followers.is_empty() {
+                Database::open(&path, Options::default()).context("opening the embedded catalog")?
+            } else {
+                let mut config = walrelay_engine::replication::PrimaryConfig::new(
+                    path,
+                    a.followers.clone(),
+                    key.clone(),
+                );
+                config.database = CATALOG_DATABASE_ID;
+                config.backend = a.net;
+                let p = walrelay_engine::replication::ReplicatedPrimary::start(config)
+                    .context("starting the replicated catalog")?;
+                let db = p.database().clone();
+                catalog_primary = Some(p);
+                db
+            };
             Arc::new(SqliteCatalog::open(db, Arc::clone(&reads)).context("the catalog schema")?)
         } else if a.catalog.starts_with("postgres://") || a.catalog.starts_with("postgresql://") {
             Arc::new(
@@ -269,6 +291,13 @@ pub fn node(a: NodeArgs) -> Result<()> {
     }
     drop(server);
     fleet.stop();
+    if let Some(p) = catalog_primary {
+        if let Err(e) = p.stop(Duration::from_secs(10)) {
+            eprintln!(
+                "node: the catalog did not stop cleanly ({e}); its next start recovers it from the followers"
+            );
+        }
+    }
     println!("node stopped");
     Ok(())
 }

@@ -97,3 +97,30 @@ fn cloudflares_python_sdk_drives_a_node_through_cloudflares_paths() {
     );
     assert_eq!(r.json["result"][0]["results"][0]["n"], 2, "{}", r.json);
 }
+
+#[test]
+fn cloudflares_python_sdk_creates_lists_gets_queries_and_deletes_fleet_databases() {
+    if let Err(why) = sdk_available() {
+        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+        assert!(!ci, "CI=true and the SDK test cannot run: {why}");
+        eprintln!("skipped: {why} (python3 -m pip install 'cloudflare=={SDK}')");
+        return;
+    }
+    let fx = common::fleet::HttpFleet::start(common::fleet::Tuning {
+        max_open: 16,
+        idle_close_ms: 60_000,
+        heartbeat_ms: 60_000,
+        limits: false,
+    });
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/d1_sdk/sdk_fleet.py");
+    let out = Command::new("python3")
+        .args([script, &fx.url, &fx.admin.expose()])
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim_end().ends_with("ok"),
+        "the SDK script failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -454,11 +454,12 @@ impl ControlPlane {
     }
 }
 
-/// A random database id, never 0 and never 1 (`main`'s in `walrelay up`).
+/// A random database id, never below 16: small ids are reserved (1 is
+/// `main`'s in `walrelay up`, 2 the embedded catalog's).
 pub fn fresh_database_id() -> DatabaseId {
     loop {
         let id = getrandom::u64().expect("the OS random source works") >> 1;
-        if id > 1 {
+        if id >= 16 {
             return DatabaseId(id);
         }
     }

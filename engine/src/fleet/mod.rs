@@ -182,6 +182,85 @@ impl Fleet {
         self.control.is_some()
     }
 
+    /// The fleet's gauges and counters, in Prometheus' text format.
+    pub fn metrics_text(&self) -> String {
+        use std::fmt::Write;
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut t = String::new();
+        let mut line = |name: &str, help: &str, kind: &str, v: u64| {
+            let _ = writeln!(t, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+        };
+        line(
+            "walrelay_fleet_catalog_reads_on_query_path_total",
+            "Catalog reads made while a query ran (must stay 0).",
+            "counter",
+            self.reads.on_query_path(),
+        );
+        line(
+            "walrelay_fleet_catalog_reads_total",
+            "Catalog reads by this node's control plane (creation, listing, heartbeats, limits).",
+            "counter",
+            self.reads.total(),
+        );
+        line(
+            "walrelay_fleet_queries_total",
+            "Queries to fleet databases received here.",
+            "counter",
+            self.stats.queries.load(Relaxed),
+        );
+        line(
+            "walrelay_fleet_heartbeats_total",
+            "Heartbeats sent by this node's databases.",
+            "counter",
+            self.stats.heartbeats.load(Relaxed),
+        );
+        line(
+            "walrelay_fleet_routes_repaired_total",
+            "Routing entries a heartbeat found missing or stale and rewrote.",
+            "counter",
+            self.stats.routes_repaired.load(Relaxed),
+        );
+        line(
+            "walrelay_fleet_routes",
+            "Entries in this node's routing table.",
+            "gauge",
+            self.routes.len() as u64,
+        );
+        if let Some(h) = &self.host {
+            line(
+                "walrelay_fleet_hosted_databases",
+                "Databases hosted here.",
+                "gauge",
+                h.hosted_count(),
+            );
+            line(
+                "walrelay_fleet_open_databases",
+                "Databases open here.",
+                "gauge",
+                h.open_ids().len() as u64,
+            );
+            line(
+                "walrelay_fleet_max_open_databases",
+                "The open-database cap.",
+                "gauge",
+                h.max_open() as u64,
+            );
+            line(
+                "walrelay_fleet_evictions_total",
+                "Databases closed to make room under the cap.",
+                "counter",
+                h.stats.evicted.load(Relaxed),
+            );
+            line(
+                "walrelay_fleet_idle_closes_total",
+                "Databases closed after their idle time.",
+                "counter",
+                h.stats.closed_idle.load(Relaxed),
+            );
+        }
+        t
+    }
+
     /// Internal calls to other nodes.
     pub fn internal(&self) -> &link::Internal {
         &self.internal

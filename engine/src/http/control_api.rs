@@ -195,9 +195,18 @@ impl Node {
                 let number = |k: &str, default: u64| -> Result<u64, Answer> {
                     match param(k) {
                         None => Ok(default),
+                        // Cloudflare's SDKs type these as numbers and may
+                        // send `2.0`; any integral value is taken.
                         Some(v) => v
                             .parse::<u64>()
-                            .map_err(|_| bad(format!("{k} must be a positive integer"))),
+                            .ok()
+                            .or_else(|| {
+                                v.parse::<f64>()
+                                    .ok()
+                                    .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < 1e15)
+                                    .map(|f| f as u64)
+                            })
+                            .ok_or_else(|| bad(format!("{k} must be a positive integer"))),
                     }
                 };
                 let (page, per_page) =

@@ -701,6 +701,9 @@ impl Node {
         if let (Some(tt), Some(db)) = (&self.time_travel, self.primary_database()) {
             text.push_str(&tt.metrics_text(db.latest_bookmark()));
         }
+        if let Some(fleet) = &self.fleet {
+            text.push_str(&fleet.metrics_text());
+        }
         text
     }
 }
