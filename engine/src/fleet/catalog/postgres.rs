@@ -32,6 +32,22 @@ CREATE TABLE IF NOT EXISTS account_database_stats_changes(
     id BIGSERIAL PRIMARY KEY, account TEXT NOT NULL, delta BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS account_database_stats(
     account TEXT PRIMARY KEY, size_bytes BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS account_counts(account TEXT PRIMARY KEY, live BIGINT NOT NULL);
+INSERT INTO account_counts
+    SELECT account, count(*) FROM databases WHERE deleted_at_ms IS NULL GROUP BY account
+    ON CONFLICT (account) DO NOTHING;
+CREATE OR REPLACE FUNCTION walrelay_count_live() RETURNS trigger AS $$
+BEGIN
+    IF TG_OP = 'INSERT' AND NEW.deleted_at_ms IS NULL THEN
+        INSERT INTO account_counts(account, live) VALUES (NEW.account, 1)
+        ON CONFLICT (account) DO UPDATE SET live = account_counts.live + 1;
+    ELSIF TG_OP = 'UPDATE' AND OLD.deleted_at_ms IS NULL AND NEW.deleted_at_ms IS NOT NULL THEN
+        UPDATE account_counts SET live = live - 1 WHERE account = NEW.account;
+    END IF;
+    RETURN NULL;
+END $$ LANGUAGE plpgsql;
+CREATE OR REPLACE TRIGGER databases_count AFTER INSERT OR UPDATE OF deleted_at_ms
+    ON databases FOR EACH ROW EXECUTE FUNCTION walrelay_count_live();
 CREATE OR REPLACE FUNCTION walrelay_size_delta() RETURNS trigger AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
@@ -105,8 +121,8 @@ impl Catalog for PgCatalog {
                 "INSERT INTO databases({ROW_COLUMNS})
                  SELECT $1::TEXT, $2::BIGINT, $3::TEXT, $4::TEXT, $5::TEXT, $6::TEXT,
                         $7::BIGINT, NULL
-                 WHERE (SELECT count(*) FROM databases
-                        WHERE account = $3::TEXT AND deleted_at_ms IS NULL) < $8::BIGINT"
+                 WHERE coalesce((SELECT live FROM account_counts WHERE account = $3::TEXT), 0)
+                       < $8::BIGINT"
             ),
             &[
                 &row.uuid.to_string(),

@@ -28,6 +28,22 @@ const SCHEMA: &[&str] = &[
         id INTEGER PRIMARY KEY, account TEXT NOT NULL, delta INTEGER NOT NULL)",
     "CREATE TABLE IF NOT EXISTS account_database_stats(
         account TEXT PRIMARY KEY, size_bytes INTEGER NOT NULL)",
+    // Live databases per account, kept by triggers, so that creation's
+    // cap check reads one row instead of counting the account's databases.
+    "CREATE TABLE IF NOT EXISTS account_counts(account TEXT PRIMARY KEY, live INTEGER NOT NULL)",
+    "INSERT OR IGNORE INTO account_counts
+        SELECT account, count(*) FROM databases WHERE deleted_at_ms IS NULL GROUP BY account",
+    "CREATE TRIGGER IF NOT EXISTS databases_count_insert AFTER INSERT ON databases
+     WHEN new.deleted_at_ms IS NULL
+     BEGIN
+        INSERT INTO account_counts(account, live) VALUES (new.account, 1)
+        ON CONFLICT(account) DO UPDATE SET live = live + 1;
+     END",
+    "CREATE TRIGGER IF NOT EXISTS databases_count_delete AFTER UPDATE OF deleted_at_ms ON databases
+     WHEN old.deleted_at_ms IS NULL AND new.deleted_at_ms IS NOT NULL
+     BEGIN
+        UPDATE account_counts SET live = live - 1 WHERE account = new.account;
+     END",
     "CREATE TRIGGER IF NOT EXISTS database_stats_insert AFTER INSERT ON database_stats
      BEGIN
         INSERT INTO account_database_stats_changes(account, delta)
@@ -131,8 +147,7 @@ impl Catalog for SqliteCatalog {
             .prepare(format!(
                 "INSERT INTO databases({ROW_COLUMNS})
                  SELECT $1, $2, $3, $4, $5, $6, $7, NULL
-                 WHERE (SELECT count(*) FROM databases
-                        WHERE account = $3 AND deleted_at_ms IS NULL) < $8"
+                 WHERE coalesce((SELECT live FROM account_counts WHERE account = $3), 0) < $8"
             ))
             .bind([
                 Value::Text(row.uuid.to_string()),
@@ -146,7 +161,8 @@ impl Catalog for SqliteCatalog {
             ])
             .run();
         match r {
-            Ok(r) if r.meta.changes == 1 => Ok(()),
+            // The trigger's row counts too: any change means inserted.
+            Ok(r) if r.meta.changes >= 1 => Ok(()),
             Ok(_) => Err(CatalogError::TooManyDatabases(max_databases)),
             Err(e) if is_unique_violation(&e) => Err(CatalogError::NameTaken(row.name.to_string())),
             Err(e) => Err(unavailable(e)),
@@ -227,7 +243,8 @@ impl Catalog for SqliteCatalog {
             .bind([Value::Integer(at_ms), Value::Text(uuid.to_string())])
             .run()
             .map_err(unavailable)?;
-        Ok(r.meta.changes == 1)
+        // The count trigger's row is in `changes` too.
+        Ok(r.meta.changes >= 1)
     }
 
     fn account(&self, account: &AccountId) -> Result<AccountLimits, CatalogError> {
