@@ -149,11 +149,16 @@ fn start(dir: &std::path::Path) -> Bench {
     }
 }
 
-/// Creates databases `from..to` with `clients` concurrent clients;
-/// returns each creation's latency.
-fn create(b: &Bench, from: usize, to: usize, clients: usize) -> Vec<Duration> {
+/// Runs `f(agent, i)` for every `i` in `from..to` on `clients` threads and
+/// returns each call's latency.
+fn drive(
+    from: usize,
+    to: usize,
+    clients: usize,
+    f: impl Fn(&ureq::Agent, usize) + Sync,
+) -> Vec<Duration> {
     let next = AtomicUsize::new(from);
-    let lat = parking_lot_free_mutex();
+    let lat = std::sync::Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..clients {
             s.spawn(|| {
@@ -165,12 +170,7 @@ fn create(b: &Bench, from: usize, to: usize, clients: usize) -> Vec<Duration> {
                         break;
                     }
                     let started = Instant::now();
-                    let (status, body) = post(
-                        &agent,
-                        &format!("{}/v1/databases", b.url),
-                        &serde_json::json!({ "name": format!("db-{i}") }),
-                    );
-                    assert_eq!(status, 200, "create db-{i}: {body}");
+                    f(&agent, i);
                     mine.push(started.elapsed());
                 }
                 lat.lock().unwrap().extend(mine);
@@ -180,40 +180,30 @@ fn create(b: &Bench, from: usize, to: usize, clients: usize) -> Vec<Duration> {
     lat.into_inner().unwrap()
 }
 
-fn parking_lot_free_mutex() -> std::sync::Mutex<Vec<Duration>> {
-    std::sync::Mutex::new(Vec::new())
+/// Creates databases `from..to` through the API; each creation's latency.
+fn create(b: &Bench, from: usize, to: usize, clients: usize) -> Vec<Duration> {
+    drive(from, to, clients, |agent, i| {
+        let (status, body) = post(
+            agent,
+            &format!("{}/v1/databases", b.url),
+            &serde_json::json!({ "name": format!("db-{i}") }),
+        );
+        assert_eq!(status, 200, "create db-{i}: {body}");
+    })
 }
 
 /// Query latencies over the hot set (reads by primary key; the hot set's
 /// tables were made by `prepare_hot`).
 fn workload(b: &Bench, hot: usize, queries: usize, clients: usize) -> Vec<Duration> {
-    let lat = parking_lot_free_mutex();
-    let next = AtomicUsize::new(0);
-    std::thread::scope(|s| {
-        for _ in 0..clients {
-            s.spawn(|| {
-                let agent = agent();
-                let mut mine = Vec::new();
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= queries {
-                        break;
-                    }
-                    let db = format!("db-{}", i % hot);
-                    let started = Instant::now();
-                    let (status, body) = post(
-                        &agent,
-                        &format!("{}/v1/databases/{db}/query", b.url),
-                        &serde_json::json!({"sql": "SELECT v FROM kv WHERE k = ?1", "params": [i % 100]}),
-                    );
-                    assert_eq!(status, 200, "query {db}: {body}");
-                    mine.push(started.elapsed());
-                }
-                lat.lock().unwrap().extend(mine);
-            });
-        }
-    });
-    lat.into_inner().unwrap()
+    drive(0, queries, clients, |agent, i| {
+        let db = format!("db-{}", i % hot);
+        let (status, body) = post(
+            agent,
+            &format!("{}/v1/databases/{db}/query", b.url),
+            &serde_json::json!({"sql": "SELECT v FROM kv WHERE k = ?1", "params": [i % 100]}),
+        );
+        assert_eq!(status, 200, "query {db}: {body}");
+    })
 }
 
 fn prepare_hot(b: &Bench, hot: usize) {

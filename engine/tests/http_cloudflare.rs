@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{HttpCluster, assert_d1_error, http_kit::BytesReply};
+use common::{HttpCluster, http_kit::BytesReply};
 use serde_json::json;
 use walrelay_engine::http::auth::{Permission, Scope};
 use walrelay_engine::http::server::HttpConfig;
@@ -27,13 +27,7 @@ fn cluster() -> HttpCluster {
 }
 
 fn refused(r: &BytesReply, status: u16, code: u32, has: &str, what: &str) {
-    let reply = common::Reply {
-        status: r.status,
-        content_type: r.content_type.clone(),
-        bookmark: None,
-        json: r.json(),
-    };
-    assert_d1_error(&reply, status, code, has, what);
+    r.assert_d1_error(status, code, has, what);
 }
 
 fn post(h: &HttpCluster, url: &str, path: &str, bearer: Option<&str>, body: &[u8]) -> BytesReply {

@@ -13,6 +13,17 @@ pub struct BytesReply {
 }
 
 impl BytesReply {
+    /// Asserts a D1-shaped error ([`super::assert_d1_error`]).
+    pub fn assert_d1_error(&self, status: u16, code: u32, has: &str, what: &str) {
+        let reply = super::Reply {
+            status: self.status,
+            content_type: self.content_type.clone(),
+            bookmark: None,
+            json: self.json(),
+        };
+        super::assert_d1_error(&reply, status, code, has, what);
+    }
+
     /// The body as JSON (panics with the body when it is not).
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body).unwrap_or_else(|e| {
