@@ -108,6 +108,30 @@ fn cloudflares_paths_create_list_get_and_delete_per_account() {
         .status,
         200
     );
+    // A name in a Cloudflare path is looked up in the path's account.
+    for (account, value) in [("acct-1", 1), ("acct-2", 2)] {
+        let q = |sql: &str| {
+            fx.admin(
+                "POST",
+                &format!("/client/v4/accounts/{account}/d1/database/cf/query"),
+                Some(json!({ "sql": sql })),
+            )
+        };
+        assert_eq!(q("CREATE TABLE t(x)").status, 200, "{account}");
+        assert_eq!(q(&format!("INSERT INTO t VALUES ({value})")).status, 200);
+    }
+    for (account, value) in [("acct-1", 1), ("acct-2", 2)] {
+        let r = fx.admin(
+            "POST",
+            &format!("/client/v4/accounts/{account}/d1/database/cf/query"),
+            Some(json!({ "sql": "SELECT x FROM t" })),
+        );
+        assert_eq!(
+            r.json["result"][0]["results"],
+            json!([{ "x": value }]),
+            "{account}"
+        );
+    }
     let list = fx.admin("GET", base, None);
     assert_eq!(list.json["result"][0]["uuid"], uuid.as_str());
     let got = fx.admin("GET", &format!("{base}/{uuid}"), None);

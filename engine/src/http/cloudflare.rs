@@ -1,11 +1,13 @@
 //! Cloudflare's own D1 REST paths and envelope, so D1 clients (the
 //! official SDKs, wrangler's API calls) work against a node unchanged.
 //!
-//! `{account_id}` is accepted and ignored: a node has no accounts (a
+//! `{account_id}` names the account a database *name* in
+//! `{database_id}` is looked up in (fleet databases; a uuid needs none).
+//! Otherwise it is accepted and ignored: a node has no accounts (a
 //! token grants databases, not accounts). `{database_id}` is resolved by
-//! [`Node::resolve_database`] (today: the database's name). Creating,
-//! listing, getting and deleting databases (`.../d1/database`) are not
-//! served here.
+//! [`Node::resolve_database`]. Creating, listing, getting and deleting
+//! databases (`.../d1/database`) are the control plane's
+//! (`super::control_api`).
 //!
 //! ```text
 //! base: /client/v4/accounts/{account_id}/d1/database/{database_id}
@@ -163,28 +165,31 @@ fn etag_ok(etag: &str) -> bool {
 
 async fn query_route(
     State(node): State<Arc<Node>>,
-    Path((_account, database)): Ids,
+    Path((account, database)): Ids,
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> impl IntoResponse {
+    let database = node.in_account(&account, database);
     respond(query_answer(node, database, headers, body, Shape::Objects).await)
 }
 
 async fn raw_route(
     State(node): State<Arc<Node>>,
-    Path((_account, database)): Ids,
+    Path((account, database)): Ids,
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> impl IntoResponse {
+    let database = node.in_account(&account, database);
     respond(query_answer(node, database, headers, body, Shape::Arrays).await)
 }
 
 async fn export_route(
     State(node): State<Arc<Node>>,
-    Path((_account, database)): Ids,
+    Path((account, database)): Ids,
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> impl IntoResponse {
+    let database = node.in_account(&account, database);
     let (_caller, resolved) = match caller_for(&node, &headers, &database) {
         Ok(c) => c,
         Err(a) => return respond(a),
@@ -236,10 +241,11 @@ async fn export_route(
 
 async fn import_route(
     State(node): State<Arc<Node>>,
-    Path((_account, database)): Ids,
+    Path((account, database)): Ids,
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> impl IntoResponse {
+    let database = node.in_account(&account, database);
     let (caller, resolved) = match caller_for(&node, &headers, &database) {
         Ok(c) => c,
         Err(a) => return respond(a),
@@ -424,19 +430,21 @@ async fn time_travel(
 
 async fn bookmark_route(
     State(node): State<Arc<Node>>,
-    Path((_account, database)): Ids,
+    Path((account, database)): Ids,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> impl IntoResponse {
+    let database = node.in_account(&account, database);
     time_travel(node, database, query, headers, TimeTravel::Bookmark).await
 }
 
 async fn restore_route(
     State(node): State<Arc<Node>>,
-    Path((_account, database)): Ids,
+    Path((account, database)): Ids,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> impl IntoResponse {
+    let database = node.in_account(&account, database);
     time_travel(node, database, query, headers, TimeTravel::Restore).await
 }
 

@@ -119,6 +119,26 @@ impl Node {
         answer
     }
 
+    /// A Cloudflare path's `{database_id}` as the rest of the node reads
+    /// it: a fleet database's name in the path's account becomes its uuid
+    /// (a uuid, `main`, or a name the routing table does not know is
+    /// passed on unchanged).
+    pub(super) fn in_account(&self, account: &str, database: String) -> String {
+        let Some(fleet) = self.fleet() else {
+            return database;
+        };
+        let (Ok(account), Ok(name)) = (
+            crate::fleet::names::AccountId::new(account),
+            crate::fleet::names::DatabaseName::new(&database),
+        ) else {
+            return database;
+        };
+        fleet
+            .routes
+            .by_name(&account, &name)
+            .map_or(database, |route| route.uuid)
+    }
+
     /// A fleet database hosted on this node, for export, import and the
     /// like (a request for one hosted elsewhere is answered 421 with its
     /// node, where the client sends it).
