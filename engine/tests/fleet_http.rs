@@ -236,3 +236,61 @@ fn bad_control_plane_requests_get_a_clear_4xx_and_change_nothing() {
 fn uuid_like() -> String {
     walrelay_engine::fleet::names::DatabaseUuid::random().to_string()
 }
+
+#[test]
+fn internal_calls_need_the_cluster_keys_proof_and_bad_ones_change_nothing() {
+    let fx = fixture();
+    let proof =
+        walrelay_engine::fleet::link::InternalAuth::new(Some(&common::fleet::test_cluster_key()))
+            .header_value();
+    let wrong = walrelay_engine::fleet::link::InternalAuth::new(Some(
+        &walrelay_engine::ClusterKey::from_bytes([8; 32]),
+    ))
+    .header_value();
+    let uuid = walrelay_engine::fleet::names::DatabaseUuid::random().to_string();
+    let init =
+        json!({"uuid": uuid, "database_id": 99, "account": "a", "name": "sneaky"}).to_string();
+    for headers in [
+        vec![],
+        vec![("x-walrelay-node", wrong.as_str())],
+        vec![("x-walrelay-node", "00")],
+    ] {
+        let r = fx.post_with("/internal/fleet/init", &headers, &init);
+        assert_eq!(r.status, 401, "{headers:?}: {}", r.json);
+    }
+    // An admin API token is not the cluster's proof either.
+    let bearer = fx.admin.bearer();
+    let r = fx.post_with("/internal/fleet/init", &[("authorization", &bearer)], &init);
+    assert_eq!(r.status, 401);
+    let with = [("x-walrelay-node", proof.as_str())];
+    for (call, body) in [
+        ("init", "{"),
+        (
+            "init",
+            r#"{"uuid":"nope","database_id":1,"account":"a","name":"n"}"#,
+        ),
+        (
+            "init",
+            r#"{"uuid":"x","database_id":1,"account":"a","name":"Bad Name","more":1}"#,
+        ),
+        ("activate", r#"{"uuid":"x"}"#),
+        ("heartbeat", "[]"),
+        ("routes", r#"[{"op":"put","route":{"uuid":"x"}}]"#),
+        ("report", r#"{"sizes":"no"}"#),
+    ] {
+        let r = fx.post_with(&format!("/internal/fleet/{call}"), &with, body);
+        assert_eq!(r.status, 400, "{call} {body}: {}", r.json);
+    }
+    let r = fx.post_with("/internal/fleet/nonsense", &with, "{}");
+    assert_eq!(r.status, 404);
+    let huge = "x".repeat(9 << 20);
+    let r = fx.post_with("/internal/fleet/routes", &with, &huge);
+    assert!(r.status == 413 || r.status == 0, "{}", r.status);
+    // Nothing was created, nothing was routed.
+    assert_eq!(fx.node.host.hosted_count(), 0);
+    assert!(fx.node.routes.is_empty());
+    // The proof works.
+    let r = fx.post_with("/internal/fleet/init", &with, &init);
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(fx.node.host.hosted_count(), 1);
+}

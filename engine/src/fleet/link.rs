@@ -54,7 +54,8 @@ impl InternalAuth {
         InternalAuth(key.map(|k| k.derive(CONTEXT)))
     }
 
-    fn header_value(&self) -> String {
+    /// The header's value this node sends ("" without a key).
+    pub fn header_value(&self) -> String {
         self.0
             .map(|s| s.iter().map(|b| format!("{b:02x}")).collect())
             .unwrap_or_default()

@@ -13,6 +13,7 @@ use walrelay_engine::fleet::control::{
     ControlConfig, ControlPlane, HostApi, HostNode, LimitsService,
 };
 use walrelay_engine::fleet::host::{Host, HostConfig, HostError, LocalOpener};
+use walrelay_engine::fleet::link::InternalAuth;
 use walrelay_engine::fleet::names::{AccountId, DatabaseName, DatabaseUuid};
 use walrelay_engine::fleet::routes::Routes;
 use walrelay_engine::fleet::{Fleet, FleetConfig, LocalHostApi};
@@ -23,6 +24,11 @@ use walrelay_engine::{Database, Options};
 use walrelay_replicator::DatabaseId;
 
 pub const NODE_URL: &str = "http://fleet-node.test";
+
+/// The cluster key of every test fleet.
+pub fn test_cluster_key() -> walrelay_engine::ClusterKey {
+    walrelay_engine::ClusterKey::from_bytes([7; 32])
+}
 
 /// A catalog whose next `fail_inserts` inserts fail (after the host was
 /// initialised: the orphan case).
@@ -238,6 +244,8 @@ pub fn one_node_tuned(url: &str, dir: &Path, t: Tuning) -> OneNode {
     config.heartbeat_jitter_ms = 1;
     config.orphan_grace_ms = heartbeat_ms;
     config.tick_ms = 20;
+    // Internal calls need the (test) cluster key's proof.
+    config.auth = InternalAuth::new(Some(&test_cluster_key()));
     let fleet = Arc::new(Fleet::new(
         config,
         Arc::clone(&routes),
@@ -344,6 +352,32 @@ impl HttpFleet {
         let mut resp = resp.expect("the node answers");
         let status = resp.status().as_u16();
         let text = resp.body_mut().read_to_string().unwrap();
+        let json = serde_json::from_str(&text).unwrap_or(Json::String(text));
+        Reply { status, json }
+    }
+
+    /// POSTs `body` to `path` with `headers` only (no token).
+    pub fn post_with(&self, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+        // Its own connection: a refused oversized body leaves the one it
+        // was cut off on unusable.
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(30)))
+            .http_status_as_error(false)
+            .build()
+            .new_agent();
+        let mut req = agent.post(format!("{}{path}", self.url));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        // A refused oversized body may be cut off while it is sent: status 0.
+        let Ok(mut resp) = req.send(body.as_bytes()) else {
+            return Reply {
+                status: 0,
+                json: Json::Null,
+            };
+        };
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
         let json = serde_json::from_str(&text).unwrap_or(Json::String(text));
         Reply { status, json }
     }
