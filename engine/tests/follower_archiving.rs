@@ -1,0 +1,313 @@
+//! A follower archives every database it holds, not only `--database`:
+//! real `walrelay follower` processes with a `--store` directory, fed by
+//! in-process primaries of databases other than the followers' own. Each
+//! database's history reaches the store (`walrelay restore --database
+//! <id>` gives its rows), each follower's log of it is released down to
+//! `--local-keep-bytes`, a clean stop archives what is confirmed, and a
+//! killed follower restarts and goes on.
+
+mod common;
+
+use common::{Proc, cluster_key_file, free_port, join_addrs, key_args, wait_accepting};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use walrelay_archive::{Archive, Store};
+use walrelay_engine::replication::{PrimaryConfig, ReplicatedPrimary};
+use walrelay_engine::{ClusterKey, Constraint, Value};
+use walrelay_replicator::{Bookmark, DatabaseId};
+
+const KEEP_BYTES: u64 = 64 << 10;
+
+/// The databases the primaries write (neither is the followers' own, 1).
+const DATABASES: [u64; 2] = [100, 101];
+
+struct Followers {
+    root: PathBuf,
+    store: PathBuf,
+    key: PathBuf,
+    addrs: Vec<SocketAddr>,
+    procs: Vec<Proc>,
+}
+
+impl Followers {
+    fn start(root: &Path, key: &Path, archive_lag_ms: u64) -> Followers {
+        let addrs: Vec<SocketAddr> = (0..3).map(|_| free_port()).collect();
+        let mut f = Followers {
+            root: root.to_path_buf(),
+            store: root.join("store"),
+            key: key.to_path_buf(),
+            addrs,
+            procs: Vec::new(),
+        };
+        f.procs = (0..3).map(|i| f.spawn(i, archive_lag_ms)).collect();
+        f
+    }
+
+    fn dir(&self, i: usize) -> PathBuf {
+        self.root.join(format!("follower-{i}"))
+    }
+
+    /// Starts (or restarts) follower `i`: rank i, uploading at once (or
+    /// after `archive_lag_ms`), keeping `KEEP_BYTES` archived locally.
+    fn spawn(&self, i: usize, archive_lag_ms: u64) -> Proc {
+        let addr = self.addrs[i];
+        let peers: Vec<SocketAddr> = self.addrs.iter().filter(|p| **p != addr).copied().collect();
+        let mut args: Vec<String> = [
+            "follower",
+            "--listen",
+            &addr.to_string(),
+            "--dir",
+            &self.dir(i).display().to_string(),
+            "--peers",
+            &join_addrs(&peers),
+            "--store",
+            &self.store.display().to_string(),
+            "--archive-rank",
+            &i.to_string(),
+            "--archive-lag-ms",
+            &archive_lag_ms.to_string(),
+            "--archive-lag-bytes",
+            &(1u64 << 20).to_string(),
+            "--local-keep-bytes",
+            &KEEP_BYTES.to_string(),
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(key_args(&self.key));
+        let mut p = Proc::spawn(&format!("follower {i}"), &args);
+        p.wait_line("listening");
+        wait_accepting(addr, "a follower");
+        p
+    }
+}
+
+fn primary(dir: &Path, id: u64, addrs: &[SocketAddr], key: &ClusterKey) -> ReplicatedPrimary {
+    let mut c = PrimaryConfig::new(
+        dir.join(format!("db-{id}.sqlite")),
+        addrs.to_vec(),
+        Some(key.clone()),
+    );
+    c.database = DatabaseId(id);
+    c.confirm_timeout_ms = 10_000;
+    ReplicatedPrimary::start(c).expect("primary")
+}
+
+/// Inserts rows `from..from + n` (each with a `blob`-byte body, one
+/// transaction each); the bookmark after them.
+fn write_rows(p: &ReplicatedPrimary, from: i64, n: i64, blob: i64) -> Bookmark {
+    let s = p
+        .database()
+        .session(Constraint::FirstPrimary)
+        .expect("session");
+    s.prepare("CREATE TABLE IF NOT EXISTS t(id INTEGER PRIMARY KEY, body BLOB)")
+        .run()
+        .expect("create");
+    for i in from..from + n {
+        s.prepare("INSERT INTO t(id, body) VALUES (?1, randomblob(?2))")
+            .bind([Value::Integer(i), Value::Integer(blob)])
+            .run()
+            .expect("insert");
+    }
+    s.bookmark().expect("bookmark")
+}
+
+/// Waits until the store's archived end of `id` reaches `at`.
+fn wait_archived(store: &Path, id: u64, at: Bookmark, within: Duration) {
+    let store = Store::open(store.to_str().expect("utf-8")).expect("store");
+    let archive = Archive::new(store, DatabaseId(id));
+    let deadline = Instant::now() + within;
+    loop {
+        if archive.manifest().is_ok_and(|m| m.log_end >= at) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "database {id}: the store never reached {at}: {:?}",
+            archive.manifest().map(|m| m.log_end)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A follower's segment files of database `id`, in log order, with sizes.
+fn segments(follower_dir: &Path, id: u64) -> Vec<(String, u64)> {
+    let dir = follower_dir
+        .join("db")
+        .join(DatabaseId(id).to_string())
+        .join("log");
+    let mut segs: Vec<(String, u64)> = std::fs::read_dir(&dir)
+        .expect("log dir")
+        .map(|e| e.expect("entry"))
+        .filter(|e| e.path().extension().is_some_and(|x| x == "seg"))
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                e.metadata().expect("meta").len(),
+            )
+        })
+        .collect();
+    segs.sort();
+    segs
+}
+
+/// Waits until a follower's log of `id` no longer holds its first
+/// segment and what is left before the newest segment is within the keep
+/// size (the release works in whole segments).
+fn wait_released(follower_dir: &Path, id: u64, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let segs = segments(follower_dir, id);
+        let older: u64 = segs.iter().rev().skip(1).map(|(_, b)| b).sum();
+        let first_gone = segs
+            .first()
+            .is_some_and(|(n, _)| n != "0000000000000000.seg");
+        if first_gone && older <= KEEP_BYTES {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: database {id}'s log was never released down to {KEEP_BYTES} bytes: {segs:?}",
+            follower_dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `walrelay restore` of database `id`'s newest archived state: its rows'
+/// ids and total body bytes.
+fn restored(root: &Path, store: &Path, id: u64) -> (Vec<i64>, i64) {
+    let out = root.join(format!("restored-{id}.db"));
+    let _ = std::fs::remove_file(&out);
+    let r = Command::new(env!("CARGO_BIN_EXE_walrelay"))
+        .args(["restore", "--store"])
+        .arg(store)
+        .args(["--database", &id.to_string(), "--out"])
+        .arg(&out)
+        .output()
+        .expect("run walrelay restore");
+    assert!(
+        r.status.success(),
+        "walrelay restore --database {id}: {}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let c = rusqlite::Connection::open(&out).expect("open the restored database");
+    let mut q = c.prepare("SELECT id FROM t ORDER BY id").expect("select");
+    let ids: Vec<i64> = q
+        .query_map([], |r| r.get(0))
+        .expect("query")
+        .map(|r| r.expect("row"))
+        .collect();
+    let bytes: i64 = c
+        .query_row("SELECT total(length(body)) FROM t", [], |r| {
+            r.get::<_, f64>(0)
+        })
+        .expect("sum") as i64;
+    (ids, bytes)
+}
+
+#[test]
+fn every_database_a_follower_holds_reaches_the_store_and_its_log_is_released_down_to_the_keep_size()
+{
+    let dir = tempfile::tempdir().expect("dir");
+    let (key_path, key) = cluster_key_file(dir.path());
+    let f = Followers::start(dir.path(), &key_path, 0);
+    let primaries: Vec<ReplicatedPrimary> = DATABASES
+        .iter()
+        .map(|id| primary(dir.path(), *id, &f.addrs, &key))
+        .collect();
+    // Enough log for several segments (64 KiB, then doubling).
+    let ends: Vec<Bookmark> = primaries
+        .iter()
+        .map(|p| write_rows(p, 0, 150, 8000))
+        .collect();
+    for (id, at) in DATABASES.iter().zip(&ends) {
+        wait_archived(&f.store, *id, *at, Duration::from_secs(60));
+    }
+    for id in DATABASES {
+        for i in 0..3 {
+            wait_released(&f.dir(i), id, Duration::from_secs(30));
+        }
+        let (ids, bytes) = restored(dir.path(), &f.store, id);
+        assert_eq!(ids, (0..150).collect::<Vec<_>>(), "database {id}'s rows");
+        assert_eq!(bytes, 150 * 8000, "database {id}'s bodies");
+    }
+    // With nothing left to archive, the uploaders end (and say so).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for p in &f.procs {
+        for id in DATABASES {
+            let needle = format!("database={}", DatabaseId(id));
+            while p
+                .error_lines("uploader stopped: everything confirmed is archived")
+                .iter()
+                .all(|l| !l.contains(&needle))
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "{}: no idle uploader of database {id}: {:#?}",
+                    p.name,
+                    p.lines()
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    // The followers' own database was never written: nothing of it here.
+    let store = Store::open(f.store.to_str().expect("utf-8")).expect("store");
+    assert!(Archive::new(store, DatabaseId(1)).manifest().is_err());
+    for p in primaries {
+        p.stop(Duration::from_secs(10)).expect("primary stops");
+    }
+}
+
+#[test]
+fn a_stopped_follower_archives_what_is_confirmed_and_a_killed_one_restarts_and_goes_on() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (key_path, key) = cluster_key_file(dir.path());
+    // Uploads wait a minute: only a stop (or a restart's catch-up) moves
+    // records into the store within the test.
+    let mut f = Followers::start(dir.path(), &key_path, 60_000);
+    let primaries: Vec<ReplicatedPrimary> = DATABASES
+        .iter()
+        .map(|id| primary(dir.path(), *id, &f.addrs, &key))
+        .collect();
+    let ends: Vec<Bookmark> = primaries
+        .iter()
+        .map(|p| write_rows(p, 0, 20, 1000))
+        .collect();
+
+    // Follower 1 is killed and comes back; it still has the records.
+    f.procs[1].kill();
+    f.procs[1] = f.spawn(1, 60_000);
+    let more: Vec<Bookmark> = primaries
+        .iter()
+        .map(|p| write_rows(p, 20, 20, 1000))
+        .collect();
+    assert!(more.iter().zip(&ends).all(|(m, e)| m > e));
+
+    for p in primaries {
+        p.stop(Duration::from_secs(10)).expect("primary stops");
+    }
+
+    // A clean stop of every follower (the rank 0 one first) leaves every
+    // confirmed record of both databases in the store.
+    for p in &mut f.procs {
+        p.interrupt();
+        assert!(
+            p.child
+                .try_wait()
+                .ok()
+                .flatten()
+                .is_some_and(|s| s.success()),
+            "{} stopped cleanly: {:#?}",
+            p.name,
+            p.lines()
+        );
+    }
+    for (id, at) in DATABASES.iter().zip(&more) {
+        wait_archived(&f.store, *id, *at, Duration::from_secs(1));
+        let (ids, _) = restored(dir.path(), &f.store, *id);
+        assert_eq!(ids, (0..40).collect::<Vec<_>>(), "database {id}'s rows");
+    }
+}
