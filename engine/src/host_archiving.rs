@@ -3,7 +3,10 @@
 //! records the store does not have yet, at most `max_running` at once.
 //!
 //! Every tick the supervisor asks each database for what the host answers
-//! without reopening it (confirmed, disk bytes). A database it has not
+//! without reopening it (confirmed, disk bytes); one the host has not
+//! opened since it started is skipped (nothing is known confirmed there
+//! until a leader opens it, and its records reached the store through the
+//! followers that stayed up, or will after that). A database it has not
 //! seen since the process started has its archived end read from the
 //! store's manifest (so a restarted follower continues where the store
 //! is); one whose uploader ended idle is remembered with the archived end
@@ -30,7 +33,7 @@ use walrelay_replicator::node::follower_host::FollowerHost;
 use walrelay_replicator::{Bookmark, DatabaseId};
 
 /// How often the supervisor looks at the databases.
-const TICK: Duration = Duration::from_millis(250);
+const TICK: Duration = Duration::from_millis(500);
 
 /// Manifests read per tick for databases not seen yet (a restarted host
 /// with many databases catches up over a few ticks).
@@ -254,8 +257,10 @@ impl Supervisor {
             let Some(db) = self.host.database(id) else {
                 continue;
             };
-            // Answered from the host's summary for a closed database.
-            let Ok(confirmed) = db.confirmed() else {
+            // Answered from the host's summary for a closed database,
+            // never by opening it: one not opened since the host started
+            // knows nothing confirmed until a leader opens it.
+            let Ok(Some(confirmed)) = db.known_confirmed() else {
                 continue;
             };
             let known = match self.known.get(&id) {

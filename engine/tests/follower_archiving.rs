@@ -12,10 +12,14 @@ use common::{Proc, cluster_key_file, free_port, join_addrs, key_args, wait_accep
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use walrelay_archive::{Archive, Store};
+use walrelay_archive::{Archive, ArchiverConfig, Store};
+use walrelay_engine::host_archiving::{HostArchiver, HostArchiverConfig};
 use walrelay_engine::replication::{PrimaryConfig, ReplicatedPrimary};
 use walrelay_engine::{ClusterKey, Constraint, Value};
+use walrelay_replicator::net::Backend;
+use walrelay_replicator::node::follower_host::{FollowerHost, FollowerHostConfig};
 use walrelay_replicator::{Bookmark, DatabaseId};
 
 const KEEP_BYTES: u64 = 64 << 10;
@@ -310,4 +314,159 @@ fn a_stopped_follower_archives_what_is_confirmed_and_a_killed_one_restarts_and_g
         let (ids, _) = restored(dir.path(), &f.store, *id);
         assert_eq!(ids, (0..40).collect::<Vec<_>>(), "database {id}'s rows");
     }
+}
+
+/// An in-process follower host (the only follower: W = 1) whose
+/// databases a [`HostArchiver`] archives into `store` with `max_running`
+/// uploaders.
+fn host_with_archiver(
+    dir: &Path,
+    store: &Store,
+    max_running: usize,
+) -> (Arc<FollowerHost>, HostArchiver) {
+    let mut config = FollowerHostConfig::new(free_port(), dir.join("follower"));
+    config.backend = Backend::Std;
+    let host = Arc::new(FollowerHost::start(config).expect("host"));
+    let mut a = ArchiverConfig::new(DatabaseId(0), dir.join("unused"));
+    a.max_lag_ms = 0;
+    a.max_lag_bytes = 0;
+    a.local_keep_bytes = KEEP_BYTES;
+    let archiver = HostArchiver::start(
+        Arc::clone(&host),
+        store.clone(),
+        HostArchiverConfig {
+            archiver: a,
+            work_dir: dir.join("follower").join("archive"),
+            max_running,
+            skip: None,
+        },
+    )
+    .expect("host archiver");
+    (host, archiver)
+}
+
+fn unauthenticated_primary(dir: &Path, id: u64, host: &FollowerHost) -> ReplicatedPrimary {
+    let mut c = PrimaryConfig::new(dir.join(format!("db-{id}.sqlite")), vec![host.addr()], None);
+    c.database = DatabaseId(id);
+    ReplicatedPrimary::start(c).expect("primary")
+}
+
+fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Runs `walrelay primary` for database `id` against `host` with one
+/// demo writer for a couple of seconds; it stops cleanly and exits, which
+/// hangs up its connection (an in-process primary's would stay open).
+fn primary_process(dir: &Path, id: u64, host: &FollowerHost) {
+    let args: Vec<String> = [
+        "primary",
+        "--dir",
+        &dir.join(format!("primary-{id}")).display().to_string(),
+        "--followers",
+        &host.addr().to_string(),
+        "--listen",
+        &free_port().to_string(),
+        "--database",
+        &id.to_string(),
+        "--demo-writers",
+        "1",
+        "--seconds",
+        "2",
+        "--insecure-replication",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut p = Proc::spawn(&format!("primary {id}"), &args);
+    let status = p.wait_exit();
+    assert!(status.success(), "primary {id}: {:#?}", p.lines());
+}
+
+/// The store's archived end of `id`.
+fn archived(store: &Store, id: u64) -> Bookmark {
+    Archive::new(store.clone(), DatabaseId(id))
+        .manifest()
+        .map_or(Bookmark::ZERO, |m| m.log_end)
+}
+
+#[test]
+fn an_archived_database_the_host_closed_stays_closed_and_its_uploader_returns_with_new_records() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = Store::open(dir.path().join("store").to_str().expect("utf-8")).expect("store");
+    let (host, archiver) = host_with_archiver(dir.path(), &store, 16);
+    primary_process(dir.path(), 100, &host);
+    let db = host.database(DatabaseId(100)).expect("held");
+    let confirmed = db.confirmed().expect("confirmed");
+    assert!(confirmed > Bookmark::ZERO);
+    wait_for(
+        "everything confirmed archived",
+        Duration::from_secs(30),
+        || archived(&store, 100) >= confirmed,
+    );
+    wait_for("the uploader ends", Duration::from_secs(30), || {
+        archiver.status().running == 0
+    });
+    wait_for(
+        "the host closes the database",
+        Duration::from_secs(30),
+        || {
+            host.close_idle(Duration::ZERO);
+            host.open_databases().is_empty()
+        },
+    );
+    let started = archiver.status().started;
+    // Several of the supervisor's ticks: it reopens nothing, starts nothing.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        host.open_databases().is_empty(),
+        "{:?}",
+        host.open_databases()
+    );
+    assert_eq!(archiver.status().started, started);
+    assert_eq!(archiver.status().idle, 1);
+
+    // New records: an uploader again, and they reach the store.
+    primary_process(dir.path(), 100, &host);
+    let more = db.confirmed().expect("confirmed");
+    assert!(more > confirmed);
+    wait_for("the new records archived", Duration::from_secs(30), || {
+        archived(&store, 100) >= more
+    });
+    assert!(archiver.status().started > started);
+    archiver.stop();
+}
+
+#[test]
+fn with_one_uploader_slot_every_database_still_reaches_the_store_in_turn() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = Store::open(dir.path().join("store").to_str().expect("utf-8")).expect("store");
+    let (host, archiver) = host_with_archiver(dir.path(), &store, 1);
+    let ids = [100u64, 101, 102];
+    let primaries: Vec<ReplicatedPrimary> = ids
+        .iter()
+        .map(|id| unauthenticated_primary(dir.path(), *id, &host))
+        .collect();
+    // Writes keep coming to every database while they wait their turn.
+    for round in 0..3 {
+        for p in &primaries {
+            write_rows(p, round * 10, 10, 100);
+        }
+        assert!(archiver.status().running <= 1);
+    }
+    let ends: Vec<Bookmark> = primaries
+        .iter()
+        .map(|p| write_rows(p, 30, 1, 100))
+        .collect();
+    for (id, at) in ids.iter().zip(&ends) {
+        wait_archived(&dir.path().join("store"), *id, *at, Duration::from_secs(60));
+        assert!(archiver.status().running <= 1);
+    }
+    for p in primaries {
+        p.stop(Duration::from_secs(10)).expect("primary stops");
+    }
+    archiver.stop();
 }

@@ -335,6 +335,23 @@ impl FollowerDb {
     pub fn confirmed(&self) -> Result<Bookmark, HostError> {
         self.peek(|s| s.confirmed, |c| c.follower.confirmed())
     }
+    /// The confirmed position if the host knows it without opening the
+    /// database: None for one not opened since the host started (nothing
+    /// is known confirmed there until a leader says so, and asking
+    /// [`FollowerDb::confirmed`] would open it).
+    pub fn known_confirmed(&self) -> Result<Option<Bookmark>, HostError> {
+        loop {
+            let db = match self.host.peek_known(self.id)? {
+                None => return Ok(None),
+                Some(Ok(db)) => db,
+                Some(Err(summary)) => return Ok(Some(summary.confirmed)),
+            };
+            let core = db.core.lock();
+            if !core.closed {
+                return Ok(Some(core.follower.confirmed()));
+            }
+        }
+    }
     /// The epoch promised for this database.
     pub fn epoch(&self) -> Result<Epoch, HostError> {
         self.peek(|s| s.epoch, |c| c.follower.epoch())

@@ -525,6 +525,23 @@ impl Shared {
         }
     }
 
+    /// As [`Shared::peek`], but never opening: None for a closed database
+    /// the host has no summary of (not opened since it started).
+    pub(super) fn peek_known(
+        &self,
+        id: DatabaseId,
+    ) -> Result<Option<Result<Arc<Db>, DbSummary>>, HostError> {
+        let reg = self.registry.lock();
+        match reg.slots.get(&id) {
+            None => Err(HostError::Unknown { id }),
+            Some(Slot { open: Some(db), .. }) => Ok(Some(Ok(Arc::clone(db)))),
+            Some(Slot {
+                summary: Some(s), ..
+            }) => Ok(Some(Err(*s))),
+            Some(_) => Ok(None),
+        }
+    }
+
     /// The database `id`, opened if it is closed (never created).
     pub(super) fn open(&self, id: DatabaseId) -> Result<Arc<Db>, HostError> {
         let mut reg = self.registry.lock();
