@@ -247,22 +247,25 @@ impl Supervisor {
     fn scan(&mut self) {
         let now_us = walrelay_archive::archiver::now_us();
         let mut lookups = 0;
-        for id in self.host.databases() {
+        let all = self.host.known_confirmed();
+        // Forget what the host no longer holds.
+        if self.known.len() > all.len() {
+            let held: HashSet<DatabaseId> = all.iter().map(|(id, _)| *id).collect();
+            self.known.retain(|id, _| held.contains(id));
+        }
+        // Answered from the host's summary for a closed database, never
+        // by opening it: one not opened since the host started knows
+        // nothing confirmed until a leader opens it.
+        for (id, confirmed) in all {
+            let Some(confirmed) = confirmed else {
+                continue;
+            };
             if Some(id) == self.config.skip
                 || self.running.contains_key(&id)
                 || self.queued.contains(&id)
             {
                 continue;
             }
-            let Some(db) = self.host.database(id) else {
-                continue;
-            };
-            // Answered from the host's summary for a closed database,
-            // never by opening it: one not opened since the host started
-            // knows nothing confirmed until a leader opens it.
-            let Ok(Some(confirmed)) = db.known_confirmed() else {
-                continue;
-            };
             let known = match self.known.get(&id) {
                 Some(k) => *k,
                 None => {
@@ -279,15 +282,19 @@ impl Supervisor {
                     }
                 }
             };
-            let unreleased = known.from_store
-                && known.archived > Bookmark::ZERO
-                && db.log_start().is_ok_and(|s| s < known.archived)
-                && db
-                    .disk_bytes()
-                    .is_ok_and(|b| b > self.config.archiver.local_keep_bytes);
+            // Archived before a restart, maybe not yet released.
+            let unreleased = || {
+                let keep = self.config.archiver.local_keep_bytes;
+                known.from_store
+                    && known.archived > Bookmark::ZERO
+                    && self.host.database(id).is_some_and(|db| {
+                        db.log_start().is_ok_and(|s| s < known.archived)
+                            && db.disk_bytes().is_ok_and(|b| b > keep)
+                    })
+            };
             let needs = confirmed > known.archived
-                || unreleased
-                || known.snapshot_due_us.is_some_and(|t| t <= now_us);
+                || known.snapshot_due_us.is_some_and(|t| t <= now_us)
+                || unreleased();
             if needs {
                 self.known.remove(&id);
                 self.queued.insert(id);

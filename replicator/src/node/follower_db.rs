@@ -340,17 +340,11 @@ impl FollowerDb {
     /// is known confirmed there until a leader says so, and asking
     /// [`FollowerDb::confirmed`] would open it).
     pub fn known_confirmed(&self) -> Result<Option<Bookmark>, HostError> {
-        loop {
-            let db = match self.host.peek_known(self.id)? {
-                None => return Ok(None),
-                Some(Ok(db)) => db,
-                Some(Err(summary)) => return Ok(Some(summary.confirmed)),
-            };
-            let core = db.core.lock();
-            if !core.closed {
-                return Ok(Some(core.follower.confirmed()));
-            }
-        }
+        // A core closed meanwhile still holds what its summary says.
+        Ok(self.host.peek_known(self.id)?.map(|k| match k {
+            Ok(db) => db.core.lock().follower.confirmed(),
+            Err(s) => s.confirmed,
+        }))
     }
     /// The epoch promised for this database.
     pub fn epoch(&self) -> Result<Epoch, HostError> {

@@ -137,11 +137,13 @@ fn known_confirmed_never_opens_a_database_and_is_none_until_the_host_has_opened_
     let host = host(dir.path(), IoBackend::Std);
     let db = host.database(id).expect("held");
     assert_eq!(db.known_confirmed().expect("known"), None);
+    assert_eq!(host.known_confirmed(), vec![(id, None)]);
     assert!(host.open_databases().is_empty(), "asking opened nothing");
     // `confirmed` opens it; once closed, its summary answers.
     assert_eq!(db.confirmed().expect("confirmed"), Bookmark::ZERO);
     assert_eq!(host.open_databases(), vec![id]);
     assert_eq!(host.close_idle(Duration::ZERO), 1);
     assert_eq!(db.known_confirmed().expect("known"), Some(Bookmark::ZERO));
+    assert_eq!(host.known_confirmed(), vec![(id, Some(Bookmark::ZERO))]);
     assert!(host.open_databases().is_empty(), "the summary answered");
 }
