@@ -9,6 +9,7 @@
 mod common;
 
 use common::{Proc, cluster_key_file, free_port, join_addrs, key_args, wait_accepting};
+use serde_json::json;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -469,4 +470,115 @@ fn with_one_uploader_slot_every_database_still_reaches_the_store_in_turn() {
         p.stop(Duration::from_secs(10)).expect("primary stops");
     }
     archiver.stop();
+}
+
+/// The databases the store holds history of (the first part of its keys).
+fn databases_in_store(store: &Store) -> Vec<u64> {
+    let mut ids: Vec<u64> = store
+        .list("", None)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|l| l.key.split('/').next())
+        .filter_map(|p| u64::from_str_radix(p, 16).ok())
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// Rows of `t` in database `id`'s newest archived state (None if it
+/// cannot be restored yet or has no such table).
+fn archived_rows(root: &Path, store: &Path, id: u64) -> Option<i64> {
+    let out = root.join(format!("restored-{id}.db"));
+    let _ = std::fs::remove_file(&out);
+    let r = Command::new(env!("CARGO_BIN_EXE_walrelay"))
+        .args(["restore", "--store"])
+        .arg(store)
+        .args(["--database", &id.to_string(), "--out"])
+        .arg(&out)
+        .output()
+        .ok()?;
+    if !r.status.success() {
+        return None;
+    }
+    let c = rusqlite::Connection::open(&out).ok()?;
+    c.query_row("SELECT count(*) FROM t", [], |r| r.get(0)).ok()
+}
+
+#[test]
+fn up_archives_the_fleet_databases_its_nodes_replicate_to_its_followers() {
+    let dir = tempfile::tempdir().expect("dir");
+    let base = common::up::free_base();
+    let args = [
+        "--writers",
+        "1",
+        "--heartbeat-ms",
+        "500",
+        "--net",
+        "std",
+        "--archive-lag-ms",
+        "200",
+    ];
+    let mut up = common::up::Up::start(dir.path(), base, &args);
+    up.wait_serving(2, Duration::from_secs(60));
+    let until_ok = |what: &str, f: &dyn Fn() -> common::up::Reply| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let r = f();
+            if r.status == 200 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{what}: {} {}", r.status, r.json);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    // Nodes 3..=5 are the fleet's.
+    for name in ["alpha", "beta"] {
+        until_ok("create", &|| {
+            up.call(3, "POST", "/v1/databases", Some(&json!({ "name": name })))
+        });
+        let path = format!("/v1/databases/{name}/query");
+        until_ok("create table", &|| {
+            up.call(
+                4,
+                "POST",
+                &path,
+                Some(&json!({ "sql": "CREATE TABLE IF NOT EXISTS t(x)" })),
+            )
+        });
+        for i in 0..10 {
+            until_ok("insert", &|| {
+                up.call(
+                    5,
+                    "POST",
+                    &path,
+                    Some(&json!({ "sql": format!("INSERT INTO t VALUES ({i})") })),
+                )
+            });
+        }
+    }
+    // Both reach the store (beside `main`, 1, and the fleet's catalog).
+    let store_dir = dir.path().join("store");
+    let store = Store::open(store_dir.to_str().expect("utf-8")).expect("store");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let fleet: Vec<u64> = databases_in_store(&store)
+            .into_iter()
+            .filter(|id| *id >= 16)
+            .collect();
+        let full = fleet
+            .iter()
+            .filter(|id| archived_rows(dir.path(), &store_dir, **id) == Some(10))
+            .count();
+        if full == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the fleet's databases never reached the store: {fleet:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (status, lines) = up.interrupt();
+    assert!(status.success(), "up stopped cleanly: {lines:#?}");
 }
