@@ -4,7 +4,10 @@
 //! database's history reaches the store (`walrelay restore --database
 //! <id>` gives its rows), each follower's log of it is released down to
 //! `--local-keep-bytes`, a clean stop archives what is confirmed, and a
-//! killed follower restarts and goes on.
+//! killed follower restarts and goes on. In process, with a follower host
+//! and its `HostArchiver`: an archived database the host closed is not
+//! reopened, and one uploader slot serves several databases in turn.
+//! And `walrelay up`'s fleet databases reach its store.
 
 mod common;
 
