@@ -34,6 +34,11 @@ pub struct ArchiveArgs {
     /// Archived log kept on local disk for peers to catch up from.
     #[arg(long, default_value_t = 64 << 20)]
     pub local_keep_bytes: u64,
+    /// Uploaders a follower runs at once for the databases other than
+    /// `--database` (each runs while its database has confirmed records
+    /// the store lacks, then ends).
+    #[arg(long, default_value_t = 16)]
+    pub max_uploaders: usize,
 }
 
 impl ArchiveArgs {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use walrelay_archive::{
-    Archiver, ArchiverConfig, ArchiverStats, Flush, Source, SourceError, Store,
+    Archiver, ArchiverConfig, ArchiverStats, Flush, RoundReport, Source, SourceError, Store,
 };
 use walrelay_replicator::node::follower::FollowerNode;
 use walrelay_replicator::node::follower_db::FollowerDb;
@@ -86,12 +86,29 @@ impl Source for DbSource {
     }
 }
 
+/// Rounds in a row with nothing to do after which an uploader started
+/// with [`Uploader::start_db_until_idle`] ends.
+const IDLE_ROUNDS: u32 = 2;
+
+/// How an uploader that ended by itself left its database: everything
+/// confirmed was archived (through `archived`), and the local log was
+/// released as far as the store and `local_keep_bytes` allow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Idle {
+    /// The store's archived end when it ended.
+    pub archived: Bookmark,
+    /// When a snapshot falls due though nothing new arrives (µs since the
+    /// Unix epoch), if one will.
+    pub snapshot_due_us: Option<u64>,
+}
+
 /// The uploader thread of one follower.
 #[derive(Debug)]
 pub struct Uploader {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     stats: Arc<ArchiverStats>,
+    idle: Arc<parking_lot::Mutex<Option<Idle>>>,
 }
 
 impl Uploader {
@@ -101,7 +118,7 @@ impl Uploader {
         store: Store,
         config: ArchiverConfig,
     ) -> std::io::Result<Uploader> {
-        Self::start_source(NodeSource(node), store, config)
+        Self::start_source(NodeSource(node), store, config, false)
     }
 
     /// Starts uploading one database of a follower host.
@@ -110,35 +127,85 @@ impl Uploader {
         store: Store,
         config: ArchiverConfig,
     ) -> std::io::Result<Uploader> {
-        Self::start_source(DbSource(db), store, config)
+        Self::start_source(DbSource(db), store, config, false)
+    }
+
+    /// Starts uploading one database of a follower host until there is
+    /// nothing left to do: everything confirmed archived and the log
+    /// released as far as it can be ([`Uploader::idle`] then says so and
+    /// [`Uploader::is_finished`] is true). Between rounds it asks only
+    /// what the host answers without reopening the database.
+    pub fn start_db_until_idle(
+        db: FollowerDb,
+        store: Store,
+        config: ArchiverConfig,
+    ) -> std::io::Result<Uploader> {
+        Self::start_source(DbSource(db), store, config, true)
     }
 
     fn start_source(
         source: impl Source + 'static,
         store: Store,
         config: ArchiverConfig,
+        until_idle: bool,
     ) -> std::io::Result<Uploader> {
         let mut archiver = Archiver::new(store, config);
         let stats = archiver.stats();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
+        let idle = Arc::new(parking_lot::Mutex::new(None));
+        let idle_out = Arc::clone(&idle);
         let thread = std::thread::Builder::new()
             .name("walrelay-archiver".into())
             .spawn(move || {
+                let mut quiet = 0;
                 while !flag.load(Ordering::Relaxed) {
-                    let _ = archiver.round(&source, Flush::No);
-                    std::thread::sleep(ROUND_EVERY);
+                    let report = archiver.round(&source, Flush::No);
+                    if until_idle {
+                        quiet = match report {
+                            Ok(r) if nothing_done(&r, source.confirmed()) => quiet + 1,
+                            _ => 0,
+                        };
+                        if quiet >= IDLE_ROUNDS {
+                            *idle_out.lock() = Some(idle_state(&archiver));
+                            return;
+                        }
+                    }
+                    sleep_unless(&flag, ROUND_EVERY);
                 }
                 // A clean stop leaves nothing confirmed unarchived.
-                if let Err(e) = archiver.round(&source, Flush::Log) {
-                    tracing::warn!(error = %e, "the last upload before stopping failed");
+                match archiver.round(&source, Flush::Log) {
+                    Ok(r) if until_idle && nothing_done(&r, source.confirmed()) => {
+                        *idle_out.lock() = Some(idle_state(&archiver));
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(database = %archiver.config().database, error = %e, "the last upload before stopping failed")
+                    }
                 }
             })?;
         Ok(Uploader {
             stop,
             thread: Some(thread),
             stats,
+            idle,
         })
+    }
+
+    /// Whether the thread has ended (by itself, or after a stop).
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    /// How it left the database, if it ended with nothing left to do.
+    pub fn idle(&self) -> Option<Idle> {
+        *self.idle.lock()
+    }
+
+    /// Asks the thread to upload what is confirmed and end, without
+    /// waiting for it (see [`Uploader::stop`]).
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
     }
 
     /// One status line's worth: what is archived and how far behind.
@@ -163,11 +230,55 @@ impl Uploader {
             .unwrap_or_default()
     }
 
-    /// Uploads what is confirmed and stops.
-    pub fn stop(mut self) {
+    /// Uploads what is confirmed and stops; the state it left (see
+    /// [`Uploader::idle`]).
+    pub fn stop(mut self) -> Option<Idle> {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        self.idle()
+    }
+}
+
+/// Whether a round found nothing to do: all of `confirmed` archived (or
+/// the store fenced this follower), nothing uploaded, snapshotted,
+/// deleted or released.
+fn nothing_done(r: &RoundReport, confirmed: Bookmark) -> bool {
+    (r.fenced || r.archived_to >= confirmed)
+        && r.objects == 0
+        && r.snapshot.is_none()
+        && r.deleted == 0
+        && r.released_to.is_none()
+}
+
+/// The state an idle uploader leaves, with when a snapshot of the log
+/// after the newest one falls due by time alone.
+fn idle_state(archiver: &Archiver) -> Idle {
+    let m = archiver.archive().manifest().ok();
+    let config = archiver.config();
+    let patience = 1 + 2 * u64::from(config.rank);
+    let snapshot_due_us = m.as_ref().and_then(|m| {
+        let newest = m.snapshots.last()?;
+        (newest.bookmark < m.log_end).then(|| {
+            newest
+                .commit_us
+                .saturating_add(config.snapshot_every_ms.saturating_mul(patience * 1000))
+        })
+    });
+    Idle {
+        archived: m.map_or(Bookmark::ZERO, |m| m.log_end),
+        snapshot_due_us,
+    }
+}
+
+/// Sleeps `total`, waking early if `flag` is set.
+fn sleep_unless(flag: &AtomicBool, total: Duration) {
+    let step = Duration::from_millis(50);
+    let mut left = total;
+    while !left.is_zero() && !flag.load(Ordering::Relaxed) {
+        let d = left.min(step);
+        std::thread::sleep(d);
+        left -= d;
     }
 }

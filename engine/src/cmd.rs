@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use walrelay_engine::host_archiving::{HostArchiver, HostArchiverConfig};
 use walrelay_engine::http::auth::Auth;
 use walrelay_engine::http::server::{HttpConfig, Node, Role, serve};
 use walrelay_engine::http::time_travel::TimeTravelConfig;
@@ -126,11 +127,15 @@ pub struct FollowerArgs {
     pub peers: Addrs,
     /// The follower serves every database a leader introduces (each in
     /// DIR/db/<id>/); this one keeps the single-database layout in DIR
-    /// itself, serves connections that do not name a database (older
-    /// peers), and is the one archived (one archiver per database is to
-    /// come).
+    /// itself and serves connections that do not name a database (older
+    /// peers). With `--store` it has an uploader of its own all the time;
+    /// every other database gets one while it has records to archive (at
+    /// most `--max-uploaders` at once).
     #[arg(long, default_value_t = 1)]
     pub database: u64,
+    /// Stop after this many seconds (0: run until a signal).
+    #[arg(long, default_value_t = 0)]
+    pub seconds: u64,
     /// Transport: auto, std or io_uring.
     #[arg(long, default_value = "auto", value_parser = backend)]
     pub net: Backend,
@@ -149,7 +154,9 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
         net,
         auth,
         archive,
+        seconds,
     } = a;
+    let max_uploaders = archive.max_uploaders;
     let archive = archive
         .config(DatabaseId(database), &dir.join("archive"))
         .context("opening the cold store")?;
@@ -162,8 +169,10 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
     config.backend = net;
     config.auth = auth;
     config.legacy = Some(legacy);
-    let host = FollowerHost::start(config)
-        .with_context(|| format!("starting follower in {}", dir.display()))?;
+    let host = Arc::new(
+        FollowerHost::start(config)
+            .with_context(|| format!("starting follower in {}", dir.display()))?,
+    );
     let node = host
         .database(legacy)
         .context("the follower's own database is not held")?;
@@ -191,24 +200,35 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
         host.storage_backend(),
         dir.display()
     );
-    let uploader = match archive {
+    let (uploader, others) = match archive {
         Some((store, config)) => {
             println!(
-                "follower {} archiving database {legacy} to {} (rank {}, log starts at {})",
+                "follower {} archiving database {legacy} to {} (rank {}, log starts at {}), and every other database it holds (up to {max_uploaders} uploaders at once)",
                 host.addr(),
                 store.url(),
                 config.rank,
                 node.log_start().unwrap_or_default()
             );
-            Some(
-                walrelay_engine::archiving::Uploader::start_db(node.clone(), store, config)
-                    .context("starting the archiver")?,
+            let others = HostArchiver::start(
+                Arc::clone(&host),
+                store.clone(),
+                HostArchiverConfig {
+                    archiver: config.clone(),
+                    work_dir: dir.join("archive").join("db"),
+                    max_running: max_uploaders,
+                    skip: Some(legacy),
+                },
             )
+            .context("starting the archivers of the other databases")?;
+            let own = walrelay_engine::archiving::Uploader::start_db(node.clone(), store, config)
+                .context("starting the archiver")?;
+            (Some(own), Some(others))
         }
-        None => None,
+        None => (None, None),
     };
+    let started = Instant::now();
     let mut last_report = Instant::now();
-    while !stopping() {
+    while !stopping() && (seconds == 0 || started.elapsed() < Duration::from_secs(seconds)) {
         std::thread::sleep(Duration::from_millis(50));
         if let Some((id, why)) = host.broken().into_iter().next() {
             // Exit loudly: a supervisor restarts it, and the restart cuts
@@ -231,7 +251,13 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
                 host.open_databases().len(),
                 u.summary()
             );
+            if let Some(o) = &others {
+                println!("follower {} {}", host.addr(), o.summary());
+            }
         }
+    }
+    if let Some(o) = others {
+        o.stop();
     }
     if let Some(u) = uploader {
         u.stop();

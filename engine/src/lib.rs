@@ -88,6 +88,7 @@ pub mod dump;
 mod error;
 mod execution;
 pub mod fleet;
+pub mod host_archiving;
 pub mod http;
 pub mod limits;
 pub mod local_cluster;

@@ -335,6 +335,17 @@ impl FollowerDb {
     pub fn confirmed(&self) -> Result<Bookmark, HostError> {
         self.peek(|s| s.confirmed, |c| c.follower.confirmed())
     }
+    /// The confirmed position if the host knows it without opening the
+    /// database: None for one not opened since the host started (nothing
+    /// is known confirmed there until a leader says so, and asking
+    /// [`FollowerDb::confirmed`] would open it).
+    pub fn known_confirmed(&self) -> Result<Option<Bookmark>, HostError> {
+        // A core closed meanwhile still holds what its summary says.
+        Ok(self.host.peek_known(self.id)?.map(|k| match k {
+            Ok(db) => db.core.lock().follower.confirmed(),
+            Err(s) => s.confirmed,
+        }))
+    }
     /// The epoch promised for this database.
     pub fn epoch(&self) -> Result<Epoch, HostError> {
         self.peek(|s| s.epoch, |c| c.follower.epoch())

@@ -158,6 +158,19 @@ struct Slot {
     last_used: Instant,
 }
 
+/// An open database, or what was kept of a closed one.
+pub(super) type Known = Result<Arc<Db>, DbSummary>;
+
+impl Slot {
+    fn known(&self) -> Option<Known> {
+        match (&self.open, self.summary) {
+            (Some(db), _) => Some(Ok(Arc::clone(db))),
+            (None, Some(s)) => Some(Err(s)),
+            (None, None) => None,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Registry {
     slots: HashMap<DatabaseId, Slot>,
@@ -320,6 +333,20 @@ impl FollowerHost {
         let mut ids: Vec<DatabaseId> = self.shared.registry.lock().slots.keys().copied().collect();
         ids.sort_unstable();
         ids
+    }
+
+    /// Every database held, with its confirmed position where the host
+    /// knows it without opening the database (as
+    /// [`FollowerDb::known_confirmed`]), in one pass over the registry.
+    pub fn known_confirmed(&self) -> Vec<(DatabaseId, Option<Bookmark>)> {
+        let confirmed = |k: Known| match k {
+            Ok(db) => db.core.lock().follower.confirmed(),
+            Err(s) => s.confirmed,
+        };
+        let all = self.shared.all_known();
+        all.into_iter()
+            .map(|(id, k)| (id, k.map(confirmed)))
+            .collect()
     }
 
     /// The databases open now, in id order.
@@ -523,6 +550,22 @@ impl Shared {
             }) => Ok(Err(*s)),
             Some(_) => self.resolve(&mut reg, id, false).map(Ok),
         }
+    }
+
+    /// As [`Shared::peek`], but never opening: None for a closed database
+    /// the host has no summary of (not opened since it started).
+    pub(super) fn peek_known(&self, id: DatabaseId) -> Result<Option<Known>, HostError> {
+        let reg = self.registry.lock();
+        reg.slots
+            .get(&id)
+            .map(Slot::known)
+            .ok_or(HostError::Unknown { id })
+    }
+
+    /// [`Shared::peek_known`] of every database, in one pass.
+    fn all_known(&self) -> Vec<(DatabaseId, Option<Known>)> {
+        let reg = self.registry.lock();
+        reg.slots.iter().map(|(id, s)| (*id, s.known())).collect()
     }
 
     /// The database `id`, opened if it is closed (never created).

@@ -127,3 +127,23 @@ fn a_replica_or_follower_handshake_for_an_unknown_database_creates_nothing() {
         Err(HostError::Unknown { id: DatabaseId(7) })
     ));
 }
+
+#[test]
+fn known_confirmed_never_opens_a_database_and_is_none_until_the_host_has_opened_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let id = DatabaseId(5);
+    // A database held from an earlier run: found at start, not opened.
+    std::fs::create_dir_all(dir.path().join("db").join(id.to_string())).expect("mkdir");
+    let host = host(dir.path(), IoBackend::Std);
+    let db = host.database(id).expect("held");
+    assert_eq!(db.known_confirmed().expect("known"), None);
+    assert_eq!(host.known_confirmed(), vec![(id, None)]);
+    assert!(host.open_databases().is_empty(), "asking opened nothing");
+    // `confirmed` opens it; once closed, its summary answers.
+    assert_eq!(db.confirmed().expect("confirmed"), Bookmark::ZERO);
+    assert_eq!(host.open_databases(), vec![id]);
+    assert_eq!(host.close_idle(Duration::ZERO), 1);
+    assert_eq!(db.known_confirmed().expect("known"), Some(Bookmark::ZERO));
+    assert_eq!(host.known_confirmed(), vec![(id, Some(Bookmark::ZERO))]);
+    assert!(host.open_databases().is_empty(), "the summary answered");
+}
