@@ -306,6 +306,15 @@ impl std::fmt::Debug for ReplicatedPrimary {
     }
 }
 
+/// A dropped primary stops replicating (a stopped one already has): its
+/// leader and transport hold each other and would otherwise live on, with
+/// their connections and threads, after the database is gone.
+impl Drop for ReplicatedPrimary {
+    fn drop(&mut self) {
+        self.leader.shutdown();
+    }
+}
+
 impl ReplicatedPrimary {
     /// Wins an epoch from W followers, brings the database to the end of
     /// the log they hold ([`crate::recovery`]: after a clean stop it
@@ -424,6 +433,7 @@ impl ReplicatedPrimary {
                     last
                 };
                 stop_marker::store(&self.path, mark)?;
+                self.leader.shutdown();
                 tracing::info!(at = %mark, "primary stopped cleanly");
                 return Ok(mark);
             }

@@ -86,6 +86,11 @@ pub trait Transport: Send + Sync {
     fn backend(&self) -> &'static str;
     /// Connections and frames refused by authentication so far.
     fn auth_refusals(&self) -> u64;
+    /// Stops the transport: every connection is shut down, nothing new is
+    /// accepted or dialed, and its threads end (each dropping its handle on
+    /// the handler, so a runtime that owns its transport can be freed).
+    /// Idempotent.
+    fn shutdown(&self);
 }
 
 /// A write that makes no progress this long closes its connection.

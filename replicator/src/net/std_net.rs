@@ -51,6 +51,8 @@ struct Shared {
     auth: Arc<Auth>,
     next: AtomicU64,
     conns: Mutex<HashMap<ConnId, Arc<ConnState>>>,
+    /// `shutdown` was called: nothing new is registered.
+    shut: std::sync::atomic::AtomicBool,
 }
 
 /// See the module docs.
@@ -76,6 +78,7 @@ impl StdTransport {
                 auth,
                 next: AtomicU64::new(1),
                 conns: Mutex::new(HashMap::new()),
+                shut: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -89,6 +92,10 @@ impl Shared {
         stream: TcpStream,
         session: Option<Session>,
     ) -> io::Result<ConnId> {
+        if self.shut.load(Ordering::SeqCst) {
+            let _ = stream.shutdown(Shutdown::Both);
+            return Err(io::Error::other("the transport was shut down"));
+        }
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
         let conn = self.next.fetch_add(1, Ordering::Relaxed);
@@ -242,12 +249,16 @@ impl Transport for StdTransport {
                 shared.handler.accepted(conn, from);
                 shared.start_reader(conn);
             }
-            true
+            // A shut-down transport's listener ends at its next connection.
+            !shared.shut.load(Ordering::SeqCst)
         })?;
         Ok(bound)
     }
 
     fn connect(&self, addr: SocketAddr, tag: u64) {
+        if self.shared.shut.load(Ordering::SeqCst) {
+            return;
+        }
         let shared = Arc::clone(&self.shared);
         let auth = Arc::clone(&shared.auth);
         let spawned = super::dial_in_background(addr, CONNECT_TIMEOUT, auth, move |dialed| {
@@ -316,6 +327,16 @@ impl Transport for StdTransport {
 
     fn auth_refusals(&self) -> u64 {
         self.shared.auth.refusals()
+    }
+
+    fn shutdown(&self) {
+        self.shared.shut.store(true, Ordering::SeqCst);
+        let conns: Vec<Arc<ConnState>> = self.shared.conns.lock().drain().map(|(_, c)| c).collect();
+        // Each reader then sees its socket shut and ends; the handler is
+        // not told (the runtime asked for this).
+        for c in conns {
+            c.kill();
+        }
     }
 }
 

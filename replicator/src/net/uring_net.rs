@@ -250,6 +250,12 @@ impl UringTransport {
 
 impl Drop for UringTransport {
     fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl UringTransport {
+    fn stop(&self) {
         {
             let mut inbox = self.shared.inbox.lock();
             if inbox.shut.is_some() {
@@ -326,6 +332,10 @@ impl Transport for UringTransport {
 
     fn auth_refusals(&self) -> u64 {
         self.shared.auth.refusals()
+    }
+
+    fn shutdown(&self) {
+        self.stop();
     }
 }
 

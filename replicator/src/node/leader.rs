@@ -96,6 +96,8 @@ struct State {
     changed: Condvar,
     transport: OnceLock<Arc<dyn Transport>>,
     started: Instant,
+    /// [`LeaderNode::shutdown`] was called: no ticks, no dials.
+    shut: std::sync::atomic::AtomicBool,
 }
 
 /// A running leader.
@@ -146,6 +148,7 @@ impl LeaderNode {
             changed: Condvar::new(),
             transport: OnceLock::new(),
             started: Instant::now(),
+            shut: std::sync::atomic::AtomicBool::new(false),
             config,
         });
         let transport = super::open_transport(
@@ -172,6 +175,25 @@ impl LeaderNode {
             state,
             replica_addr,
         })
+    }
+
+    /// Stops this leader's replication: its ticker, its dials, every
+    /// connection and the transport's threads. Nothing is confirmed after
+    /// it; the runtime's memory is freed once the last handle is dropped
+    /// (the transport held the runtime, and the runtime the transport).
+    /// Idempotent.
+    pub fn shutdown(&self) {
+        if self
+            .state
+            .shut
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
+        if let Some(t) = self.state.transport.get() {
+            t.shutdown();
+        }
+        self.state.changed.notify_all();
     }
 
     /// Where replicas connect.
@@ -277,6 +299,9 @@ fn ticker(state: Weak<State>) {
     let mut last_redial = Instant::now();
     loop {
         let Some(s) = state.upgrade() else { return };
+        if s.shut.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         let interval = Duration::from_millis(s.config.heartbeat_interval_ms.max(1));
         {
             let mut core = s.core.lock();
@@ -299,6 +324,9 @@ impl State {
     }
 
     fn redial(&self) {
+        if self.shut.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         let due: Vec<usize> = {
             let mut core = self.core.lock();
             let mut due = Vec::new();
