@@ -306,15 +306,6 @@ impl std::fmt::Debug for ReplicatedPrimary {
     }
 }
 
-/// A dropped primary stops replicating (a stopped one already has): its
-/// leader and transport hold each other and would otherwise live on, with
-/// their connections and threads, after the database is gone.
-impl Drop for ReplicatedPrimary {
-    fn drop(&mut self) {
-        self.leader.shutdown();
-    }
-}
-
 impl ReplicatedPrimary {
     /// Wins an epoch from W followers, brings the database to the end of
     /// the log they hold ([`crate::recovery`]: after a clean stop it

@@ -126,6 +126,10 @@ impl Hosted for Replicated {
     fn close(self: Box<Self>) {
         self.primary.database().stop_queries();
         let path = self.primary.database().path().display().to_string();
+        // A clean stop shuts the leader down; a failed one must too, or its
+        // connections and threads outlive the database (the leader and its
+        // transport hold each other).
+        let leader = self.primary.leader().clone();
         if let Err(e) = self
             .primary
             .stop(std::time::Duration::from_millis(self.stop_timeout_ms))
@@ -133,6 +137,7 @@ impl Hosted for Replicated {
             // The next open recovers it from the followers' log.
             tracing::warn!(path, error = %e, "a hosted database did not stop cleanly");
         }
+        leader.shutdown();
     }
 }
 
