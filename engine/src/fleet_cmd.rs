@@ -114,6 +114,10 @@ pub struct NodeArgs {
     /// Transport to the followers: auto, std or io_uring.
     #[arg(long, default_value = "auto", value_parser = crate::cmd::backend)]
     pub net: walrelay_replicator::net::Backend,
+    /// The cold store the followers archive every database to (any
+    /// `--store` URL): hosted databases' time travel reads it.
+    #[arg(long)]
+    pub store: Option<String>,
 }
 
 fn host_node(
@@ -171,6 +175,13 @@ pub fn node(a: NodeArgs) -> Result<()> {
         bail!("a node needs --control-plane or --fleet-control-url URL");
     }
     std::fs::create_dir_all(&a.dir)?;
+    // Checked before anything starts: a bad store stops the start.
+    let store = a
+        .store
+        .as_deref()
+        .map(walrelay_archive::Store::open)
+        .transpose()
+        .context("opening the cold store")?;
     let self_url = format!("http://{}", a.http);
     let reads = Arc::new(CatalogReads::default());
     let routes = Arc::new(Routes::open(&a.dir.join("routes.db")).context("opening routes.db")?);
@@ -267,6 +278,7 @@ pub fn node(a: NodeArgs) -> Result<()> {
         HttpConfig {
             database: String::new(),
             region: a.location.clone(),
+            fleet_store: store.map(|s| (s, a.dir.join("time-travel"))),
             ..HttpConfig::default()
         },
         auth,

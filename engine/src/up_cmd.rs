@@ -253,6 +253,8 @@ pub fn up(a: UpArgs) -> Result<()> {
             join(&follower_addrs),
             "--net".into(),
             backend_name(a.net).into(),
+            "--store".into(),
+            store.clone(),
         ];
         if i == 0 {
             let hosts: Vec<String> = fleet_http

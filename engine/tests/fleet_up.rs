@@ -113,3 +113,81 @@ fn up_runs_a_fleet_whose_databases_survive_kill_9_of_their_node_and_a_restart() 
     let (status, _) = up.interrupt();
     assert!(status.success());
 }
+
+#[test]
+fn a_fleet_database_travels_back_in_time_through_any_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = free_base();
+    let args = [
+        "--writers",
+        "0",
+        "--heartbeat-ms",
+        "500",
+        "--net",
+        "std",
+        "--archive-lag-ms",
+        "200",
+    ];
+    let mut up = Up::start(dir.path(), base, &args);
+    up.wait_serving(2, Duration::from_secs(60));
+    until_ok("create", || {
+        up.call(3, "POST", "/v1/databases", Some(&json!({"name": "tt"})))
+    });
+    let q = |node: u16, sql: &str| {
+        up.call(
+            node,
+            "POST",
+            "/v1/databases/tt/query",
+            Some(&json!({ "sql": sql })),
+        )
+    };
+    until_ok("create table", || q(1, "CREATE TABLE IF NOT EXISTS t(x)"));
+    let first = until_ok("insert", || q(4, "INSERT INTO t VALUES (1)"));
+    let b1 = first.json["result"][0]["meta"]["bookmark"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    until_ok("more", || q(5, "INSERT INTO t VALUES (2), (3)"));
+    // The bookmark a time names, then a restore to the first insert, each
+    // through a node that may not host the database.
+    let now = chrono_now();
+    let r = until_ok("bookmark at a time", || {
+        up.call(
+            0,
+            "GET",
+            &format!("/v1/databases/tt/time_travel/bookmark?timestamp={now}"),
+            None,
+        )
+    });
+    assert!(r.json["result"]["bookmark"].is_string(), "{}", r.json);
+    let r = until_ok("restore", || {
+        up.call(
+            2,
+            "POST",
+            &format!("/v1/databases/tt/time_travel/restore?bookmark={b1}"),
+            None,
+        )
+    });
+    assert!(
+        r.json["result"]["previous_bookmark"].is_string(),
+        "{}",
+        r.json
+    );
+    let rows = until_ok("read", || q(3, "SELECT x FROM t ORDER BY x"));
+    assert_eq!(
+        rows.json["result"][0]["results"],
+        json!([{"x": 1}]),
+        "{}",
+        rows.json
+    );
+    let (status, _) = up.interrupt();
+    assert!(status.success());
+}
+
+/// Now as Unix seconds (the endpoint takes RFC 3339 or Unix seconds).
+fn chrono_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}

@@ -139,6 +139,53 @@ impl Node {
             .map_or(database, |route| route.uuid)
     }
 
+    /// For an endpoint other than a query (time travel): None if the fleet
+    /// database `name` is hosted here, else the answer — the request
+    /// passed to its node (`path_after` follows `/v1/databases/{uuid}`),
+    /// or why not.
+    pub(super) fn pass_to_host(
+        &self,
+        caller: &Caller,
+        name: &str,
+        path_after: &str,
+    ) -> Option<Answer> {
+        let fleet = self.fleet()?;
+        let _on_query_path = QueryPathGuard::enter();
+        let route = match fleet.route(name, &fleet.config.default_account) {
+            Ok(r) => r,
+            Err(e) => return Some(fleet_error(&e)),
+        };
+        if route.node == fleet.config.self_url {
+            return None;
+        }
+        if caller.is_forwarded() {
+            return Some(Answer::error(
+                503,
+                codes::UNAVAILABLE,
+                "the database is not hosted here (a stale route); retry",
+            ));
+        }
+        let path = format!("/v1/databases/{}{path_after}", route.uuid);
+        let request = super::client::Request {
+            database: &route.uuid,
+            bookmark: None,
+            authorization: caller.authorization(),
+            payload: b"",
+            forwarded: true,
+            path: Some(&path),
+        };
+        Some(
+            match super::client::post_query(self.agent(), &route.node, &request, 1 << 20) {
+                Ok(raw) => Answer::relayed(raw),
+                Err(e) => Answer::error(
+                    503,
+                    codes::UNAVAILABLE,
+                    format!("the database's node {} did not answer: {e}", route.node),
+                ),
+            },
+        )
+    }
+
     /// A fleet database hosted on this node, for export, import and the
     /// like (a request for one hosted elsewhere is answered 421 with its
     /// node, where the client sends it).

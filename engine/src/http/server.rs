@@ -92,6 +92,9 @@ pub struct HttpConfig {
     /// Cold storage, for time travel on a primary (None: its endpoints
     /// answer 501).
     pub time_travel: Option<super::time_travel::TimeTravelConfig>,
+    /// Cold storage for the fleet's databases hosted here (their history,
+    /// archived by the followers), and where restores are staged.
+    pub fleet_store: Option<(walrelay_archive::Store, std::path::PathBuf)>,
     /// Largest export (the SQL text, held in memory while it is built and
     /// while its link lives); a larger one is refused with 413.
     pub max_export_bytes: usize,
@@ -111,6 +114,7 @@ impl Default for HttpConfig {
             forward_timeout_ms: 2 * crate::Limits::default().query_timeout_ms,
             failover_wait_ms: 5_000,
             time_travel: None,
+            fleet_store: None,
             max_export_bytes: 64 << 20,
             max_import_bytes: 32 << 20,
         }
@@ -133,6 +137,14 @@ pub struct Node {
     requests: CancelToken,
     /// Cold storage, for time travel (None without a store).
     time_travel: Option<super::time_travel::TimeTravel>,
+    /// The time-travel state of fleet databases served here (their
+    /// restore limits), at most [`super::time_travel::MAX_FLEET_STATES`].
+    fleet_time_travel: parking_lot::Mutex<
+        std::collections::HashMap<
+            walrelay_replicator::DatabaseId,
+            Arc<super::time_travel::TimeTravel>,
+        >,
+    >,
     /// The fleet's databases and control plane (None: this node serves
     /// only its own database).
     fleet: Option<Arc<crate::fleet::Fleet>>,
@@ -220,6 +232,7 @@ impl Node {
             transfers: super::transfer::Transfers::default(),
             config,
             fleet: None,
+            fleet_time_travel: parking_lot::Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -286,6 +299,35 @@ impl Node {
 
     pub(super) fn time_travel_state(&self) -> Option<&super::time_travel::TimeTravel> {
         self.time_travel.as_ref()
+    }
+
+    /// The time-travel state of the fleet database `id` (None: this node
+    /// has no store for the fleet).
+    pub(super) fn fleet_time_travel(
+        &self,
+        id: walrelay_replicator::DatabaseId,
+    ) -> Option<Arc<super::time_travel::TimeTravel>> {
+        let (store, work) = self.config.fleet_store.as_ref()?;
+        let mut states = self.fleet_time_travel.lock();
+        if let Some(tt) = states.get(&id) {
+            return Some(Arc::clone(tt));
+        }
+        if states.len() >= super::time_travel::MAX_FLEET_STATES {
+            // Forgetting one costs only its restore-rate history.
+            if let Some(k) = states.keys().next().copied() {
+                states.remove(&k);
+            }
+        }
+        let tt = Arc::new(super::time_travel::TimeTravel::new(
+            super::time_travel::TimeTravelConfig {
+                store: store.clone(),
+                database: id,
+                work_dir: work.join(id.to_string()),
+                archive_wait_ms: 30_000,
+            },
+        ));
+        states.insert(id, Arc::clone(&tt));
+        Some(tt)
     }
 
     pub(super) fn transfers(&self) -> &super::transfer::Transfers {

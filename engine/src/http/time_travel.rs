@@ -33,6 +33,9 @@ use walrelay_replicator::{Bookmark, DatabaseId};
 pub const RESTORES_PER_WINDOW: usize = 10;
 pub const RESTORE_WINDOW: Duration = Duration::from_secs(600);
 
+/// Most fleet databases whose time-travel state a node keeps at once.
+pub const MAX_FLEET_STATES: usize = 4_096;
+
 /// Where a node finds its database's history.
 #[derive(Debug, Clone)]
 pub struct TimeTravelConfig {
@@ -276,9 +279,11 @@ impl Node {
         if let Some(a) = self.time_travel_precheck(caller, name, query, "bookmark", false) {
             return a;
         }
-        let (Some(tt), Some(db)) = (self.time_travel_state(), self.primary_database()) else {
-            return self.refuse(Answer::error(500, codes::INTERNAL, "no primary"));
+        let target = match self.time_travel_target(name) {
+            Ok(t) => t,
+            Err(a) => return self.refuse(a),
         };
+        let (tt, db) = target.parts();
         let point = match parse_point(query, false) {
             Ok(p) => p,
             Err(why) => return self.refuse(Answer::error(400, codes::BAD_REQUEST, why)),
@@ -298,9 +303,11 @@ impl Node {
         if let Some(a) = self.time_travel_precheck(caller, name, query, "restore", true) {
             return a;
         }
-        let (Some(tt), Some(db)) = (self.time_travel_state(), self.primary_database()) else {
-            return self.refuse(Answer::error(500, codes::INTERNAL, "no primary"));
+        let target = match self.time_travel_target(name) {
+            Ok(t) => t,
+            Err(a) => return self.refuse(a),
         };
+        let (tt, db) = target.parts();
         if !caller.may_write() {
             return self.refuse(Answer::error(
                 403,
@@ -384,6 +391,10 @@ impl Node {
         if let Err(a) = self.resolve_database(name) {
             return Some(self.refuse(a));
         }
+        if self.is_fleet_name(name) {
+            // A fleet database's host answers (`time_travel_target`).
+            return self.pass_to_host(caller, name, &format!("/time_travel/{what}?{query}"));
+        }
         if self.primary_database().is_none() {
             let path = format!("/v1/databases/{name}/time_travel/{what}?{query}");
             return Some(self.forward_path(caller, name, &path, write));
@@ -396,6 +407,45 @@ impl Node {
             )));
         }
         None
+    }
+}
+
+/// The time-travel state and database behind `name`: the node's own, or
+/// a fleet database hosted here (held open while the request runs).
+enum TimeTravelTarget<'a> {
+    Main(&'a TimeTravel, &'a crate::Database),
+    Fleet(
+        std::sync::Arc<TimeTravel>,
+        std::sync::Arc<crate::fleet::host::OpenDb>,
+    ),
+}
+
+impl TimeTravelTarget<'_> {
+    fn parts(&self) -> (&TimeTravel, &crate::Database) {
+        match self {
+            TimeTravelTarget::Main(tt, db) => (tt, db),
+            TimeTravelTarget::Fleet(tt, open) => (tt, open.database()),
+        }
+    }
+}
+
+impl Node {
+    fn time_travel_target(&self, name: &str) -> Result<TimeTravelTarget<'_>, Answer> {
+        if self.is_fleet_name(name) {
+            let open = self.hosted_database(name)?;
+            let tt = self.fleet_time_travel(open.id()).ok_or_else(|| {
+                Answer::error(
+                    501,
+                    codes::UNAVAILABLE,
+                    "time travel needs cold storage: start the node with --store",
+                )
+            })?;
+            return Ok(TimeTravelTarget::Fleet(tt, open));
+        }
+        match (self.time_travel_state(), self.primary_database()) {
+            (Some(tt), Some(db)) => Ok(TimeTravelTarget::Main(tt, db)),
+            _ => Err(Answer::error(500, codes::INTERNAL, "no primary")),
+        }
     }
 }
 
