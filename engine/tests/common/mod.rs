@@ -667,20 +667,25 @@ pub const RUNAWAY: &str =
 /// A base port with `span` consecutive ports free on 127.0.0.1 (best
 /// effort: they are only probed, then released).
 pub fn free_port_base(span: u16) -> u16 {
-    for attempt in 0..200u32 {
+    let free =
+        |base: u16| (0..span).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok());
+    // Random bases first (tests running at once rarely collide), then
+    // every base in order: a busy stretch of ports never fails a test.
+    for attempt in 0..2_000u32 {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
         let base = 20_000
             + (std::process::id() as u16 % 20_000)
             + ((nanos >> 8) as u16 ^ attempt as u16) % 5_000;
-        let all_free =
-            (0..span).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok());
-        if all_free {
+        if free(base) {
             return base;
         }
     }
-    panic!("no free port range");
+    (20_000..60_000 - span)
+        .step_by(usize::from(span))
+        .find(|b| free(*b))
+        .expect("no free port range on 127.0.0.1 between 20000 and 60000")
 }
 
 /// One HTTP/1.1 query sent over a raw socket, with `bearer` as its
