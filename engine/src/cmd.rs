@@ -436,7 +436,7 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
                 },
                 auth,
             );
-            if let Some(fleet) = a.fleet.fleet(&a.dir, addr, fleet_key.as_ref())? {
+            if let Some(fleet) = a.fleet.fleet(&a.dir, addr, fleet_key.as_ref(), None)? {
                 node = node.with_fleet(fleet);
             }
             let server =
@@ -612,6 +612,10 @@ pub struct ReplicaArgs {
     pub replication_auth: ReplicationAuthArgs,
     #[command(flatten)]
     pub fleet: crate::fleet_cmd::FleetLinkArgs,
+    /// A replica of a fleet database kept here, unused this long, is
+    /// closed (it resumes from its files on the next read).
+    #[arg(long, default_value_t = 60_000)]
+    pub fleet_replica_idle_ms: u64,
 }
 
 pub fn replica(a: ReplicaArgs) -> Result<()> {
@@ -645,6 +649,7 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
         }
         std::fs::remove_file(&restart_marker)?;
     }
+    let fleet_store = store.clone();
     let r = Arc::new(
         ReplicatedReplica::start(ReplicaConfig {
             store,
@@ -679,7 +684,20 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
                 },
                 auth,
             );
-            if let Some(fleet) = a.fleet.fleet(&dir, addr, fleet_key.as_ref())? {
+            // Reads of the fleet's databases that reach this node are
+            // answered by replicas of them kept here, in this region.
+            let replicas = walrelay_engine::fleet::replica_host::ReplicaHostConfig {
+                dir: dir.join("fleet-replicas"),
+                followers: a.followers.clone(),
+                backend: a.net,
+                auth: fleet_key.clone(),
+                store: fleet_store.clone(),
+                region: a.region.clone(),
+                max_wait_ms: a.max_wait_ms,
+                max_open: 0,
+                idle_close_ms: a.fleet_replica_idle_ms,
+            };
+            if let Some(fleet) = a.fleet.fleet(&dir, addr, fleet_key.as_ref(), Some(replicas))? {
                 node = node.with_fleet(fleet);
             }
             let node = Arc::new(node);
@@ -732,6 +750,9 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
         }
     }
     r.replica().database().stop_queries();
+    if let Some(fleet) = http.as_ref().and_then(|(_, node)| node.fleet()) {
+        fleet.stop();
+    }
     drop(http);
     let _ = r.replica().persist();
     if let Some(start) = fell_behind {

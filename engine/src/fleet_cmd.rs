@@ -11,6 +11,7 @@ use walrelay_engine::fleet::catalog::{Catalog, CatalogReads, PgCatalog, SqliteCa
 use walrelay_engine::fleet::control::{ControlConfig, ControlPlane, HostApi, HostNode};
 use walrelay_engine::fleet::host::{Host, HostConfig, LocalOpener, ReplicatedOpener};
 use walrelay_engine::fleet::link::{HttpHostApi, Internal, InternalAuth};
+use walrelay_engine::fleet::replica_host::{ReplicaHost, ReplicaHostConfig};
 use walrelay_engine::fleet::routes::Routes;
 use walrelay_engine::fleet::{Fleet, FleetConfig, LocalHostApi};
 use walrelay_engine::http::server::{HttpConfig, Node, Role, serve};
@@ -35,12 +36,16 @@ pub struct FleetLinkArgs {
 }
 
 impl FleetLinkArgs {
-    /// A fleet that hosts nothing (None without `--fleet-control-url`).
+    /// A fleet that hosts nothing (None without `--fleet-control-url`);
+    /// with `replicas`, it keeps read replicas of the fleet's databases
+    /// (a replica node) and runs its background thread (idle closing,
+    /// usage reports).
     pub fn fleet(
         &self,
         dir: &Path,
         http: SocketAddr,
         key: Option<&ClusterKey>,
+        replicas: Option<ReplicaHostConfig>,
     ) -> Result<Option<Arc<Fleet>>> {
         let Some(control) = &self.fleet_control_url else {
             return Ok(None);
@@ -50,13 +55,22 @@ impl FleetLinkArgs {
         config.control_url = Some(control.clone());
         config.peers = self.fleet_peers.clone();
         config.auth = InternalAuth::new(key);
-        Ok(Some(Arc::new(Fleet::new(
+        let mut fleet = Fleet::new(
             config,
             routes,
             None,
             None,
             Arc::new(CatalogReads::default()),
-        ))))
+        );
+        let start = replicas.is_some();
+        if let Some(r) = replicas {
+            fleet = fleet.with_replicas(ReplicaHost::new(r).context("opening the fleet replicas")?);
+        }
+        let fleet = Arc::new(fleet);
+        if start {
+            fleet.start();
+        }
+        Ok(Some(fleet))
     }
 }
 
@@ -158,6 +172,9 @@ fn opener(
         key,
     );
     template.backend = a.net;
+    // Each open database takes its read replicas on a port of its own on
+    // this node's address; replica nodes ask where (`replication`).
+    template.listen = Some(SocketAddr::new(a.http.ip(), 0));
     template.options.readers = options.readers;
     template.options.region = options.region;
     Box::new(ReplicatedOpener {

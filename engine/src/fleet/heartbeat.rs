@@ -151,6 +151,7 @@ pub fn run(fleet: Arc<Fleet>, stop: Arc<std::sync::atomic::AtomicBool>) {
         if let Some(host) = &fleet.host {
             host.close_idle();
         }
+        fleet.close_idle_replicas();
         std::thread::sleep(tick);
     }
 }

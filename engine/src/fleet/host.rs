@@ -67,6 +67,10 @@ impl HostedState {
 /// leader, say).
 pub trait Hosted: Send + Sync + fmt::Debug {
     fn database(&self) -> &Database;
+    /// Where its read replicas subscribe (None: it has none).
+    fn replica_addr(&self) -> Option<std::net::SocketAddr> {
+        None
+    }
     /// Stops it; called once no query uses it.
     fn close(self: Box<Self>);
 }
@@ -107,7 +111,9 @@ impl Opener for LocalOpener {
 /// local file to the end of their log; a close stops cleanly.
 #[derive(Debug)]
 pub struct ReplicatedOpener {
-    /// Everything but the database's id and path.
+    /// Everything but the database's id and path. Its `listen`, if set,
+    /// is where each open database takes a port of its own for its read
+    /// replicas (port 0: any free one); its hosts tell replicas which.
     pub template: crate::replication::PrimaryConfig,
     /// How long a close waits for the last writes to be confirmed.
     pub stop_timeout_ms: u64,
@@ -122,6 +128,9 @@ struct Replicated {
 impl Hosted for Replicated {
     fn database(&self) -> &Database {
         self.primary.database()
+    }
+    fn replica_addr(&self) -> Option<std::net::SocketAddr> {
+        self.primary.replica_addr()
     }
     fn close(self: Box<Self>) {
         self.primary.database().stop_queries();
@@ -146,7 +155,6 @@ impl Opener for ReplicatedOpener {
         let mut config = self.template.clone();
         config.database = id;
         config.path = path.to_path_buf();
-        config.listen = None;
         let primary = crate::replication::ReplicatedPrimary::start(config).map_err(|e| {
             HostError::Replication {
                 id,
@@ -244,6 +252,10 @@ impl OpenDb {
     }
     pub fn database(&self) -> &Database {
         &self.database
+    }
+    /// Where its read replicas subscribe, while it is open.
+    pub fn replica_addr(&self) -> Option<std::net::SocketAddr> {
+        self.hosted.lock().as_ref().and_then(|h| h.replica_addr())
     }
 }
 
@@ -539,6 +551,12 @@ impl Host {
             }
         }
         idle.len()
+    }
+
+    /// The database `id` if it is open now (nothing is opened, and its
+    /// idle time is not reset).
+    pub fn get_open(&self, id: DatabaseId) -> Option<Arc<OpenDb>> {
+        self.open.lock().get(&id).cloned()
     }
 
     /// Databases open now.

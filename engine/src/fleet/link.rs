@@ -16,6 +16,11 @@
 //!     200 {"verdict":"active"|"deleted","node":"http://…","storage_over":bool}
 //! POST /internal/fleet/routes     [{"op":"put","route":{…}} | {"op":"remove","uuid":"…","database_id":n}, …]
 //!     200 {"changed": n}
+//! POST /internal/fleet/replication {"uuid":"…","database_id":n,"open":bool}
+//!     200 {"leader":"ip:port"|null}: where a read replica of the database
+//!     subscribes now (with open, its host opens it if it was idle; else
+//!     null while it is closed) | 404 not hosted or deleted | 503 it takes
+//!     no replicas
 //! ```
 //!
 //! Bodies are at most [`MAX_INTERNAL_BODY_BYTES`]; answers likewise.
@@ -119,6 +124,24 @@ pub struct InitBody {
     pub database_id: u64,
     pub account: String,
     pub name: String,
+}
+
+/// The answer of `replication`: where the database's primary takes read
+/// replicas now (it changes when the database is reopened).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaSource {
+    pub leader: Option<std::net::SocketAddr>,
+}
+
+/// The question of `replication`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicationAsk {
+    pub uuid: String,
+    pub database_id: u64,
+    /// Open the database if it is idle.
+    pub open: bool,
 }
 
 /// Makes internal calls.

@@ -20,6 +20,8 @@
 //! - [`heartbeat`]: each open database's periodic check with the control
 //!   plane, which deletes orphans, repairs routing entries and turns
 //!   deleted databases away.
+//! - [`replica_host`]: a replica node's read replicas of fleet databases,
+//!   opened on the first read that reaches it and following their primary.
 //! - Names: [`names`] (uuid, account, database name).
 
 pub mod catalog;
@@ -30,6 +32,7 @@ pub mod limits;
 pub mod link;
 pub mod metering;
 pub mod names;
+pub mod replica_host;
 pub mod routes;
 
 use control::{ControlError, ControlPlane, HostApi};
@@ -90,6 +93,8 @@ pub struct FleetStats {
     pub heartbeats: AtomicU64,
     pub routes_repaired: AtomicU64,
     pub queries: AtomicU64,
+    /// Fleet queries a read replica here answered.
+    pub replica_reads: AtomicU64,
 }
 
 /// Why a fleet database could not be found or served.
@@ -113,6 +118,8 @@ pub struct Fleet {
     pub config: FleetConfig,
     pub routes: Arc<Routes>,
     pub host: Option<Arc<Host>>,
+    /// Read replicas of the fleet's databases kept here (a replica node).
+    pub replicas: Option<Arc<replica_host::ReplicaHost>>,
     control: Option<Arc<ControlPlane>>,
     pub reads: Arc<catalog::CatalogReads>,
     pub stats: FleetStats,
@@ -137,6 +144,7 @@ impl Fleet {
             config,
             routes,
             host,
+            replicas: None,
             control,
             reads,
             stats: FleetStats::default(),
@@ -144,6 +152,27 @@ impl Fleet {
             metering: metering::Metering::default(),
             stop: Arc::new(AtomicBool::new(false)),
             thread: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Keeps read replicas of the fleet's databases here; the replicas
+    /// of databases no longer routed (deleted) are removed first.
+    pub fn with_replicas(mut self, replicas: replica_host::ReplicaHost) -> Fleet {
+        if !self.routes.is_empty() {
+            let ids = self.routes.database_ids();
+            if let Err(e) = replicas.sweep(&|id| ids.contains(&id)) {
+                tracing::warn!(error = %e, "could not sweep the fleet replicas' directory");
+            }
+        }
+        self.replicas = Some(Arc::new(replicas));
+        self
+    }
+
+    /// Closes idle read replicas (those of deleted databases lose their
+    /// files).
+    pub(crate) fn close_idle_replicas(&self) {
+        if let Some(r) = &self.replicas {
+            r.close_idle(&|id| self.routes.has_database(id));
         }
     }
 
@@ -170,6 +199,9 @@ impl Fleet {
         }
         if let Some(h) = &self.host {
             h.close_all();
+        }
+        if let Some(r) = &self.replicas {
+            r.close_all();
         }
     }
 
@@ -256,6 +288,32 @@ impl Fleet {
                 "Databases closed after their idle time.",
                 "counter",
                 h.stats.closed_idle.load(Relaxed),
+            );
+        }
+        if let Some(r) = &self.replicas {
+            line(
+                "walrelay_fleet_open_replicas",
+                "Read replicas of fleet databases open here.",
+                "gauge",
+                r.open_count() as u64,
+            );
+            line(
+                "walrelay_fleet_replicas_opened_total",
+                "Read replicas opened (subscribed) here.",
+                "counter",
+                r.stats.opened.load(Relaxed),
+            );
+            line(
+                "walrelay_fleet_replica_reads_total",
+                "Fleet queries answered by a replica here.",
+                "counter",
+                self.stats.replica_reads.load(Relaxed),
+            );
+            line(
+                "walrelay_fleet_replica_leader_moves_total",
+                "Times a replica followed its primary to a new address.",
+                "counter",
+                r.stats.leader_moves.load(Relaxed),
             );
         }
         t

@@ -265,6 +265,25 @@ impl Routes {
     }
 
     /// Entries held.
+    /// Every database id with an entry.
+    pub fn database_ids(&self) -> std::collections::HashSet<DatabaseId> {
+        self.maps
+            .read()
+            .by_uuid
+            .values()
+            .map(|r| DatabaseId(r.database_id))
+            .collect()
+    }
+
+    /// Whether some entry leads to database `id`.
+    pub fn has_database(&self, id: DatabaseId) -> bool {
+        self.maps
+            .read()
+            .by_uuid
+            .values()
+            .any(|r| r.database_id == id.0)
+    }
+
     pub fn len(&self) -> usize {
         self.maps.read().by_uuid.len()
     }

@@ -7,7 +7,8 @@ use crate::fleet::LocalHostApi;
 use crate::fleet::control::{Heartbeat, HostApi};
 use crate::fleet::host::HostError;
 use crate::fleet::link::{
-    Changed, Empty, ErrorBody, Ids, InitBody, MAX_INTERNAL_BODY_BYTES, NODE_HEADER,
+    Changed, Empty, ErrorBody, Ids, InitBody, MAX_INTERNAL_BODY_BYTES, NODE_HEADER, ReplicaSource,
+    ReplicationAsk,
 };
 use crate::fleet::names::{AccountId, DatabaseName, DatabaseUuid};
 use crate::fleet::routes::RouteChange;
@@ -42,6 +43,38 @@ fn ids(body: &Ids) -> Result<(DatabaseUuid, DatabaseId), HostError> {
         .parse()
         .map_err(|e: crate::fleet::names::UuidParseError| HostError::BadRequest(e.to_string()))?;
     Ok((uuid, DatabaseId(body.database_id)))
+}
+
+/// Where a read replica of a database hosted here subscribes: the
+/// database is opened (a replica asks when it starts following, or when
+/// its leader went away) and its uuid checked against its own record.
+fn replica_source(
+    fleet: &crate::fleet::Fleet,
+    ask: &ReplicationAsk,
+) -> Result<ReplicaSource, HostError> {
+    let (uuid, id) = ids(&Ids {
+        uuid: ask.uuid.clone(),
+        database_id: ask.database_id,
+    })?;
+    let host = fleet.host.as_ref().ok_or(HostError::NotHosted(id))?;
+    let open = if ask.open {
+        host.acquire(id)?
+    } else {
+        match host.get_open(id) {
+            Some(open) => open,
+            None => return Ok(ReplicaSource { leader: None }),
+        }
+    };
+    if open.state.uuid != uuid.to_string() {
+        return Err(HostError::NotHosted(id));
+    }
+    let leader = open.replica_addr().ok_or_else(|| HostError::Replication {
+        id,
+        reason: "the database takes no read replicas on this node".into(),
+    })?;
+    Ok(ReplicaSource {
+        leader: Some(leader),
+    })
 }
 
 /// `POST /internal/fleet/{call}`.
@@ -135,6 +168,13 @@ pub(super) async fn internal_route(
                         Ok(a) => axum::Json(a).into_response(),
                         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
                     },
+                },
+            },
+            "replication" => match serde_json::from_slice::<ReplicationAsk>(&body) {
+                Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+                Ok(b) => match replica_source(&fleet, &b) {
+                    Ok(source) => axum::Json(source).into_response(),
+                    Err(e) => error(host_status(&e), e.to_string()),
                 },
             },
             "routes" => match serde_json::from_slice::<Vec<RouteChange>>(&body) {

@@ -98,6 +98,9 @@ impl Node {
         let open = match fleet.acquire(&route) {
             Ok(o) => o,
             Err(FleetError::Elsewhere(_)) if !caller.is_forwarded() => {
+                if let Some(answer) = self.replica_read(fleet, &route, caller, request, cancel) {
+                    return answer;
+                }
                 return self.pass_query(&route.node, caller, &route.uuid, header, raw_body, shape);
             }
             Err(e) => return fleet_error(&e),
@@ -117,6 +120,51 @@ impl Node {
                 .record(&route.uuid, &route.account, read, written);
         }
         answer
+    }
+
+    /// A read answered by this node's replica of the database (opened on
+    /// first use), or None: the request goes to the primary (this node
+    /// keeps no replicas, it is a write, an atomic batch or first-primary
+    /// session, the replica could not open, or it did not reach the
+    /// session's bookmark within its wait).
+    fn replica_read(
+        &self,
+        fleet: &crate::fleet::Fleet,
+        route: &crate::fleet::routes::Route,
+        caller: &Caller,
+        request: &FleetRequest<'_>,
+        cancel: &CancelToken,
+    ) -> Option<Answer> {
+        let replicas = fleet.replicas.as_ref()?;
+        if request.constraint == Constraint::FirstPrimary
+            || matches!(request.body, Body::Batch(_))
+            || fleet.metering.keys.blocked(&route.account)
+        {
+            return None;
+        }
+        let locate = HostLocator { fleet, route };
+        let replica = match replicas.acquire(walrelay_replicator::DatabaseId(route.database_id), &locate) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(database = %route.uuid, error = %e, "no replica here: the read goes to the primary");
+                return None;
+            }
+        };
+        let answer = self.run_on_replica(
+            replica.database(),
+            caller,
+            request.constraint,
+            request.body,
+            request.shape,
+            cancel,
+        )?;
+        fleet.stats.replica_reads.fetch_add(1, Ordering::Relaxed);
+        if let Some((read, written)) = answer.usage {
+            fleet
+                .metering
+                .record(&route.uuid, &route.account, read, written);
+        }
+        Some(answer)
     }
 
     /// A Cloudflare path's `{database_id}` as the rest of the node reads
@@ -244,5 +292,36 @@ impl Node {
                 a
             }
         }
+    }
+}
+
+/// Asks a database's host where its primary takes replicas.
+struct HostLocator<'a> {
+    fleet: &'a crate::fleet::Fleet,
+    route: &'a crate::fleet::routes::Route,
+}
+
+impl crate::fleet::replica_host::LocateLeader for HostLocator<'_> {
+    fn locate(
+        &self,
+        open: bool,
+    ) -> Result<Option<std::net::SocketAddr>, crate::fleet::replica_host::ReplicaHostError> {
+        let ask = crate::fleet::link::ReplicationAsk {
+            uuid: self.route.uuid.clone(),
+            database_id: self.route.database_id,
+            open,
+        };
+        self.fleet
+            .internal()
+            .post::<_, crate::fleet::link::ReplicaSource>(
+                &self.route.node,
+                "/internal/fleet/replication",
+                &ask,
+            )
+            .map(|s| s.leader)
+            .map_err(|e| crate::fleet::replica_host::ReplicaHostError::NoLeader {
+                id: walrelay_replicator::DatabaseId(self.route.database_id),
+                reason: e.to_string(),
+            })
     }
 }

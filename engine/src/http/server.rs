@@ -664,6 +664,28 @@ impl Node {
             .into_answer()
     }
 
+    /// Runs a body on a read replica: None when it belongs on the primary
+    /// (a write, or a bookmark the replica did not reach in its wait).
+    pub(super) fn run_on_replica(
+        &self,
+        db: &Database,
+        caller: &Caller,
+        constraint: Constraint,
+        body: &Body,
+        shape: Shape,
+        cancel: &CancelToken,
+    ) -> Option<Answer> {
+        match self.run(db, caller, constraint, body, shape, cancel) {
+            Routed::Done(a) => Some(a),
+            Routed::Forward(Forward::Write) if caller.access == Access::ReadOnly => {
+                let e = QueryError::ReadOnlyAccess;
+                let (status, code) = query_error(&e);
+                Some(Answer::error(status, code, e.to_string()))
+            }
+            Routed::Forward(Forward::Write | Forward::Behind) => None,
+        }
+    }
+
     fn forward(
         &self,
         caller: &Caller,

@@ -124,6 +124,11 @@ struct Links {
 
 struct State {
     config: ReplicaNodeConfig,
+    /// Where the leader is now (starts as `config.leader`; a leader that
+    /// moved is followed with [`ReplicaNode::set_leader`]).
+    leader: Mutex<SocketAddr>,
+    /// Shut down: nothing is dialed again and the threads end.
+    stopped: std::sync::atomic::AtomicBool,
     core: Mutex<(Subscriber, Links)>,
     applier: Arc<dyn Applier>,
     transport: OnceLock<Arc<dyn Transport>>,
@@ -170,6 +175,8 @@ impl ReplicaNode {
             leader_confirmed: Mutex::new(config.start),
             delayed: Mutex::new(std::collections::VecDeque::new()),
             delayed_ready: parking_lot::Condvar::new(),
+            leader: Mutex::new(config.leader),
+            stopped: std::sync::atomic::AtomicBool::new(false),
             config,
         });
         super::open_transport(
@@ -192,6 +199,44 @@ impl ReplicaNode {
                 .map_err(NodeError::io("starting the replica's threads"))?;
         }
         Ok(ReplicaNode { state })
+    }
+
+    /// Follows a leader that moved (a primary reopened on another port):
+    /// the current leader connection, if any, is closed and the next dial
+    /// goes to `addr`. The subscription resumes from what is visible.
+    pub fn set_leader(&self, addr: SocketAddr) {
+        let old = std::mem::replace(&mut *self.state.leader.lock(), addr);
+        if old == addr {
+            return;
+        }
+        tracing::info!(from = %old, to = %addr, database = %self.state.config.database, "replica follows its leader to a new address");
+        let conn = self.state.core.lock().1.leader;
+        if let Some(c) = conn {
+            self.state.transport().close(c);
+        }
+    }
+
+    /// Where the leader is dialed.
+    pub fn leader(&self) -> SocketAddr {
+        *self.state.leader.lock()
+    }
+
+    /// Whether a leader connection is up now.
+    pub fn leader_connected(&self) -> bool {
+        self.state.core.lock().1.leader.is_some()
+    }
+
+    /// Stops the subscription for good: its connections are shut, nothing
+    /// is dialed again, and its threads end. What the applier holds stays
+    /// as it is (visible up to its confirmed position). Idempotent.
+    pub fn shutdown(&self) {
+        self.state
+            .stopped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.state.delayed_ready.notify_all();
+        if let Some(t) = self.state.transport.get() {
+            t.shutdown();
+        }
     }
 
     /// Replication connections (or frames) refused by authentication.
@@ -245,6 +290,9 @@ impl ReplicaNode {
 fn release_delayed(state: Weak<State>) {
     loop {
         let Some(s) = state.upgrade() else { return };
+        if s.is_stopped() {
+            return;
+        }
         let due = {
             let mut q = s.delayed.lock();
             match q.front() {
@@ -269,6 +317,9 @@ fn release_delayed(state: Weak<State>) {
 fn redialer(state: Weak<State>) {
     loop {
         let Some(s) = state.upgrade() else { return };
+        if s.is_stopped() {
+            return;
+        }
         let interval = Duration::from_millis(s.config.redial_interval_ms.max(1));
         let stale = {
             let core = s.core.lock();
@@ -287,6 +338,10 @@ fn redialer(state: Weak<State>) {
 }
 
 impl State {
+    fn is_stopped(&self) -> bool {
+        self.stopped.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     fn transport(&self) -> &Arc<dyn Transport> {
         self.transport.get().expect("transport set at start")
     }
@@ -296,6 +351,9 @@ impl State {
         let Some(t) = self.transport.get() else {
             return;
         };
+        if self.is_stopped() {
+            return;
+        }
         let (addr, tag) = {
             let mut core = self.core.lock();
             if core.1.dialing || core.1.leader.is_some() || core.1.follower.is_some() {
@@ -318,7 +376,7 @@ impl State {
                 links.next_follower += 1;
                 (f, FOLLOWER_TAG)
             } else {
-                (self.config.leader, LEADER_TAG)
+                (*self.leader.lock(), LEADER_TAG)
             }
         };
         // Outside the lock: a failed dial may be reported on this thread.
