@@ -697,7 +697,10 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
                 max_open: 0,
                 idle_close_ms: a.fleet_replica_idle_ms,
             };
-            if let Some(fleet) = a.fleet.fleet(&dir, addr, fleet_key.as_ref(), Some(replicas))? {
+            if let Some(fleet) = a
+                .fleet
+                .fleet(&dir, addr, fleet_key.as_ref(), Some(replicas))?
+            {
                 node = node.with_fleet(fleet);
             }
             let node = Arc::new(node);

@@ -277,12 +277,28 @@ fn internal_calls_need_the_cluster_keys_proof_and_bad_ones_change_nothing() {
         ("heartbeat", "[]"),
         ("routes", r#"[{"op":"put","route":{"uuid":"x"}}]"#),
         ("report", r#"{"sizes":"no"}"#),
+        ("replication", r#"{"uuid":"x","database_id":1}"#),
+        (
+            "replication",
+            r#"{"uuid":"nope","database_id":1,"open":true}"#,
+        ),
+        (
+            "replication",
+            r#"{"uuid":"x","database_id":1,"open":true,"more":1}"#,
+        ),
     ] {
         let r = fx.post_with(&format!("/internal/fleet/{call}"), &with, body);
         assert_eq!(r.status, 400, "{call} {body}: {}", r.json);
     }
     let r = fx.post_with("/internal/fleet/nonsense", &with, "{}");
     assert_eq!(r.status, 404);
+    // Where a database nobody hosts takes replicas: nowhere, and asking
+    // opens nothing.
+    let ask = json!({"uuid": uuid, "database_id": 99, "open": true}).to_string();
+    let r = fx.post_with("/internal/fleet/replication", &[], &ask);
+    assert_eq!(r.status, 401, "{}", r.json);
+    let r = fx.post_with("/internal/fleet/replication", &with, &ask);
+    assert_eq!(r.status, 404, "{}", r.json);
     let huge = "x".repeat(9 << 20);
     let r = fx.post_with("/internal/fleet/routes", &with, &huge);
     assert!(r.status == 413 || r.status == 0, "{}", r.status);

@@ -17,7 +17,7 @@
 //! POST /internal/fleet/routes     [{"op":"put","route":{…}} | {"op":"remove","uuid":"…","database_id":n}, …]
 //!     200 {"changed": n}
 //! POST /internal/fleet/replication {"uuid":"…","database_id":n,"open":bool}
-//!     200 {"leader":"ip:port"|null}: where a read replica of the database
+//!     200 {"leader":"ip:port"|null,"at":"bookmark"|null}: where a read replica of the database
 //!     subscribes now (with open, its host opens it if it was idle; else
 //!     null while it is closed) | 404 not hosted or deleted | 503 it takes
 //!     no replicas
@@ -132,6 +132,10 @@ pub struct InitBody {
 #[serde(deny_unknown_fields)]
 pub struct ReplicaSource {
     pub leader: Option<std::net::SocketAddr>,
+    /// The database's newest bookmark when asked (a new replica waits,
+    /// boundedly, to reach it before it serves).
+    #[serde(default)]
+    pub at: Option<String>,
 }
 
 /// The question of `replication`.

@@ -28,8 +28,15 @@
 //! ```
 //!
 //! A closed replica is its files; it resumes from its persisted watermark.
-//! A replica whose database's routing entry is gone (deleted) is removed
-//! when it closes, and at start.
+//!
+//! # Deletion
+//!
+//! A deleted database's replicas are removed: at once when its routing
+//! entry's removal reaches this node (its host sends it on its next tick),
+//! when its host answers a `replication` call that it is gone, when the
+//! replica closes and its entry is gone, and at start. Until the first of
+//! these, at most one tick plus a [`RESOLVE_INTERVAL_MS`] after the
+//! deletion, a replica may still answer reads of what the database held.
 
 use crate::replica::ReplicaOptions;
 use crate::replication::{ReplicaConfig, ReplicatedReplica};
@@ -39,6 +46,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
 use walrelay_replicator::net::Backend;
 use walrelay_replicator::{ClusterKey, DatabaseId};
 
@@ -74,6 +82,9 @@ pub struct ReplicaHostConfig {
 pub enum ReplicaHostError {
     #[error("all {0} open replicas are in use")]
     Busy(usize),
+    /// Its host says it is not there (deleted): the replica is removed.
+    #[error("database {id} is gone from its host (deleted)")]
+    Gone { id: DatabaseId },
     #[error("where database {id}'s primary takes replicas is not known: {reason}")]
     NoLeader { id: DatabaseId, reason: String },
     #[error("starting the replica of database {id}: {reason}")]
@@ -82,10 +93,18 @@ pub enum ReplicaHostError {
     Io(#[from] std::io::Error),
 }
 
+/// Where a database's primary takes replicas, and its newest bookmark
+/// then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Located {
+    pub leader: SocketAddr,
+    pub at: Option<walrelay_replicator::Bookmark>,
+}
+
 /// Asks a database's host where its primary takes replicas; `open`: open
 /// it if it is idle (else None when it is not open).
 pub trait LocateLeader {
-    fn locate(&self, open: bool) -> Result<Option<SocketAddr>, ReplicaHostError>;
+    fn locate(&self, open: bool) -> Result<Option<Located>, ReplicaHostError>;
 }
 
 /// An open replica.
@@ -183,7 +202,12 @@ impl ReplicaHost {
             // it has, and reads it cannot answer go to the primary).
             let rebuild = r.replicated.node().archived().is_some() && Arc::strong_count(&r) == 2;
             if !rebuild {
-                self.follow_leader(&r, locate);
+                if let Err(e @ ReplicaHostError::Gone { .. }) = self.follow_leader(&r, locate) {
+                    drop(r);
+                    tracing::warn!(database = %id, "a fleet replica's database is gone from its host: removing the replica");
+                    self.close(id, true);
+                    return Err(e);
+                }
                 return Ok(r);
             }
             drop(r);
@@ -196,12 +220,13 @@ impl ReplicaHost {
             return Ok(Arc::clone(r));
         }
         self.make_room()?;
-        let leader = locate
-            .locate(true)?
-            .ok_or_else(|| ReplicaHostError::NoLeader {
-                id,
-                reason: "its host did not open it".into(),
-            })?;
+        let Located { leader, at } =
+            locate
+                .locate(true)?
+                .ok_or_else(|| ReplicaHostError::NoLeader {
+                    id,
+                    reason: "its host did not open it".into(),
+                })?;
         let replicated = ReplicatedReplica::start(ReplicaConfig {
             database: id,
             path: self.path(id),
@@ -222,6 +247,16 @@ impl ReplicaHost {
             id,
             reason: e.to_string(),
         })?;
+        // A new replica first catches up to where the database was when
+        // it was asked (within the read wait): its first unconstrained
+        // reads are then as fresh as that, not empty.
+        if let Some(at) = at
+            && !replicated
+                .node()
+                .wait_confirmed(at, Duration::from_millis(self.config.max_wait_ms))
+        {
+            tracing::info!(database = %id, %at, confirmed = %replicated.replica().confirmed(), "a new fleet replica serves before catching up to its primary");
+        }
         let r = Arc::new(FleetReplica {
             id,
             replicated,
@@ -236,29 +271,35 @@ impl ReplicaHost {
 
     /// A replica without a leader connection asks (at most once an
     /// interval) where its primary is now, without opening it.
-    fn follow_leader(&self, r: &FleetReplica, locate: &dyn LocateLeader) {
+    fn follow_leader(
+        &self,
+        r: &FleetReplica,
+        locate: &dyn LocateLeader,
+    ) -> Result<(), ReplicaHostError> {
         let node = r.replicated.node();
         if node.leader_connected() {
-            return;
+            return Ok(());
         }
         let now = now_ms();
         let last = r.resolved_ms.load(Ordering::Relaxed);
         if now - last < RESOLVE_INTERVAL_MS
-            || r
-                .resolved_ms
+            || r.resolved_ms
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_err()
         {
-            return;
+            return Ok(());
         }
         match locate.locate(false) {
-            Ok(Some(addr)) if addr != node.leader() => {
+            Ok(Some(Located { leader: addr, .. })) if addr != node.leader() => {
                 self.stats.leader_moves.fetch_add(1, Ordering::Relaxed);
                 node.set_leader(addr);
+                Ok(())
             }
-            Ok(_) => {}
+            Ok(_) => Ok(()),
+            Err(e @ ReplicaHostError::Gone { .. }) => Err(e),
             Err(e) => {
                 tracing::debug!(database = %r.id, error = %e, "could not learn where the primary is");
+                Ok(())
             }
         }
     }

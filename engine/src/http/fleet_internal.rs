@@ -62,7 +62,12 @@ fn replica_source(
     } else {
         match host.get_open(id) {
             Some(open) => open,
-            None => return Ok(ReplicaSource { leader: None }),
+            None => {
+                return Ok(ReplicaSource {
+                    leader: None,
+                    at: None,
+                });
+            }
         }
     };
     if open.state.uuid != uuid.to_string() {
@@ -74,6 +79,7 @@ fn replica_source(
     })?;
     Ok(ReplicaSource {
         leader: Some(leader),
+        at: Some(open.database().latest_bookmark().to_string()),
     })
 }
 
@@ -180,7 +186,18 @@ pub(super) async fn internal_route(
             "routes" => match serde_json::from_slice::<Vec<RouteChange>>(&body) {
                 Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
                 Ok(changes) => match fleet.routes.apply(&changes) {
-                    Ok(changed) => axum::Json(Changed { changed }).into_response(),
+                    Ok(changed) => {
+                        // A removed entry is a deleted (or moved) database:
+                        // its replicas here go at once.
+                        if let Some(replicas) = &fleet.replicas {
+                            for change in &changes {
+                                if let RouteChange::Remove { database_id, .. } = change {
+                                    replicas.close(DatabaseId(*database_id), true);
+                                }
+                            }
+                        }
+                        axum::Json(Changed { changed }).into_response()
+                    }
                     Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
                 },
             },

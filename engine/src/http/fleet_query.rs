@@ -143,7 +143,9 @@ impl Node {
             return None;
         }
         let locate = HostLocator { fleet, route };
-        let replica = match replicas.acquire(walrelay_replicator::DatabaseId(route.database_id), &locate) {
+        let replica = match replicas
+            .acquire(walrelay_replicator::DatabaseId(route.database_id), &locate)
+        {
             Ok(r) => r,
             Err(e) => {
                 tracing::debug!(database = %route.uuid, error = %e, "no replica here: the read goes to the primary");
@@ -305,7 +307,10 @@ impl crate::fleet::replica_host::LocateLeader for HostLocator<'_> {
     fn locate(
         &self,
         open: bool,
-    ) -> Result<Option<std::net::SocketAddr>, crate::fleet::replica_host::ReplicaHostError> {
+    ) -> Result<
+        Option<crate::fleet::replica_host::Located>,
+        crate::fleet::replica_host::ReplicaHostError,
+    > {
         let ask = crate::fleet::link::ReplicationAsk {
             uuid: self.route.uuid.clone(),
             database_id: self.route.database_id,
@@ -318,10 +323,24 @@ impl crate::fleet::replica_host::LocateLeader for HostLocator<'_> {
                 "/internal/fleet/replication",
                 &ask,
             )
-            .map(|s| s.leader)
-            .map_err(|e| crate::fleet::replica_host::ReplicaHostError::NoLeader {
-                id: walrelay_replicator::DatabaseId(self.route.database_id),
-                reason: e.to_string(),
+            .map(|s| {
+                s.leader.map(|leader| crate::fleet::replica_host::Located {
+                    leader,
+                    // A malformed one is only a missed wait.
+                    at: s.at.and_then(|b| b.parse().ok()),
+                })
+            })
+            .map_err(|e| {
+                let id = walrelay_replicator::DatabaseId(self.route.database_id);
+                match e {
+                    crate::fleet::link::LinkError::Refused { status: 404, .. } => {
+                        crate::fleet::replica_host::ReplicaHostError::Gone { id }
+                    }
+                    e => crate::fleet::replica_host::ReplicaHostError::NoLeader {
+                        id,
+                        reason: e.to_string(),
+                    },
+                }
             })
     }
 }

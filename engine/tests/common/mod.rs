@@ -717,6 +717,12 @@ pub fn metric(base_url: &str, name: &str) -> Option<u64> {
         .body_mut()
         .read_to_string()
         .ok()?;
+    metric_in(&text, name)
+}
+
+/// A metric's value in a `/metrics` text (the first sample line starting
+/// with `name`).
+pub fn metric_in(text: &str, name: &str) -> Option<u64> {
     text.lines()
         .find(|l| l.starts_with(name) && !l.starts_with('#'))
         .and_then(|l| l.rsplit(' ').next())

@@ -123,6 +123,19 @@ impl Up {
         post(&self.agent, &self.http(i), bookmark, body, token)
     }
 
+    /// POSTs a D1 query body for `database` (a fleet database's name or
+    /// uuid) to node `i`, with the admin token and a session bookmark.
+    pub fn query_db(&self, i: u16, database: &str, bookmark: &str, body: &Json) -> Reply {
+        post_to(
+            &self.agent,
+            &self.http(i),
+            database,
+            bookmark,
+            body,
+            self.token().as_deref(),
+        )
+    }
+
     /// Any call to node `i` (0 the primary, 1.. the replicas, then the
     /// fleet nodes) with the admin token: `method` GET, POST or DELETE.
     pub fn call(&self, i: u16, method: &str, path: &str, body: Option<&Json>) -> Reply {
@@ -156,6 +169,16 @@ impl Up {
                 json: Json::String(e.to_string()),
             },
         }
+    }
+
+    /// Node `i`'s metric `name`, read with the admin token.
+    pub fn metric(&self, i: u16, name: &str) -> Option<u64> {
+        let mut req = self.agent.get(format!("{}/metrics", self.http(i)));
+        if let Some(t) = self.token() {
+            req = req.header("authorization", &format!("Bearer {t}"));
+        }
+        let text = req.call().ok()?.body_mut().read_to_string().ok()?;
+        super::metric_in(&text, name)
     }
 
     /// A handle that queries the nodes from other threads.
@@ -248,8 +271,19 @@ fn post(
     body: &Json,
     token: Option<&str>,
 ) -> Reply {
+    post_to(agent, node, "main", bookmark, body, token)
+}
+
+fn post_to(
+    agent: &ureq::Agent,
+    node: &str,
+    database: &str,
+    bookmark: &str,
+    body: &Json,
+    token: Option<&str>,
+) -> Reply {
     let mut req = agent
-        .post(format!("{node}/v1/databases/main/query"))
+        .post(format!("{node}/v1/databases/{database}/query"))
         .header("x-d1-bookmark", bookmark);
     if let Some(t) = token {
         req = req.header("authorization", &format!("Bearer {t}"));
