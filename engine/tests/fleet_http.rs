@@ -310,3 +310,36 @@ fn internal_calls_need_the_cluster_keys_proof_and_bad_ones_change_nothing() {
     assert_eq!(r.status, 200, "{}", r.json);
     assert_eq!(fx.node.host.hosted_count(), 1);
 }
+
+#[test]
+fn a_token_scoped_to_a_fleet_database_reaches_it_by_name_and_uuid_and_no_other() {
+    let fx = fixture();
+    let mut uuids = Vec::new();
+    for name in ["shop", "other"] {
+        let r = fx.admin("POST", "/v1/databases", Some(json!({ "name": name })));
+        assert_eq!(r.status, 200, "{}", r.json);
+        uuids.push(r.json["result"]["uuid"].as_str().unwrap().to_string());
+    }
+    let body = json!({"sql": "SELECT 1 AS one"}).to_string();
+    for path in ["shop", uuids[0].as_str()] {
+        let r = fx.call(
+            "POST",
+            &format!("/v1/databases/{path}/query"),
+            Some(&fx.shop),
+            Some(&body),
+        );
+        assert_eq!(r.status, 200, "{path}: {}", r.json);
+    }
+    for path in ["other", uuids[1].as_str()] {
+        let r = fx.call(
+            "POST",
+            &format!("/v1/databases/{path}/query"),
+            Some(&fx.shop),
+            Some(&body),
+        );
+        refused(&r, 403, path);
+    }
+    // Nor the control plane.
+    let r = fx.call("GET", "/v1/databases", Some(&fx.shop), None);
+    refused(&r, 403, "list");
+}

@@ -286,7 +286,26 @@ impl Node {
         let target = self
             .resolve_database(name_or_id)
             .map_or_else(|_| name_or_id.to_string(), |r| r.name);
-        let caller = self.authorize(authorization, Target::Database(&target))?;
+        // A fleet database's token may name it by name or by uuid, and
+        // reaches it whichever the path uses (its routing entry pairs them).
+        let other_name = self.fleet.as_ref().and_then(|fleet| {
+            let route = fleet.route(&target, &fleet.config.default_account).ok()?;
+            [route.uuid, route.name].into_iter().find(|n| *n != target)
+        });
+        let caller = match (
+            self.auth.check(authorization, Target::Database(&target)),
+            other_name,
+        ) {
+            (Err(_), Some(other))
+                if self
+                    .auth
+                    .check(authorization, Target::Database(&other))
+                    .is_ok() =>
+            {
+                self.authorize(authorization, Target::Database(&other))?
+            }
+            _ => self.authorize(authorization, Target::Database(&target))?,
+        };
         let resolved = self
             .resolve_database(name_or_id)
             .map_err(|a| self.refuse(a))?;

@@ -272,6 +272,8 @@ pub struct HttpFleet {
     pub admin: ApiToken,
     pub reader: ApiToken,
     pub scoped: ApiToken,
+    /// Read-write for the fleet database named `shop` only.
+    pub shop: ApiToken,
     agent: ureq::Agent,
     _dir: tempfile::TempDir,
 }
@@ -292,6 +294,12 @@ impl HttpFleet {
         let scoped = token_store::create(
             &tokens,
             Scope::Database("main".into()),
+            Permission::ReadWrite,
+        )
+        .unwrap();
+        let shop = token_store::create(
+            &tokens,
+            Scope::Database("shop".into()),
             Permission::ReadWrite,
         )
         .unwrap();
@@ -323,6 +331,7 @@ impl HttpFleet {
             admin,
             reader,
             scoped,
+            shop,
             agent,
         }
     }
