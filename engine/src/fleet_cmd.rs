@@ -129,9 +129,18 @@ pub struct NodeArgs {
     #[arg(long, default_value = "auto", value_parser = crate::cmd::backend)]
     pub net: walrelay_replicator::net::Backend,
     /// The cold store the followers archive every database to (any
-    /// `--store` URL): hosted databases' time travel reads it.
+    /// `--store` URL): hosted databases' time travel reads it, and a
+    /// database adopted in a failover is rebuilt from it.
     #[arg(long)]
     pub store: Option<String>,
+    /// With --control-plane: a host node that has not answered a probe
+    /// for this long is declared dead and its databases move to the
+    /// others (0: never).
+    #[arg(long, default_value_t = 10_000)]
+    pub failover_after_ms: u64,
+    /// With --control-plane: how often every host node is probed.
+    #[arg(long, default_value_t = 1_000)]
+    pub probe_ms: u64,
 }
 
 fn host_node(
@@ -162,6 +171,7 @@ fn opener(
     a: &NodeArgs,
     options: Options,
     key: Option<ClusterKey>,
+    store: Option<walrelay_archive::Store>,
 ) -> Box<dyn walrelay_engine::fleet::host::Opener> {
     if a.followers.is_empty() {
         return Box::new(LocalOpener { options });
@@ -172,6 +182,9 @@ fn opener(
         key,
     );
     template.backend = a.net;
+    // A database opened where it has no file (adopted in a failover, or
+    // its file lost) is rebuilt from cold storage, then the log.
+    template.store = store;
     // Each open database takes its read replicas on a port of its own on
     // this node's address; replica nodes ask where (`replication`).
     template.listen = Some(SocketAddr::new(a.http.ip(), 0));
@@ -216,7 +229,7 @@ pub fn node(a: NodeArgs) -> Result<()> {
                 idle_close_ms: a.idle_close_ms,
                 max_hosted: a.max_hosted,
             },
-            opener(&a, options, key.clone()),
+            opener(&a, options, key.clone(), store.clone()),
         )
         .context("opening the hosted databases")?,
     );
@@ -270,7 +283,11 @@ pub fn node(a: NodeArgs) -> Result<()> {
         Some(Arc::new(ControlPlane::new(
             catalog,
             hosts,
-            ControlConfig::default(),
+            ControlConfig {
+                failover_after_ms: a.failover_after_ms,
+                probe_ms: a.probe_ms,
+                ..ControlConfig::default()
+            },
         )))
     } else {
         None

@@ -70,6 +70,11 @@ pub struct UpArgs {
     /// The fleet's catalog: `embedded` or a postgres:// URL.
     #[arg(long, default_value = "embedded")]
     pub catalog: String,
+    /// A fleet node that does not answer the control plane's probes this
+    /// long (hung or cut off: `up` restarts one that exits) has its
+    /// databases moved to the others (0: never).
+    #[arg(long, default_value_t = 10_000)]
+    pub fleet_failover_ms: u64,
 }
 
 fn addrs(base: u16, n: usize) -> Vec<SocketAddr> {
@@ -266,6 +271,8 @@ pub fn up(a: UpArgs) -> Result<()> {
                 "--control-plane".into(),
                 "--catalog".into(),
                 a.catalog.clone(),
+                "--failover-after-ms".into(),
+                a.fleet_failover_ms.to_string(),
                 "--hosts".into(),
                 hosts.join(","),
             ]);

@@ -34,6 +34,19 @@ pub trait HostApi: Send + Sync + fmt::Debug {
     fn activate(&self, uuid: DatabaseUuid, id: DatabaseId) -> Result<(), HostError>;
     /// Best effort: the database was deleted.
     fn delete(&self, uuid: DatabaseUuid, id: DatabaseId) -> Result<(), HostError>;
+    /// Failover: take over a live database whose node is gone; it writes
+    /// its routing entry.
+    fn adopt(
+        &self,
+        uuid: DatabaseUuid,
+        id: DatabaseId,
+        account: &AccountId,
+        name: &DatabaseName,
+    ) -> Result<(), HostError>;
+    /// Whether the node answers (the failure detector's probe).
+    fn ping(&self) -> Result<(), HostError> {
+        Ok(())
+    }
 }
 
 /// Where a database should live.
@@ -98,6 +111,12 @@ pub struct ControlConfig {
     /// Heartbeats read account totals through a cache keyed by account and
     /// a time bucket this long (D1's `dynamic_ttl`).
     pub account_cache_bucket_ms: u64,
+    /// A host node that has not answered the failure detector's probe for
+    /// this long is declared dead and its databases move ([`super::failover`]);
+    /// 0: no failover.
+    pub failover_after_ms: u64,
+    /// How often every host node is probed.
+    pub probe_ms: u64,
 }
 
 impl Default for ControlConfig {
@@ -105,6 +124,8 @@ impl Default for ControlConfig {
         ControlConfig {
             create_attempts: 5,
             account_cache_bucket_ms: 5_000,
+            failover_after_ms: 0,
+            probe_ms: 1_000,
         }
     }
 }
@@ -160,6 +181,7 @@ pub struct ControlPlane {
     limits: Option<Arc<LimitsService>>,
     account_cache: Mutex<HashMap<(AccountId, i64), AccountFacts>>,
     next_host: std::sync::atomic::AtomicUsize,
+    failover: super::failover::FailoverStats,
 }
 
 impl ControlPlane {
@@ -171,7 +193,17 @@ impl ControlPlane {
             account_cache: Mutex::new(HashMap::new()),
             next_host: Default::default(),
             limits: None,
+            failover: Default::default(),
         }
+    }
+
+    /// The host nodes databases are placed on.
+    pub fn hosts(&self) -> &[HostNode] {
+        &self.hosts
+    }
+
+    pub fn failover_stats(&self) -> &super::failover::FailoverStats {
+        &self.failover
     }
 
     /// Runs the limit pipeline too.
@@ -213,10 +245,21 @@ impl ControlPlane {
     ) -> Vec<std::thread::JoinHandle<()>> {
         use std::sync::atomic::Ordering::Relaxed;
         use std::time::Duration;
-        let Some(l) = self.limits.clone() else {
-            return Vec::new();
-        };
         let mut threads = Vec::new();
+        if self.config.failover_after_ms > 0 {
+            let (cp, stop) = (Arc::clone(self), Arc::clone(&stop));
+            let probe = Duration::from_millis(self.config.probe_ms.max(1));
+            let after = Duration::from_millis(self.config.failover_after_ms);
+            threads.push(
+                std::thread::Builder::new()
+                    .name("walrelay-failover".into())
+                    .spawn(move || super::failover::run(cp, probe, after, stop))
+                    .expect("spawning the failure detector"),
+            );
+        }
+        let Some(l) = self.limits.clone() else {
+            return threads;
+        };
         for i in 0..l.consumers.max(1) {
             let (cp, l, stop) = (Arc::clone(self), Arc::clone(&l), Arc::clone(&stop));
             threads.push(

@@ -7,6 +7,8 @@
 //!   query, even one a stale route still sends.
 //! - Told it is active, it activates itself if it was only initialised and
 //!   rewrites its routing entry if the entry is missing or stale.
+//! - Told it lives on another node (it failed over while this node was
+//!   away, [`super::failover`]), it forgets its copy.
 //! - It learns whether its account is over its storage limit.
 //!
 //! Closed databases do not heartbeat: the load follows active databases.
@@ -105,6 +107,19 @@ pub fn beat_one(fleet: &Fleet, id: DatabaseId) -> Result<(), BeatError> {
             tracing::warn!(database = %id, %uuid, "heartbeat: the catalog does not know this database as live; marking it deleted");
             host.delete(id)?;
             fleet.routes.unpublish(uuid, id)?;
+        }
+        Verdict::Active if answer.node != fleet.config.self_url => {
+            // Failed over while this node was away: another node hosts
+            // it now and writes its routing entry; this copy goes.
+            tracing::warn!(database = %id, %uuid, node = %answer.node, "heartbeat: the database lives on another node now; forgetting this copy");
+            host.forget(id)?;
+            if fleet
+                .routes
+                .get(uuid)
+                .is_some_and(|r| r.node == fleet.config.self_url)
+            {
+                fleet.routes.remove(uuid, id)?;
+            }
         }
         Verdict::Active => {
             if state.lifecycle == Lifecycle::Initialised {

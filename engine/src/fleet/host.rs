@@ -71,6 +71,11 @@ pub trait Hosted: Send + Sync + fmt::Debug {
     fn replica_addr(&self) -> Option<std::net::SocketAddr> {
         None
     }
+    /// Another node took the database over (won a newer epoch): this copy
+    /// must close; the next query reopens it, behind the newer one.
+    fn fenced(&self) -> bool {
+        false
+    }
     /// Stops it; called once no query uses it.
     fn close(self: Box<Self>);
 }
@@ -131,6 +136,9 @@ impl Hosted for Replicated {
     }
     fn replica_addr(&self) -> Option<std::net::SocketAddr> {
         self.primary.replica_addr()
+    }
+    fn fenced(&self) -> bool {
+        self.primary.leader().fenced().is_some()
     }
     fn close(self: Box<Self>) {
         self.primary.database().stop_queries();
@@ -257,6 +265,10 @@ impl OpenDb {
     pub fn replica_addr(&self) -> Option<std::net::SocketAddr> {
         self.hosted.lock().as_ref().and_then(|h| h.replica_addr())
     }
+    /// Whether another node won a newer epoch for it.
+    pub fn fenced(&self) -> bool {
+        self.hosted.lock().as_ref().is_some_and(|h| h.fenced())
+    }
 }
 
 /// Counters for `/metrics` and the fleet benchmark.
@@ -267,6 +279,10 @@ pub struct HostStats {
     pub evicted: AtomicU64,
     pub created: AtomicU64,
     pub deleted: AtomicU64,
+    /// Taken over from another node (failover).
+    pub adopted: AtomicU64,
+    /// Given up: another node hosts them now.
+    pub forgotten: AtomicU64,
 }
 
 /// The databases this node hosts.
@@ -443,6 +459,75 @@ impl Host {
         Ok(state)
     }
 
+    /// Takes over a live database another node hosted (failover): its
+    /// record is written active at once (it exists: the catalog says so);
+    /// its data comes from the followers' log and cold storage when it
+    /// first opens. Idempotent; a deleted one stays deleted.
+    pub fn adopt(
+        &self,
+        uuid: DatabaseUuid,
+        id: DatabaseId,
+        account: &AccountId,
+        name: &DatabaseName,
+    ) -> Result<HostedState, HostError> {
+        let _changing = self.changing.lock();
+        if let Some(state) = self.state(id)? {
+            if state.uuid != uuid.to_string() {
+                return Err(HostError::Exists(id));
+            }
+            return match state.lifecycle {
+                Lifecycle::Deleted => Err(HostError::Deleted(id)),
+                Lifecycle::Active => Ok(state),
+                Lifecycle::Initialised => {
+                    drop(_changing);
+                    self.activate(id)
+                }
+            };
+        }
+        let hosted = self.hosted.load(Ordering::Relaxed);
+        if hosted >= self.config.max_hosted {
+            tracing::warn!(database = %id, hosted, "refusing to adopt a database: the host is full");
+            return Err(HostError::Full(self.config.max_hosted));
+        }
+        std::fs::create_dir_all(self.db_dir(id))?;
+        let state = HostedState {
+            uuid: uuid.to_string(),
+            database_id: id.0,
+            account: account.to_string(),
+            name: name.to_string(),
+            lifecycle: Lifecycle::Active,
+            created_at_ms: now_ms(),
+        };
+        self.write_state(&state)?;
+        self.hosted.fetch_add(1, Ordering::Relaxed);
+        self.stats.adopted.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(database = %id, %uuid, "database adopted from another node (failover)");
+        Ok(state)
+    }
+
+    /// Stops hosting a database another node now hosts (it moved while
+    /// this node was away): closes it and removes its record and files.
+    /// Its history is the followers' and cold storage's, not this copy's.
+    pub fn forget(&self, id: DatabaseId) -> Result<(), HostError> {
+        let _changing = self.changing.lock();
+        let closed = self.open.lock().remove(&id);
+        if let Some(open) = closed {
+            open.database.stop_queries();
+            close(&open);
+        }
+        self.set_unconfirmed(id, false)?;
+        match std::fs::remove_dir_all(self.db_dir(id)) {
+            Ok(()) => {
+                self.hosted.fetch_sub(1, Ordering::Relaxed);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.stats.forgotten.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(database = %id, "database moved to another node: no longer hosted here");
+        Ok(())
+    }
+
     /// Marks a database active (idempotent; a deleted one stays deleted).
     pub fn activate(&self, id: DatabaseId) -> Result<HostedState, HostError> {
         self.set_lifecycle(id, Lifecycle::Active)
@@ -484,9 +569,29 @@ impl Host {
     /// The open database `id`, opening it if needed, for a query: only an
     /// active database serves.
     pub fn acquire(&self, id: DatabaseId) -> Result<Arc<OpenDb>, HostError> {
-        if let Some(open) = self.open.lock().get(&id) {
-            open.last_used_ms.store(now_ms(), Ordering::Relaxed);
-            return Ok(Arc::clone(open));
+        let found = self.open.lock().get(&id).cloned();
+        if let Some(open) = found {
+            if !open.fenced() {
+                open.last_used_ms.store(now_ms(), Ordering::Relaxed);
+                return Ok(open);
+            }
+            // Another node won a newer epoch (a failover moved it there,
+            // or this node came back from one): this copy is stale. It is
+            // closed and reopened behind the newer epoch; the heartbeat
+            // tells this node whether it still hosts the database at all.
+            tracing::warn!(database = %id, "a hosted database was fenced by a newer epoch: reopening it");
+            let removed = {
+                let mut map = self.open.lock();
+                match map.get(&id) {
+                    Some(o) if Arc::ptr_eq(o, &open) => map.remove(&id),
+                    _ => None,
+                }
+            };
+            drop(open);
+            if let Some(o) = removed {
+                o.database.stop_queries();
+                close(&o);
+            }
         }
         let _changing = self.changing.lock();
         if let Some(open) = self.open.lock().get(&id) {

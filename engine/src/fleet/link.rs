@@ -9,6 +9,9 @@
 //!     node without the cluster key cannot call (none is asked for when
 //!     the cluster runs without one, --insecure-replication)
 //! POST /internal/fleet/init       {"uuid":"…","database_id":n,"account":"…","name":"…"}
+//! POST /internal/fleet/adopt      {"uuid":"…","database_id":n,"account":"…","name":"…"}
+//!     (failover: host a live database whose node is gone)
+//! POST /internal/fleet/ping       {}  (the control plane's failure detector)
 //! POST /internal/fleet/activate   {"uuid":"…","database_id":n}
 //! POST /internal/fleet/delete     {"uuid":"…","database_id":n}
 //!     200 {} | 4xx/5xx {"error":"…"}
@@ -32,6 +35,9 @@ use super::routes::RouteChange;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use std::time::Duration;
 use walrelay_replicator::{ClusterKey, DatabaseId};
+
+/// How long the failure detector's probe waits for an answer.
+pub const PING_TIMEOUT_MS: u64 = 1_000;
 
 /// The header every internal call carries.
 pub const NODE_HEADER: &str = "x-walrelay-node";
@@ -167,6 +173,12 @@ impl Internal {
         &self.auth
     }
 
+    /// The same calls with another timeout (the failure detector's probe
+    /// must not wait for a hung node as long as a call may take).
+    pub fn with_timeout(&self, timeout_ms: u64) -> Internal {
+        Internal::new(self.auth.clone(), timeout_ms)
+    }
+
     /// POSTs `body` as JSON to `base/path` and reads a JSON answer.
     pub fn post<T: Serialize + ?Sized, R: DeserializeOwned>(
         &self,
@@ -263,6 +275,33 @@ impl HostApi for HttpHostApi {
             .post::<_, Empty>(&self.url, "/internal/fleet/activate", &body)
             .map(|_| ())
             .map_err(|e| host_error(id, e))
+    }
+
+    fn adopt(
+        &self,
+        uuid: DatabaseUuid,
+        id: DatabaseId,
+        account: &AccountId,
+        name: &DatabaseName,
+    ) -> Result<(), HostError> {
+        let body = InitBody {
+            uuid: uuid.to_string(),
+            database_id: id.0,
+            account: account.to_string(),
+            name: name.to_string(),
+        };
+        self.internal
+            .post::<_, Empty>(&self.url, "/internal/fleet/adopt", &body)
+            .map(|_| ())
+            .map_err(|e| host_error(id, e))
+    }
+
+    fn ping(&self) -> Result<(), HostError> {
+        self.internal
+            .with_timeout(PING_TIMEOUT_MS)
+            .post::<_, Empty>(&self.url, "/internal/fleet/ping", &Empty {})
+            .map(|_| ())
+            .map_err(|e| host_error(DatabaseId(0), e))
     }
 
     fn delete(&self, uuid: DatabaseUuid, id: DatabaseId) -> Result<(), HostError> {

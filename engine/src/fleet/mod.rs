@@ -17,6 +17,8 @@
 //! - [`routes`]: the node's routing table (D1's Workers KV), the only thing
 //!   the query path reads to find a database; each database writes its own
 //!   entry.
+//! - [`failover`]: the control plane's failure detector, which moves a
+//!   dead node's databases to live ones.
 //! - [`heartbeat`]: each open database's periodic check with the control
 //!   plane, which deletes orphans, repairs routing entries and turns
 //!   deleted databases away.
@@ -26,6 +28,7 @@
 
 pub mod catalog;
 pub mod control;
+pub mod failover;
 pub mod heartbeat;
 pub mod host;
 pub mod limits;
@@ -463,10 +466,43 @@ impl HostApi for LocalHostApi {
 
     fn activate(&self, uuid: DatabaseUuid, id: DatabaseId) -> Result<(), HostError> {
         let state = self.host.activate(id)?;
+        self.publish(uuid, id, state)
+    }
+
+    fn adopt(
+        &self,
+        uuid: DatabaseUuid,
+        id: DatabaseId,
+        account: &AccountId,
+        name: &DatabaseName,
+    ) -> Result<(), HostError> {
+        let state = self.host.adopt(uuid, id, account, name)?;
+        self.publish(uuid, id, state)
+    }
+
+    fn delete(&self, uuid: DatabaseUuid, id: DatabaseId) -> Result<(), HostError> {
+        self.host.delete(id)?;
+        self.routes
+            .unpublish(uuid, id)
+            .map_err(|e| HostError::State {
+                id,
+                reason: e.to_string(),
+            })?;
+        Ok(())
+    }
+}
+
+impl LocalHostApi {
+    /// An active database writes its own routing entry.
+    fn publish(
+        &self,
+        uuid: DatabaseUuid,
+        id: DatabaseId,
+        state: host::HostedState,
+    ) -> Result<(), HostError> {
         if state.lifecycle != host::Lifecycle::Active {
             return Ok(());
         }
-        // The database writes its own routing entry.
         self.routes
             .publish(Route {
                 uuid: uuid.to_string(),
@@ -480,16 +516,5 @@ impl HostApi for LocalHostApi {
                 id,
                 reason: e.to_string(),
             })
-    }
-
-    fn delete(&self, uuid: DatabaseUuid, id: DatabaseId) -> Result<(), HostError> {
-        self.host.delete(id)?;
-        self.routes
-            .unpublish(uuid, id)
-            .map_err(|e| HostError::State {
-                id,
-                reason: e.to_string(),
-            })?;
-        Ok(())
     }
 }

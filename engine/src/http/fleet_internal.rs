@@ -125,7 +125,11 @@ pub(super) async fn internal_route(
             }
         };
         match call.as_str() {
-            "init" => match serde_json::from_slice::<InitBody>(&body) {
+            "ping" => match serde_json::from_slice::<Empty>(&body) {
+                Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+                Ok(_) => axum::Json(Empty {}).into_response(),
+            },
+            "init" | "adopt" => match serde_json::from_slice::<InitBody>(&body) {
                 Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
                 Ok(b) => host_call(&|api| {
                     let (uuid, id) = ids(&Ids {
@@ -136,7 +140,11 @@ pub(super) async fn internal_route(
                         .map_err(|e| HostError::BadRequest(e.to_string()))?;
                     let name = DatabaseName::new(&b.name)
                         .map_err(|e| HostError::BadRequest(e.to_string()))?;
-                    api.init(uuid, id, &account, &name)
+                    if call == "adopt" {
+                        api.adopt(uuid, id, &account, &name)
+                    } else {
+                        api.init(uuid, id, &account, &name)
+                    }
                 }),
             },
             "activate" | "delete" => match serde_json::from_slice::<Ids>(&body) {

@@ -87,7 +87,9 @@ impl Node {
             // Not in this node's table: if it hosts nothing itself, the
             // control plane's node (the fleet's host in `walrelay up`) is
             // asked instead; routes reach every node in a later change.
-            Err(FleetError::Unknown(_)) if fleet.host.is_none() && !caller.is_forwarded() => {
+            Err(FleetError::Unknown(_))
+                if !fleet.runs_control_plane() && !caller.is_forwarded() =>
+            {
                 return match &fleet.config.control_url {
                     Some(url) => self.pass_query(url, caller, name, header, raw_body, shape),
                     None => fleet_error(&FleetError::Unknown(name.into())),
@@ -97,6 +99,21 @@ impl Node {
         };
         let open = match fleet.acquire(&route) {
             Ok(o) => o,
+            // This node's own entry is stale (the database failed over
+            // while it was away, and it forgot its copy): the entry goes,
+            // and the control plane's node, whose table is current, takes
+            // the request.
+            Err(FleetError::Host(HostError::NotHosted(id)))
+                if route.node == fleet.config.self_url && !caller.is_forwarded() =>
+            {
+                if let Ok(uuid) = route.uuid.parse() {
+                    let _ = fleet.routes.remove(uuid, id);
+                }
+                return match &fleet.config.control_url {
+                    Some(url) => self.pass_query(url, caller, &route.uuid, header, raw_body, shape),
+                    None => fleet_error(&FleetError::Unknown(name.into())),
+                };
+            }
             Err(FleetError::Elsewhere(_)) if !caller.is_forwarded() => {
                 if let Some(answer) = self.replica_read(fleet, &route, caller, request, cancel) {
                     return answer;

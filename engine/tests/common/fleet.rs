@@ -65,6 +65,17 @@ impl Catalog for FaultyCatalog {
     fn mark_deleted(&self, uuid: DatabaseUuid, at: i64) -> Result<bool, CatalogError> {
         self.inner.mark_deleted(uuid, at)
     }
+    fn on_node(
+        &self,
+        node: &str,
+        after: Option<DatabaseUuid>,
+        limit: u64,
+    ) -> Result<Vec<DatabaseRow>, CatalogError> {
+        self.inner.on_node(node, after, limit)
+    }
+    fn set_node(&self, uuid: DatabaseUuid, node: &str) -> Result<bool, CatalogError> {
+        self.inner.set_node(uuid, node)
+    }
     fn account(&self, a: &AccountId) -> Result<AccountLimits, CatalogError> {
         self.inner.account(a)
     }
@@ -105,6 +116,15 @@ impl HostApi for FlakyHostApi {
         n: &DatabaseName,
     ) -> Result<(), HostError> {
         self.inner.init(uuid, id, a, n)
+    }
+    fn adopt(
+        &self,
+        uuid: DatabaseUuid,
+        id: DatabaseId,
+        a: &AccountId,
+        n: &DatabaseName,
+    ) -> Result<(), HostError> {
+        self.inner.adopt(uuid, id, a, n)
     }
     fn activate(&self, uuid: DatabaseUuid, id: DatabaseId) -> Result<(), HostError> {
         if take(&self.fail_activate) {

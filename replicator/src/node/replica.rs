@@ -102,6 +102,9 @@ pub struct ReplicaNodeConfig {
     pub delay_ms: u64,
 }
 
+/// A leader connection silent this long is closed (see `leader_seen`).
+pub const LEADER_SILENCE: Duration = Duration::from_secs(2);
+
 const LEADER_TAG: u64 = 0;
 const FOLLOWER_TAG: u64 = 1;
 
@@ -129,6 +132,11 @@ struct State {
     leader: Mutex<SocketAddr>,
     /// Shut down: nothing is dialed again and the threads end.
     stopped: std::sync::atomic::AtomicBool,
+    /// When the leader connection last delivered anything (it sends a
+    /// heartbeat at least every few tens of ms): a leader silent for
+    /// [`LEADER_SILENCE`] is hung or cut off, and its connection is closed
+    /// so the replica dials again (and its owner may point it elsewhere).
+    leader_seen: Mutex<Option<Instant>>,
     core: Mutex<(Subscriber, Links)>,
     applier: Arc<dyn Applier>,
     transport: OnceLock<Arc<dyn Transport>>,
@@ -177,6 +185,7 @@ impl ReplicaNode {
             delayed_ready: parking_lot::Condvar::new(),
             leader: Mutex::new(config.leader),
             stopped: std::sync::atomic::AtomicBool::new(false),
+            leader_seen: Mutex::new(None),
             config,
         });
         super::open_transport(
@@ -321,14 +330,24 @@ fn redialer(state: Weak<State>) {
             return;
         }
         let interval = Duration::from_millis(s.config.redial_interval_ms.max(1));
-        let stale = {
+        let (stale, silent) = {
             let core = s.core.lock();
-            match (core.1.follower, core.1.catch_up_seen) {
+            let stale = match (core.1.follower, core.1.catch_up_seen) {
                 (Some(c), Some(seen)) if seen.elapsed() > super::CATCH_UP_IDLE => Some(c),
                 _ => None,
-            }
+            };
+            let seen = *s.leader_seen.lock();
+            let silent = match (core.1.leader, seen) {
+                (Some(c), Some(seen)) if seen.elapsed() > LEADER_SILENCE => Some(c),
+                _ => None,
+            };
+            (stale, silent)
         };
         if let Some(c) = stale {
+            s.transport().close(c);
+        }
+        if let Some(c) = silent {
+            tracing::warn!(database = %s.config.database, leader = %*s.leader.lock(), "the replica's leader went silent: closing its connection");
             s.transport().close(c);
         }
         s.dial();
@@ -469,6 +488,7 @@ impl NetHandler for State {
             Source::Follower
         } else {
             core.1.leader = Some(conn);
+            *self.leader_seen.lock() = Some(Instant::now());
             Source::Leader
         };
         let actions = core.0.handle(SubscriberEvent::Connected(source));
@@ -480,6 +500,9 @@ impl NetHandler for State {
     }
 
     fn message(&self, conn: ConnId, message: Message) {
+        if self.core.lock().1.leader == Some(conn) {
+            *self.leader_seen.lock() = Some(Instant::now());
+        }
         if self.config.delay_ms > 0 {
             let at = Instant::now() + Duration::from_millis(self.config.delay_ms);
             self.delayed.lock().push_back((at, conn, message));

@@ -138,6 +138,17 @@ pub trait Catalog: Send + Sync + std::fmt::Debug {
     fn insert(&self, row: &DatabaseRow, max_databases: u64) -> Result<(), CatalogError>;
     /// A database by uuid, deleted or not.
     fn get(&self, uuid: DatabaseUuid) -> Result<Option<DatabaseRow>, CatalogError>;
+    /// Live databases placed on `node`, at most `limit`, in uuid order
+    /// after `after` (failover pages through a dead node's databases).
+    fn on_node(
+        &self,
+        node: &str,
+        after: Option<DatabaseUuid>,
+        limit: u64,
+    ) -> Result<Vec<DatabaseRow>, CatalogError>;
+    /// Places a live database on `node` (failover); false if it is not
+    /// live.
+    fn set_node(&self, uuid: DatabaseUuid, node: &str) -> Result<bool, CatalogError>;
     /// A live database by account and name.
     fn by_name(
         &self,

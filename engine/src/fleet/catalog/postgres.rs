@@ -22,6 +22,7 @@ CREATE TABLE IF NOT EXISTS databases(
 CREATE UNIQUE INDEX IF NOT EXISTS databases_live_name
     ON databases(account, name) WHERE deleted_at_ms IS NULL;
 CREATE INDEX IF NOT EXISTS databases_by_account ON databases(account, created_at_ms);
+CREATE INDEX IF NOT EXISTS databases_by_node ON databases(node, uuid) WHERE deleted_at_ms IS NULL;
 CREATE TABLE IF NOT EXISTS accounts(
     account TEXT PRIMARY KEY, plan TEXT NOT NULL, max_storage_bytes BIGINT NOT NULL,
     max_rows_read_per_day BIGINT NOT NULL, max_rows_written_per_day BIGINT NOT NULL,
@@ -157,6 +158,44 @@ impl Catalog for PgCatalog {
             .as_ref()
             .map(database_row)
             .transpose()
+    }
+
+    fn on_node(
+        &self,
+        node: &str,
+        after: Option<DatabaseUuid>,
+        limit: u64,
+    ) -> Result<Vec<DatabaseRow>, CatalogError> {
+        self.reads.count();
+        let after = after.map(|u| u.to_string()).unwrap_or_default();
+        let limit = limit.min(i64::MAX as u64) as i64;
+        self.client
+            .lock()
+            .query(
+                &format!(
+                    "SELECT {ROW_COLUMNS} FROM databases
+                     WHERE node = $1 AND uuid > $2 AND deleted_at_ms IS NULL
+                     ORDER BY uuid LIMIT $3"
+                ),
+                &[&node, &after, &limit],
+            )
+            .map_err(unavailable)?
+            .iter()
+            .map(database_row)
+            .collect()
+    }
+
+    fn set_node(&self, uuid: DatabaseUuid, node: &str) -> Result<bool, CatalogError> {
+        let n = self
+            .client
+            .lock()
+            .execute(
+                "UPDATE databases SET node = $2
+                 WHERE uuid = $1 AND deleted_at_ms IS NULL",
+                &[&uuid.to_string(), &node],
+            )
+            .map_err(unavailable)?;
+        Ok(n == 1)
     }
 
     fn by_name(

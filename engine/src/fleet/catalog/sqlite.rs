@@ -18,6 +18,8 @@ const SCHEMA: &[&str] = &[
     "CREATE UNIQUE INDEX IF NOT EXISTS databases_live_name
         ON databases(account, name) WHERE deleted_at_ms IS NULL",
     "CREATE INDEX IF NOT EXISTS databases_by_account ON databases(account, created_at_ms)",
+    "CREATE INDEX IF NOT EXISTS databases_by_node ON databases(node, uuid)
+        WHERE deleted_at_ms IS NULL",
     "CREATE TABLE IF NOT EXISTS accounts(
         account TEXT PRIMARY KEY, plan TEXT NOT NULL, max_storage_bytes INTEGER NOT NULL,
         max_rows_read_per_day INTEGER NOT NULL, max_rows_written_per_day INTEGER NOT NULL,
@@ -177,6 +179,42 @@ impl Catalog for SqliteCatalog {
         .first()
         .map(database_row)
         .transpose()
+    }
+
+    fn on_node(
+        &self,
+        node: &str,
+        after: Option<DatabaseUuid>,
+        limit: u64,
+    ) -> Result<Vec<DatabaseRow>, CatalogError> {
+        self.query(
+            &format!(
+                "SELECT {ROW_COLUMNS} FROM databases
+                 WHERE node = $1 AND uuid > $2 AND deleted_at_ms IS NULL
+                 ORDER BY uuid LIMIT $3"
+            ),
+            vec![
+                Value::Text(node.to_string()),
+                Value::Text(after.map(|u| u.to_string()).unwrap_or_default()),
+                Value::Integer(limit.min(i64::MAX as u64) as i64),
+            ],
+        )?
+        .iter()
+        .map(database_row)
+        .collect()
+    }
+
+    fn set_node(&self, uuid: DatabaseUuid, node: &str) -> Result<bool, CatalogError> {
+        let s = self.session()?;
+        let r = s
+            .prepare(
+                "UPDATE databases SET node = $1
+                 WHERE uuid = $2 AND deleted_at_ms IS NULL",
+            )
+            .bind([Value::Text(node.to_string()), Value::Text(uuid.to_string())])
+            .run()
+            .map_err(unavailable)?;
+        Ok(r.meta.changes >= 1)
     }
 
     fn by_name(
