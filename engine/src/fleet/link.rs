@@ -38,6 +38,10 @@ use walrelay_replicator::{ClusterKey, DatabaseId};
 
 /// How long the failure detector's probe waits for an answer.
 pub const PING_TIMEOUT_MS: u64 = 1_000;
+/// How long a push of routing entries to one node may take.
+pub const ROUTES_TIMEOUT_MS: u64 = 2_000;
+/// How long a replica node waits to learn where a primary is.
+pub const LOCATE_TIMEOUT_MS: u64 = 2_000;
 
 /// The header every internal call carries.
 pub const NODE_HEADER: &str = "x-walrelay-node";

@@ -293,6 +293,41 @@ impl Fleet {
                 h.stats.closed_idle.load(Relaxed),
             );
         }
+        if let Some(c) = &self.control {
+            let f = c.failover_stats();
+            line(
+                "walrelay_fleet_failover_nodes_failed_total",
+                "Host nodes the failure detector declared dead.",
+                "counter",
+                f.nodes_failed.load(Relaxed),
+            );
+            line(
+                "walrelay_fleet_failover_databases_moved_total",
+                "Databases moved off dead nodes.",
+                "counter",
+                f.databases_moved.load(Relaxed),
+            );
+            line(
+                "walrelay_fleet_failover_move_failures_total",
+                "Failover moves that failed (retried).",
+                "counter",
+                f.move_failures.load(Relaxed),
+            );
+        }
+        if let Some(h) = &self.host {
+            line(
+                "walrelay_fleet_adopted_total",
+                "Databases this node took over in a failover.",
+                "counter",
+                h.stats.adopted.load(Relaxed),
+            );
+            line(
+                "walrelay_fleet_forgotten_total",
+                "Databases this node gave up: they moved elsewhere.",
+                "counter",
+                h.stats.forgotten.load(Relaxed),
+            );
+        }
         if let Some(r) = &self.replicas {
             line(
                 "walrelay_fleet_open_replicas",
@@ -368,13 +403,22 @@ impl Fleet {
         if changes.is_empty() || self.config.peers.is_empty() {
             return 0;
         }
-        for chunk in changes.chunks(10_000) {
+        // To every peer at once, each call bounded: a hung peer delays
+        // this round by at most the timeout, and no other peer waits for it.
+        let internal = self.internal.with_timeout(link::ROUTES_TIMEOUT_MS);
+        std::thread::scope(|scope| {
             for peer in &self.config.peers {
-                if let Err(e) = link::send_routes(&self.internal, peer, chunk) {
-                    tracing::warn!(peer, error = %e, "routing entries not sent (heartbeats resend them)");
-                }
+                let (internal, changes) = (&internal, &changes);
+                scope.spawn(move || {
+                    for chunk in changes.chunks(10_000) {
+                        if let Err(e) = link::send_routes(internal, peer, chunk) {
+                            tracing::warn!(peer, error = %e, "routing entries not sent (heartbeats resend them)");
+                            return;
+                        }
+                    }
+                });
             }
-        }
+        });
         changes.len()
     }
 

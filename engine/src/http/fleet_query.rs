@@ -120,6 +120,13 @@ impl Node {
                 }
                 return self.pass_query(&route.node, caller, &route.uuid, header, raw_body, shape);
             }
+            // Nodes without a (current) entry pass requests to the control
+            // plane's node; it passes them on once more to the node its own
+            // table names. No loop: only this node passes a forwarded
+            // request, and never to itself.
+            Err(FleetError::Elsewhere(_)) if fleet.runs_control_plane() => {
+                return self.pass_query(&route.node, caller, &route.uuid, header, raw_body, shape);
+            }
             Err(e) => return fleet_error(&e),
         };
         // The limit cache's key for the account (memory only).
@@ -335,6 +342,7 @@ impl crate::fleet::replica_host::LocateLeader for HostLocator<'_> {
         };
         self.fleet
             .internal()
+            .with_timeout(crate::fleet::link::LOCATE_TIMEOUT_MS)
             .post::<_, crate::fleet::link::ReplicaSource>(
                 &self.route.node,
                 "/internal/fleet/replication",
