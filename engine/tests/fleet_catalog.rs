@@ -76,6 +76,32 @@ fn contract(c: &dyn Catalog, reads: &CatalogReads) {
     c.insert(&row("acct", "one", 6), 10).unwrap(); // the name is free again
     assert_eq!(c.list(&b, None, 0, 10).unwrap().total, 1);
 
+    // Failover: a node's live databases, paged in uuid order; moving one.
+    let on_n1 = |after| c.on_node("http://n1", after, 2).unwrap();
+    let first = on_n1(None);
+    assert_eq!(first.len(), 2, "three live rows on n1, a page of two");
+    assert!(first[0].uuid.to_string() < first[1].uuid.to_string());
+    let rest = on_n1(Some(first[1].uuid));
+    assert_eq!(rest.len(), 1);
+    assert!(
+        first.iter().chain(&rest).all(|r| r.deleted_at_ms.is_none()),
+        "deleted rows are not moved"
+    );
+    assert!(c.set_node(r2.uuid, "http://n2").unwrap());
+    assert_eq!(c.get(r2.uuid).unwrap().unwrap().node, "http://n2");
+    assert_eq!(
+        c.on_node("http://n2", None, 10).unwrap(),
+        vec![c.get(r2.uuid).unwrap().unwrap()]
+    );
+    assert_eq!(
+        on_n1(None).len() + on_n1(Some(on_n1(None)[1].uuid)).len(),
+        2
+    );
+    assert!(
+        !c.set_node(r1.uuid, "http://n2").unwrap(),
+        "a deleted database stays put"
+    );
+
     // Accounts: the Free plan by default, then whatever is set.
     assert_eq!(c.account(&a).unwrap(), AccountLimits::free(a.clone()));
     let paid = AccountLimits {
