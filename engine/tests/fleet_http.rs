@@ -279,6 +279,12 @@ fn internal_calls_need_the_cluster_keys_proof_and_bad_ones_change_nothing() {
         ("report", r#"{"sizes":"no"}"#),
         ("replication", r#"{"uuid":"x","database_id":1}"#),
         (
+            "adopt",
+            r#"{"uuid":"nope","database_id":1,"account":"a","name":"n"}"#,
+        ),
+        ("adopt", r#"{"uuid":"x"}"#),
+        ("ping", "[]"),
+        (
             "replication",
             r#"{"uuid":"nope","database_id":1,"open":true}"#,
         ),
@@ -292,6 +298,10 @@ fn internal_calls_need_the_cluster_keys_proof_and_bad_ones_change_nothing() {
     }
     let r = fx.post_with("/internal/fleet/nonsense", &with, "{}");
     assert_eq!(r.status, 404);
+    let r = fx.post_with("/internal/fleet/ping", &with, "{}");
+    assert_eq!(r.status, 200, "{}", r.json);
+    let r = fx.post_with("/internal/fleet/ping", &[], "{}");
+    assert_eq!(r.status, 401, "{}", r.json);
     // Where a database nobody hosts takes replicas: nowhere, and asking
     // opens nothing.
     let ask = json!({"uuid": uuid, "database_id": 99, "open": true}).to_string();

@@ -125,10 +125,12 @@ pub(super) async fn internal_route(
             }
         };
         match call.as_str() {
-            "ping" => match serde_json::from_slice::<Empty>(&body) {
-                Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
-                Ok(_) => axum::Json(Empty {}).into_response(),
-            },
+            "ping" => {
+                match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&body) {
+                    Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+                    Ok(_) => axum::Json(Empty {}).into_response(),
+                }
+            }
             "init" | "adopt" => match serde_json::from_slice::<InitBody>(&body) {
                 Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
                 Ok(b) => host_call(&|api| {
