@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::up::{Reply, Up, free_base};
+use common::up::{Reply, Up, free_base, signal, until};
 use serde_json::json;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -15,27 +15,6 @@ const REGION_A: u16 = 1;
 const CONTROL: u16 = 3;
 /// The fleet node that hangs (`up`'s location `fleet-1`).
 const HUNG: u16 = 4;
-
-fn until(what: &str, timeout_s: u64, mut f: impl FnMut() -> Option<Reply>) -> Reply {
-    let deadline = Instant::now() + Duration::from_secs(timeout_s);
-    loop {
-        if let Some(r) = f() {
-            return r;
-        }
-        assert!(Instant::now() < deadline, "{what}: timed out");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn signal(dir: &Path, pid_file: &str, sig: i32) {
-    let pid: i32 = std::fs::read_to_string(dir.join("pids").join(pid_file))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    // SAFETY: kill(2) on a process of this test's cluster.
-    assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
-}
 
 /// The node a routing table (another process's `routes.db`) names for a
 /// database.

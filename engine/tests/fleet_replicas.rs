@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::up::{Reply, Up, free_base};
+use common::up::{Reply, Up, free_base, signal, until};
 use serde_json::json;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -19,17 +19,6 @@ const REGION_A: u16 = 1;
 const REGION_B: u16 = 2;
 const FLEET: u16 = 3;
 
-fn until(what: &str, timeout_s: u64, mut f: impl FnMut() -> Option<Reply>) -> Reply {
-    let deadline = Instant::now() + Duration::from_secs(timeout_s);
-    loop {
-        if let Some(r) = f() {
-            return r;
-        }
-        assert!(Instant::now() < deadline, "{what}: timed out");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 fn count(r: &Reply) -> u64 {
     r.json["result"][0]["results"][0]["n"]
         .as_u64()
@@ -38,18 +27,6 @@ fn count(r: &Reply) -> u64 {
 
 fn served_by_replica(r: &Reply) -> bool {
     r.json["result"][0]["meta"]["served_by_primary"] == json!(false)
-}
-
-fn kill_9(dir: &Path, pid_file: &str) {
-    let pid: i32 = std::fs::read_to_string(dir.join("pids").join(pid_file))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    // SAFETY: kill(2) on a process of this test's cluster.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-    }
 }
 
 fn replica_files(dir: &Path, slot: &str) -> usize {
@@ -138,7 +115,7 @@ fn a_fleet_database_is_read_from_each_region_replica_with_its_sessions_bookmarks
     // port, and each replica follows it there. Every answer meanwhile is
     // right; within a few seconds the replicas serve the new writes.
     for node in 0..3 {
-        kill_9(dir.path(), &format!("node-{node}"));
+        signal(dir.path(), &format!("node-{node}"), libc::SIGKILL);
     }
     let w = until("a write after kill -9", 60, || {
         let r = up.query_db(
@@ -169,7 +146,7 @@ fn a_fleet_database_is_read_from_each_region_replica_with_its_sessions_bookmarks
 
     // kill -9 a region replica: `up` restarts it and it resumes from its
     // files.
-    kill_9(dir.path(), "slot-1");
+    signal(dir.path(), "slot-1", libc::SIGKILL);
     let w = up.query_db(
         FLEET,
         "shop",

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::up::{Up, free_base};
+use common::up::{Up, free_base, signal};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -53,15 +53,7 @@ fn up_runs_a_fleet_whose_databases_survive_kill_9_of_their_node_and_a_restart() 
     // kill -9 every fleet node: `up` restarts them and each database
     // reopens from the followers' log with every acknowledged write.
     for node in 0..3 {
-        let pid: i32 = std::fs::read_to_string(dir.path().join(format!("pids/node-{node}")))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        // SAFETY: kill(2) on a process of this test's cluster.
-        unsafe {
-            libc::kill(pid, libc::SIGKILL);
-        }
+        signal(dir.path(), &format!("node-{node}"), libc::SIGKILL);
     }
     for (i, uuid) in uuids.iter().enumerate() {
         let r = until_ok("read after kill -9", || {

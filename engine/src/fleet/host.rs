@@ -422,6 +422,32 @@ impl Host {
         Ok(())
     }
 
+    /// A new database's record (not written yet), if the host has room;
+    /// its directory is made.
+    fn new_record(
+        &self,
+        uuid: DatabaseUuid,
+        id: DatabaseId,
+        account: &AccountId,
+        name: &DatabaseName,
+        lifecycle: Lifecycle,
+    ) -> Result<HostedState, HostError> {
+        let hosted = self.hosted.load(Ordering::Relaxed);
+        if hosted >= self.config.max_hosted {
+            tracing::warn!(database = %id, hosted, ?lifecycle, "refusing a database: the host is full");
+            return Err(HostError::Full(self.config.max_hosted));
+        }
+        std::fs::create_dir_all(self.db_dir(id))?;
+        Ok(HostedState {
+            uuid: uuid.to_string(),
+            database_id: id.0,
+            account: account.to_string(),
+            name: name.to_string(),
+            lifecycle,
+            created_at_ms: now_ms(),
+        })
+    }
+
     /// Creation's first step: the database exists on this node, with its
     /// own record, before the catalog knows it.
     pub fn init(
@@ -435,20 +461,7 @@ impl Host {
         if self.db_dir(id).join("state.json").exists() {
             return Err(HostError::Exists(id));
         }
-        let hosted = self.hosted.load(Ordering::Relaxed);
-        if hosted >= self.config.max_hosted {
-            tracing::warn!(database = %id, hosted, "refusing a new database: the host is full");
-            return Err(HostError::Full(self.config.max_hosted));
-        }
-        std::fs::create_dir_all(self.db_dir(id))?;
-        let state = HostedState {
-            uuid: uuid.to_string(),
-            database_id: id.0,
-            account: account.to_string(),
-            name: name.to_string(),
-            lifecycle: Lifecycle::Initialised,
-            created_at_ms: now_ms(),
-        };
+        let state = self.new_record(uuid, id, account, name, Lifecycle::Initialised)?;
         self.set_unconfirmed(id, true)?;
         self.write_state(&state)?;
         // Its SQLite file is made by its first open: at rest a database
@@ -484,20 +497,7 @@ impl Host {
                 }
             };
         }
-        let hosted = self.hosted.load(Ordering::Relaxed);
-        if hosted >= self.config.max_hosted {
-            tracing::warn!(database = %id, hosted, "refusing to adopt a database: the host is full");
-            return Err(HostError::Full(self.config.max_hosted));
-        }
-        std::fs::create_dir_all(self.db_dir(id))?;
-        let state = HostedState {
-            uuid: uuid.to_string(),
-            database_id: id.0,
-            account: account.to_string(),
-            name: name.to_string(),
-            lifecycle: Lifecycle::Active,
-            created_at_ms: now_ms(),
-        };
+        let state = self.new_record(uuid, id, account, name, Lifecycle::Active)?;
         self.write_state(&state)?;
         self.hosted.fetch_add(1, Ordering::Relaxed);
         self.stats.adopted.fetch_add(1, Ordering::Relaxed);

@@ -250,9 +250,11 @@ fn host_error(id: DatabaseId, e: LinkError) -> HostError {
     }
 }
 
-impl HostApi for HttpHostApi {
-    fn init(
+impl HttpHostApi {
+    /// `init` and `adopt`: a call carrying a database's whole record.
+    fn call_with_record(
         &self,
+        path: &str,
         uuid: DatabaseUuid,
         id: DatabaseId,
         account: &AccountId,
@@ -265,9 +267,21 @@ impl HostApi for HttpHostApi {
             name: name.to_string(),
         };
         self.internal
-            .post::<_, Empty>(&self.url, "/internal/fleet/init", &body)
+            .post::<_, Empty>(&self.url, path, &body)
             .map(|_| ())
             .map_err(|e| host_error(id, e))
+    }
+}
+
+impl HostApi for HttpHostApi {
+    fn init(
+        &self,
+        uuid: DatabaseUuid,
+        id: DatabaseId,
+        account: &AccountId,
+        name: &DatabaseName,
+    ) -> Result<(), HostError> {
+        self.call_with_record("/internal/fleet/init", uuid, id, account, name)
     }
 
     fn activate(&self, uuid: DatabaseUuid, id: DatabaseId) -> Result<(), HostError> {
@@ -288,16 +302,7 @@ impl HostApi for HttpHostApi {
         account: &AccountId,
         name: &DatabaseName,
     ) -> Result<(), HostError> {
-        let body = InitBody {
-            uuid: uuid.to_string(),
-            database_id: id.0,
-            account: account.to_string(),
-            name: name.to_string(),
-        };
-        self.internal
-            .post::<_, Empty>(&self.url, "/internal/fleet/adopt", &body)
-            .map(|_| ())
-            .map_err(|e| host_error(id, e))
+        self.call_with_record("/internal/fleet/adopt", uuid, id, account, name)
     }
 
     fn ping(&self) -> Result<(), HostError> {

@@ -176,14 +176,16 @@ impl Node {
                 return None;
             }
         };
-        let answer = self.run_on_replica(
-            replica.database(),
-            caller,
-            request.constraint,
-            request.body,
-            request.shape,
-            cancel,
-        )?;
+        let answer = self
+            .run_on_replica(
+                replica.database(),
+                caller,
+                request.constraint,
+                request.body,
+                request.shape,
+                cancel,
+            )
+            .ok()?;
         fleet.stats.replica_reads.fetch_add(1, Ordering::Relaxed);
         if let Some((read, written)) = answer.usage {
             fleet

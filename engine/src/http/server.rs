@@ -608,7 +608,7 @@ impl Node {
                     // An atomic batch runs where writes run.
                     return forward("batch");
                 }
-                match self.run(
+                match self.run_on_replica(
                     replica.replica().database(),
                     caller,
                     constraint,
@@ -616,16 +616,9 @@ impl Node {
                     shape,
                     cancel,
                 ) {
-                    Routed::Done(a) => a,
-                    // The engine called it a write: a read-only caller
-                    // is refused here (the primary would refuse it too).
-                    Routed::Forward(Forward::Write) if caller.access == Access::ReadOnly => {
-                        let e = QueryError::ReadOnlyAccess;
-                        let (status, code) = query_error(&e);
-                        Answer::error(status, code, e.to_string())
-                    }
-                    Routed::Forward(Forward::Write) => forward("write"),
-                    Routed::Forward(Forward::Behind) => forward("behind"),
+                    Ok(a) => a,
+                    Err(Forward::Write) => forward("write"),
+                    Err(Forward::Behind) => forward("behind"),
                 }
             }
         }
@@ -683,8 +676,10 @@ impl Node {
             .into_answer()
     }
 
-    /// Runs a body on a read replica: None when it belongs on the primary
-    /// (a write, or a bookmark the replica did not reach in its wait).
+    /// Runs a body on a read replica, or says why it belongs on the
+    /// primary (a write, or a bookmark the replica did not reach in its
+    /// wait). A read-only caller's write is refused here: the primary
+    /// would refuse it too.
     pub(super) fn run_on_replica(
         &self,
         db: &Database,
@@ -693,15 +688,15 @@ impl Node {
         body: &Body,
         shape: Shape,
         cancel: &CancelToken,
-    ) -> Option<Answer> {
+    ) -> Result<Answer, Forward> {
         match self.run(db, caller, constraint, body, shape, cancel) {
-            Routed::Done(a) => Some(a),
+            Routed::Done(a) => Ok(a),
             Routed::Forward(Forward::Write) if caller.access == Access::ReadOnly => {
                 let e = QueryError::ReadOnlyAccess;
                 let (status, code) = query_error(&e);
-                Some(Answer::error(status, code, e.to_string()))
+                Ok(Answer::error(status, code, e.to_string()))
             }
-            Routed::Forward(Forward::Write | Forward::Behind) => None,
+            Routed::Forward(f) => Err(f),
         }
     }
 
@@ -792,7 +787,7 @@ impl Node {
 }
 
 /// Why a replica hands a request to the primary.
-enum Forward {
+pub(super) enum Forward {
     Write,
     Behind,
 }

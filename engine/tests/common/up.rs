@@ -317,3 +317,31 @@ impl Drop for Up {
         }
     }
 }
+
+/// Calls `f` until it returns an answer, at most `timeout_s` seconds.
+pub fn until(what: &str, timeout_s: u64, mut f: impl FnMut() -> Option<Reply>) -> Reply {
+    let deadline = Instant::now() + Duration::from_secs(timeout_s);
+    loop {
+        if let Some(r) = f() {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "{what}: timed out");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Sends `sig` to the `up` process whose pid is in `DIR/pids/{pid_file}`
+/// (`node-1`, `slot-1`, `follower-0`, ...).
+pub fn signal(dir: &Path, pid_file: &str, sig: i32) {
+    let pid: i32 = std::fs::read_to_string(dir.join("pids").join(pid_file))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: kill(2) on a process of this test's cluster.
+    assert_eq!(
+        unsafe { libc::kill(pid, sig) },
+        0,
+        "signal {sig} to {pid_file}"
+    );
+}
