@@ -338,10 +338,8 @@ pub fn signal(dir: &Path, pid_file: &str, sig: i32) {
         .trim()
         .parse()
         .unwrap();
-    // SAFETY: kill(2) on a process of this test's cluster.
-    assert_eq!(
-        unsafe { libc::kill(pid, sig) },
-        0,
-        "signal {sig} to {pid_file}"
-    );
+    // SAFETY: kill(2) takes plain integers; the pid is one of this test's
+    // cluster's processes.
+    let sent = unsafe { libc::kill(pid, sig) };
+    assert_eq!(sent, 0, "signal {sig} to {pid_file}");
 }
