@@ -388,6 +388,11 @@ impl Fleet {
         };
         match answer {
             Ok(a) => self.metering.apply(&a),
+            // An empty report only fetches the limit keys: its failure
+            // (the control plane starting, or away) loses nothing.
+            Err(e) if report.sizes.is_empty() && report.usage.is_empty() => {
+                tracing::debug!(error = %e, "the limit keys were not fetched; asked again next tick");
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "the usage report was not delivered; it is sent again");
                 self.metering.undelivered(report);
