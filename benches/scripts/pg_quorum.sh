@@ -25,19 +25,31 @@ SECONDS_EACH=${SECONDS_EACH:-20}
 BASE_PORT=${BASE_PORT:-55400}
 WR_PORT=${WR_PORT:-7600}
 WORK=$(mktemp -d /tmp/pg_quorum.XXXXXX)
-PIDS=()
+PIDS=()    # walrelay's processes
+PG_DIRS=() # PostgreSQL data directories (their postmaster.pid names the server)
 
-stop_all() {
-  for pid in "${PIDS[@]}"; do
-    kill -TERM "$pid" 2>/dev/null || true
-  done
-  for pid in "${PIDS[@]}"; do
+# Stops each PID: TERM, at most 10 s, then KILL.
+stop_pids() {
+  for pid in "$@"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "$@"; do
     for _ in $(seq 1 100); do
       kill -0 "$pid" 2>/dev/null || break
       sleep 0.1
     done
     kill -KILL "$pid" 2>/dev/null || true
   done
+}
+stop_pg() {
+  local pids=()
+  for d in "${PG_DIRS[@]}"; do
+    [ -f "$d/postmaster.pid" ] && pids+=("$(head -1 "$d/postmaster.pid")")
+  done
+  stop_pids "${pids[@]}"
+  PG_DIRS=()
+}
+stop_all() {
+  stop_pg
+  stop_pids "${PIDS[@]}"
   rm -rf "$WORK"
 }
 trap stop_all EXIT INT TERM
@@ -67,7 +79,7 @@ wait_for() {
 
 start_pg() { # dir port
   as_pg "$PG/postgres" -D "$1" -p "$2" -k "$WORK" >"$1.log" 2>&1 &
-  PIDS+=($!)
+  PG_DIRS+=("$1")
   wait_for "as_pg $PG/pg_isready -h 127.0.0.1 -p $2" 300
 }
 
@@ -109,12 +121,7 @@ read -r PG_P50 PG_P99 <<<"$(log_percentiles)"
 PG_TPS=$(pgbench -c 16 -j 2 -T "$SECONDS_EACH" | awk '/^tps/ {printf "%d", $3}')
 PGOPTIONS="-c synchronous_commit=remote_apply" pgbench -c 1 -T "$SECONDS_EACH" -l >/dev/null
 read -r PG_RA_P50 _ <<<"$(log_percentiles)"
-stop_all_pg() {
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait_for "! kill -0 $pid" 300 || kill -KILL "$pid" || true; done
-  PIDS=()
-}
-stop_all_pg
+stop_pg
 if [ "${ONLY:-}" = pg ]; then
   printf 'PostgreSQL 15: 1 client p50 %s us p99 %s us; 16 clients %s tps; remote_apply p50 %s us\n' \
     "$PG_P50" "$PG_P99" "$PG_TPS" "$PG_RA_P50"
