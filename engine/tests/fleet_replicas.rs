@@ -164,6 +164,29 @@ fn a_fleet_database_is_read_from_each_region_replica_with_its_sessions_bookmarks
         served_by_replica(&r).then_some(r)
     });
 
+    // Export through every kind of node that does not host it: a region
+    // (from its replica) and another fleet node (passed to the host);
+    // import through a region (passed to the host).
+    for node in [REGION_A, 5] {
+        let (status, sql) = up.post_text(node, "/v1/databases/shop/export", "");
+        assert_eq!(status, 200, "node {node}: {sql}");
+        assert!(sql.contains("CREATE TABLE t(x)"), "node {node}: {sql}");
+        assert_eq!(sql.matches("INSERT INTO").count(), 8, "node {node}: {sql}");
+    }
+    let (status, answer) = up.post_text(
+        REGION_B,
+        "/v1/databases/shop/import",
+        "CREATE TABLE u(y); INSERT INTO u VALUES (1), (2);",
+    );
+    assert_eq!(status, 200, "{answer}");
+    let r = up.query_db(
+        FLEET,
+        "shop",
+        "first-primary",
+        &sql("SELECT count(*) AS n FROM u"),
+    );
+    assert_eq!(count(&r), 2, "{}", r.json);
+
     // Deleted: no region answers it, and the replicas' files go.
     assert!(replica_files(dir.path(), "replica-0") > 0);
     let d = up.call(FLEET, "DELETE", "/v1/databases/shop", None);

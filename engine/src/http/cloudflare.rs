@@ -190,7 +190,7 @@ async fn export_route(
     body: axum::body::Body,
 ) -> impl IntoResponse {
     let database = node.in_account(&account, database);
-    let (_caller, resolved) = match caller_for(&node, &headers, &database) {
+    let (caller, resolved) = match caller_for(&node, &headers, &database) {
         Ok(c) => c,
         Err(a) => return respond(a),
     };
@@ -215,7 +215,7 @@ async fn export_route(
     let options = request.dump_options.map(Into::into).unwrap_or_default();
     respond(
         blocking(&node, move |n, token| {
-            let dump = match n.export(&resolved.name, &options, token) {
+            let dump = match n.export(&caller, &resolved.name, &options, token) {
                 Ok(d) => d,
                 Err(a) => return a,
             };

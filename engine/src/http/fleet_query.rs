@@ -225,6 +225,18 @@ impl Node {
         name: &str,
         path_after: &str,
     ) -> Option<Answer> {
+        self.pass_to_host_with(caller, name, path_after, b"")
+    }
+
+    /// [`Node::pass_to_host`] with a request body (an import's SQL, an
+    /// export's options).
+    pub(super) fn pass_to_host_with(
+        &self,
+        caller: &Caller,
+        name: &str,
+        path_after: &str,
+        payload: &[u8],
+    ) -> Option<Answer> {
         let fleet = self.fleet()?;
         let _on_query_path = QueryPathGuard::enter();
         let route = match fleet.route(name, &fleet.config.default_account) {
@@ -246,12 +258,13 @@ impl Node {
             database: &route.uuid,
             bookmark: None,
             authorization: caller.authorization(),
-            payload: b"",
+            payload,
             forwarded: true,
             path: Some(&path),
         };
+        let limit = self.config().max_export_bytes.max(1 << 20) as u64;
         Some(
-            match super::client::post_query(self.agent(), &route.node, &request, 1 << 20) {
+            match super::client::post_query(self.agent(), &route.node, &request, limit) {
                 Ok(raw) => Answer::relayed(raw),
                 Err(e) => Answer::error(
                     503,
@@ -262,9 +275,32 @@ impl Node {
         )
     }
 
+    /// A fleet database hosted elsewhere, as this node's replica of it
+    /// (a replica node's, opened if needed), for reads such as an export;
+    /// None if this node keeps no replicas or cannot open one.
+    pub(super) fn replica_database(
+        &self,
+        name: &str,
+    ) -> Option<std::sync::Arc<crate::fleet::replica_host::FleetReplica>> {
+        let fleet = self.fleet()?;
+        let replicas = fleet.replicas.as_ref()?;
+        let _on_query_path = QueryPathGuard::enter();
+        let route = fleet.route(name, &fleet.config.default_account).ok()?;
+        if route.node == fleet.config.self_url {
+            return None;
+        }
+        let locate = HostLocator {
+            fleet,
+            route: &route,
+        };
+        replicas
+            .acquire(walrelay_replicator::DatabaseId(route.database_id), &locate)
+            .ok()
+    }
+
     /// A fleet database hosted on this node, for export, import and the
     /// like (a request for one hosted elsewhere is answered 421 with its
-    /// node, where the client sends it).
+    /// node; callers that can pass it on do so first).
     pub(super) fn hosted_database(
         &self,
         name: &str,

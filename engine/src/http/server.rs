@@ -44,6 +44,8 @@ use std::time::Duration;
 pub(super) enum LocalDb<'a> {
     Main(&'a Database),
     Fleet(Arc<crate::fleet::host::OpenDb>),
+    /// A replica node's copy of a fleet database (reads only).
+    FleetReplica(Arc<crate::fleet::replica_host::FleetReplica>),
 }
 
 impl std::ops::Deref for LocalDb<'_> {
@@ -52,6 +54,7 @@ impl std::ops::Deref for LocalDb<'_> {
         match self {
             LocalDb::Main(db) => db,
             LocalDb::Fleet(open) => open.database(),
+            LocalDb::FleetReplica(r) => r.database(),
         }
     }
 }
@@ -357,7 +360,14 @@ impl Node {
     /// primary's, the replica's copy, or a fleet database hosted here.
     pub(super) fn local_database(&self, name: &str) -> Result<LocalDb<'_>, Answer> {
         if self.is_fleet_name(name) {
-            return self.hosted_database(name).map(LocalDb::Fleet);
+            return match self.hosted_database(name) {
+                Ok(open) => Ok(LocalDb::Fleet(open)),
+                Err(a) if a.status == 421 => match self.replica_database(name) {
+                    Some(r) => Ok(LocalDb::FleetReplica(r)),
+                    None => Err(a),
+                },
+                Err(a) => Err(a),
+            };
         }
         Ok(LocalDb::Main(match &self.role {
             Role::Primary(db) => db,

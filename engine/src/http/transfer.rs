@@ -270,17 +270,62 @@ impl Node {
     /// Exports the database `name` (resolved) as this node holds it.
     pub fn export(
         &self,
+        caller: &Caller,
         name: &str,
         options: &DumpOptions,
         cancel: &CancelToken,
     ) -> Result<Dump, Answer> {
         let name = self.resolve_database(name).map_err(|a| self.refuse(a))?;
-        let db = self.local_database(&name.name)?;
+        let db = match self.local_database(&name.name) {
+            Ok(db) => db,
+            // A fleet database neither hosted nor replicated here: its
+            // host exports it, and its dump is passed back as is.
+            Err(a) if a.status == 421 && !caller.forwarded => {
+                return self.export_from_host(caller, &name.name, options);
+            }
+            Err(a) => return Err(a),
+        };
         let dump = db
             .dump(options, self.config().max_export_bytes, Some(cancel))
             .map_err(|e| self.refuse(dump_error(&e)))?;
         tracing::info!(database = name.name, bookmark = %dump.bookmark, bytes = dump.sql.len(), tables = dump.tables, rows = dump.rows, "exported");
         Ok(dump)
+    }
+
+    /// An export of a fleet database hosted on another node, made there.
+    fn export_from_host(
+        &self,
+        caller: &Caller,
+        name: &str,
+        options: &DumpOptions,
+    ) -> Result<Dump, Answer> {
+        let body = serde_json::to_vec(&serde_json::json!({ "dump_options": {
+            "no_data": options.no_data,
+            "no_schema": options.no_schema,
+            "tables": options.tables,
+        }}))
+        .unwrap_or_default();
+        // The host checks the caller's token again.
+        let answer = self
+            .pass_to_host_with(caller, name, "/export", &body)
+            .ok_or_else(|| Answer::error(404, codes::UNKNOWN_DATABASE, "unknown database"))?;
+        if answer.status != 200 {
+            return Err(answer);
+        }
+        let bookmark = answer
+            .bookmark
+            .as_deref()
+            .and_then(|b| b.parse().ok())
+            .unwrap_or_default();
+        let sql = String::from_utf8(answer.body).map_err(|_| {
+            Answer::error(502, codes::UNAVAILABLE, "the host's export is not UTF-8")
+        })?;
+        Ok(Dump {
+            sql,
+            bookmark,
+            tables: 0,
+            rows: 0,
+        })
     }
 
     /// Imports `sql` into the database `name` (resolved): one transaction
@@ -317,6 +362,12 @@ impl Node {
         }
         let db = match self.writable_database(&name) {
             Ok(db) => db,
+            // A fleet database hosted elsewhere: its host imports it.
+            Err(a) if a.status == 421 && !caller.forwarded => {
+                return self
+                    .pass_to_host_with(caller, &name, "/import", sql)
+                    .unwrap_or(a);
+            }
             Err(a) => return a,
         };
         let Some(db) = db else {
@@ -377,7 +428,7 @@ pub(super) async fn export_route(
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> HttpResponse {
-    let (_caller, resolved) = match caller_for(&node, &headers, &name) {
+    let (caller, resolved) = match caller_for(&node, &headers, &name) {
         Ok(c) => c,
         Err(a) => return respond(a).into_response(),
     };
@@ -392,7 +443,7 @@ pub(super) async fn export_route(
     let dumped = Arc::new(Mutex::new(None));
     let out = Arc::clone(&dumped);
     let answer = blocking(&node, move |n, token| {
-        match n.export(&resolved.name, &options, token) {
+        match n.export(&caller, &resolved.name, &options, token) {
             Ok(d) => {
                 let bookmark = d.bookmark.to_string();
                 *out.lock() = Some(d.sql);

@@ -171,6 +171,22 @@ impl Up {
         }
     }
 
+    /// POSTs `body` as is to node `i`'s `path` with the admin token; the
+    /// answer's status and text (an export's SQL, say).
+    pub fn post_text(&self, i: u16, path: &str, body: &str) -> (u16, String) {
+        let mut req = self.agent.post(format!("{}{path}", self.http(i)));
+        if let Some(t) = self.token() {
+            req = req.header("authorization", &format!("Bearer {t}"));
+        }
+        match req.send(body.as_bytes()) {
+            Ok(mut resp) => (
+                resp.status().as_u16(),
+                resp.body_mut().read_to_string().unwrap_or_default(),
+            ),
+            Err(e) => (0, e.to_string()),
+        }
+    }
+
     /// Node `i`'s metric `name`, read with the admin token.
     pub fn metric(&self, i: u16, name: &str) -> Option<u64> {
         let mut req = self.agent.get(format!("{}/metrics", self.http(i)));
