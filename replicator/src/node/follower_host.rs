@@ -10,10 +10,15 @@
 //! host binds the connection to that database for its lifetime and feeds
 //! everything on it to that database's core; nothing else is shared
 //! between databases: promises and fencing, catch-up (asked of the peer
-//! hosts for the same database), confirms, `Archived` answers. The next
-//! step, one multiplexed connection per node pair, replaces "bound per
-//! connection" with "routed per frame" at exactly this point
-//! ([`Shared::route`]).
+//! hosts for the same database), confirms, `Archived` answers.
+//!
+//! The host listens (and dials its peers for catch-up) through a
+//! [`Mux`]: a peer node keeps one real connection to it, and each of the
+//! peer's databases is a channel on it, which the host sees as a
+//! connection of its own ([`Shared::route`] binds channels exactly as it
+//! bound connections; the mux checks that every frame of a channel names
+//! the database it was opened for). An unmultiplexed peer (a candidate,
+//! an older node) is served as before, its connection a channel of one.
 //!
 //! A database the host has never seen is created only by a leader's (or
 //! candidate's) handshake; a replica or a follower asking about it is
@@ -50,6 +55,7 @@ use crate::bookmark::{Bookmark, Epoch};
 use crate::follower::FollowerEvent;
 use crate::ids::DatabaseId;
 use crate::leader::PeerId;
+use crate::net::mux::{Limits, Mux, MuxSnapshot};
 use crate::net::{Backend, ClusterKey, ConnId, NetHandler, Transport};
 use crate::segments::{GroupSyncer, IoBackend};
 use crate::wire::{Message, RefuseReason, Role};
@@ -200,6 +206,7 @@ pub(super) struct Shared {
 pub struct FollowerHost {
     shared: Arc<Shared>,
     addr: SocketAddr,
+    mux: Mux,
 }
 
 impl std::fmt::Debug for FollowerHost {
@@ -264,12 +271,16 @@ impl FollowerHost {
                 },
             })?;
         }
-        let transport = super::open_transport(
+        // One real connection per peer node, every database's channels on
+        // it; unmultiplexed peers are served as before.
+        let mux = Mux::open(
             shared.config.backend,
-            Arc::clone(&shared) as Arc<dyn NetHandler>,
             shared.config.auth.clone(),
-            &shared.transport,
-        )?;
+            Limits::default(),
+        )
+        .map_err(NodeError::io("opening the transport"))?;
+        let transport = mux.endpoint(Arc::clone(&shared) as Arc<dyn NetHandler>);
+        let _ = shared.transport.set(Arc::clone(&transport));
         let addr = transport
             .listen(shared.config.listen)
             .map_err(NodeError::io(format!(
@@ -281,7 +292,12 @@ impl FollowerHost {
             .name("walrelay-host-watch".into())
             .spawn(move || watch(weak))
             .map_err(NodeError::io("starting the host's watchdog"))?;
-        Ok(FollowerHost { shared, addr })
+        Ok(FollowerHost { shared, addr, mux })
+    }
+
+    /// The multiplexer's connections, channels and refusals.
+    pub fn mux(&self) -> MuxSnapshot {
+        self.mux.snapshot()
     }
 
     pub fn addr(&self) -> SocketAddr {
