@@ -94,3 +94,72 @@ fn replicated_databases_reopen_with_every_write_and_a_closed_one_leaves_no_conne
     }
     host.close_all();
 }
+
+#[test]
+fn a_nodes_replicated_databases_share_one_connection_per_follower() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key_path, key) = cluster_key_file(dir.path());
+    let (_followers, addrs) = spawn_followers(dir.path(), 3, &key_path);
+    let mut template = PrimaryConfig::new(dir.path().join("unused"), addrs, Some(key));
+    template.backend = Backend::Std;
+    let host = Arc::new(
+        Host::open(
+            HostConfig {
+                dir: dir.path().join("dbs"),
+                max_open: 16,
+                idle_close_ms: 60_000,
+                max_hosted: 100,
+            },
+            Box::new(ReplicatedOpener::new(template, 5_000)),
+        )
+        .unwrap(),
+    );
+    assert!(host.replication_mux().is_none(), "made at the first open");
+    let ids: Vec<DatabaseId> = (0..6).map(|i| DatabaseId(2_000 + i)).collect();
+    let mut open = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        host.init(
+            DatabaseUuid::random(),
+            *id,
+            &AccountId::default_account(),
+            &DatabaseName::new(&format!("m{i}")).unwrap(),
+        )
+        .unwrap();
+        host.activate(*id).unwrap();
+        let db = host.acquire(*id).unwrap();
+        let s = db.database().session(Constraint::FirstPrimary).unwrap();
+        s.prepare("CREATE TABLE t(x)").run().unwrap();
+        s.prepare("INSERT INTO t VALUES (?1)")
+            .bind([Value::Integer(i as i64)])
+            .run()
+            .unwrap();
+        open.push(db);
+    }
+    // Six open databases, three followers: three real connections, a
+    // channel per database and follower.
+    let m = host.replication_mux().expect("the shared mux");
+    assert_eq!(m.connections, 3, "{m:?}");
+    assert_eq!(m.channels, 18, "{m:?}");
+    assert_eq!(m.refusals, 0);
+    drop(open);
+    host.close_all();
+    // Every write was confirmed by the followers: reopening finds them.
+    for (i, id) in ids.iter().enumerate() {
+        let db = host.acquire(*id).unwrap();
+        let n = db
+            .database()
+            .session(Constraint::FirstPrimary)
+            .unwrap()
+            .prepare("SELECT x FROM t")
+            .first()
+            .unwrap()
+            .unwrap();
+        assert_eq!(n.get("x"), Some(&Value::Integer(i as i64)));
+    }
+    let m = host.replication_mux().expect("the shared mux");
+    assert_eq!(
+        m.connections, 3,
+        "reopened over the same connections: {m:?}"
+    );
+    host.close_all();
+}

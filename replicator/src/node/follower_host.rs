@@ -12,13 +12,10 @@
 //! between databases: promises and fencing, catch-up (asked of the peer
 //! hosts for the same database), confirms, `Archived` answers.
 //!
-//! The host listens (and dials its peers for catch-up) through a
-//! [`Mux`]: a peer node keeps one real connection to it, and each of the
-//! peer's databases is a channel on it, which the host sees as a
-//! connection of its own ([`Shared::route`] binds channels exactly as it
-//! bound connections; the mux checks that every frame of a channel names
-//! the database it was opened for). An unmultiplexed peer (a candidate,
-//! an older node) is served as before, its connection a channel of one.
+//! The host listens (and dials peers) through a [`Mux`]: one real
+//! connection per peer node, each database a channel the host sees as a
+//! connection ([`Shared::route`] binds it as before; the mux checks each
+//! frame names the channel's database). Unmultiplexed peers still work.
 //!
 //! A database the host has never seen is created only by a leader's (or
 //! candidate's) handshake; a replica or a follower asking about it is
@@ -271,8 +268,6 @@ impl FollowerHost {
                 },
             })?;
         }
-        // One real connection per peer node, every database's channels on
-        // it; unmultiplexed peers are served as before.
         let mux = Mux::open(
             shared.config.backend,
             shared.config.auth.clone(),

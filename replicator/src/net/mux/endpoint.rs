@@ -191,9 +191,10 @@ impl Transport for Endpoint {
     /// not) and forgets its handler; the shared connections stay.
     fn shutdown(&self) {
         let mut st = self.inner.state.lock();
-        if st.endpoints.remove(&self.id).is_none() {
+        // Dropped once the lock is released (see `Inner::shutdown`).
+        let Some(_handler) = st.endpoints.remove(&self.id) else {
             return;
-        }
+        };
         if st.acceptor == Some(self.id) {
             st.acceptor = None;
         }
@@ -235,6 +236,7 @@ impl Transport for Endpoint {
                 }
             }
         }
+        drop(st);
         tracing::debug!(endpoint = self.id, "mux endpoint shut down");
     }
 }

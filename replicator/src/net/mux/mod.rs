@@ -344,17 +344,20 @@ impl Inner {
     }
 
     fn shutdown(&self) {
-        {
+        // Handlers are dropped after the lock is released: a handler's
+        // last reference may hold an endpoint, whose drop takes the lock.
+        let _handlers = {
             let mut st = self.state.lock();
             st.shut = true;
-            st.endpoints.clear();
+            let handlers = std::mem::take(&mut st.endpoints);
             st.acceptor = None;
             st.peers.clear();
             st.dials.clear();
             st.conns.clear();
             st.vconns.clear();
             st.pending_done.clear();
-        }
+            handlers
+        };
         if let Some(t) = self.real.get() {
             t.shutdown();
         }
