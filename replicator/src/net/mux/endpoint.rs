@@ -1,7 +1,7 @@
 //! An endpoint: what one user of a mux sees as its transport.
 
 use super::{EndpointId, Event, Inner, MuxError, Peer, Route, Waiting};
-use crate::net::mux_wire::{CloseReason, MuxOp};
+use crate::net::mux_wire::{ChannelId, CloseReason, MuxOp};
 use crate::net::{ConnId, Transport};
 use crate::wire::Message;
 use std::io;
@@ -102,15 +102,16 @@ impl Transport for Endpoint {
             let Some(route) = self.route(&st, vconn) else {
                 return;
             };
-            let Some(channel) = route.channel else {
+            let Some(mut channel) = route.channel else {
                 self.inner.transport().send(route.real, message);
                 return;
             };
             let real = route.real;
-            let Some(conn) = st.conns.get_mut(&real) else {
+            let state = &mut *st;
+            let Some(conn) = state.conns.get_mut(&real) else {
                 return;
             };
-            let Some(chan) = conn.chans.get_mut(&channel) else {
+            let Some(chan) = conn.chans.get(&channel) else {
                 return;
             };
             if !chan.opened {
@@ -130,16 +131,40 @@ impl Transport for Endpoint {
                     self.inner.defer(events);
                     return;
                 };
-                chan.opened = true;
+                // Opened under a fresh id: the peer sees channel ids
+                // opened in increasing order (whichever channel of the
+                // connection speaks first).
+                let opened = ChannelId(conn.next_channel);
+                conn.next_channel += 1;
+                if let Some(mut chan) = conn.chans.remove(&channel) {
+                    chan.opened = true;
+                    conn.chans.insert(opened, chan);
+                }
+                if let Some(r) = state.vconns.get_mut(&vconn) {
+                    r.channel = Some(opened);
+                }
+                channel = opened;
                 conn.sched.open(channel, *database);
                 self.inner.send_ctl(real, channel, *database, MuxOp::Open);
                 tracing::debug!(real, %channel, database = %database, vconn, "mux channel opened");
             }
-            if let Err(error) = conn.sched.enqueue(channel, message.clone()) {
-                self.inner
-                    .refuse_channel(&mut st, real, channel, &error, &mut events);
-            } else {
-                self.inner.pump(&mut st, real, &mut events);
+            // Each refusal closes a channel holding queued bytes (this one,
+            // or the one holding the most), so this ends.
+            while let Some(conn) = st.conns.get_mut(&real) {
+                match conn.sched.enqueue(channel, message.clone()) {
+                    Ok(()) => {
+                        self.inner.pump(&mut st, real, &mut events);
+                        break;
+                    }
+                    Err(error) => {
+                        let worst = error.channel().unwrap_or(channel);
+                        self.inner
+                            .refuse_channel(&mut st, real, worst, &error, &mut events);
+                        if worst == channel {
+                            break;
+                        }
+                    }
+                }
             }
         }
         self.inner.defer(events);

@@ -65,6 +65,21 @@ pub enum MuxError {
 }
 
 impl MuxError {
+    /// The channel a queue refusal closes.
+    pub fn channel(&self) -> Option<ChannelId> {
+        match self {
+            MuxError::ChannelQueueFull { channel, .. }
+            | MuxError::ConnectionQueueFull { channel, .. }
+            | MuxError::UnknownChannel { channel }
+            | MuxError::WrongDatabase { channel, .. }
+            | MuxError::CreditExceeded { channel, .. }
+            | MuxError::DuplicateChannel { channel }
+            | MuxError::OpenOnDialed { channel }
+            | MuxError::NoAcceptor { channel, .. } => Some(*channel),
+            _ => None,
+        }
+    }
+
     /// What the peer is told when this closes a channel.
     pub fn close_reason(&self) -> CloseReason {
         match self {

@@ -174,9 +174,11 @@ impl Sched {
     }
 
     /// Queues `message` on `channel`. Refused (nothing queued) past the
-    /// channel's or the connection's bound; a channel with nothing queued
-    /// always takes one message, however large. A closing or unknown
-    /// channel drops it silently (Ok).
+    /// channel's bound (the error names `channel`) or the connection's
+    /// (it names the channel holding the most bytes, to be closed before
+    /// trying again); a channel, or connection, with nothing queued always
+    /// takes one message, however large. A closing or unknown channel
+    /// drops it silently (Ok).
     pub fn enqueue(&mut self, channel: ChannelId, message: Message) -> Result<(), MuxError> {
         let Some(c) = self.chans.get_mut(&channel) else {
             return Ok(());
@@ -193,10 +195,19 @@ impl Sched {
                 limit: self.limits.max_channel_queued,
             });
         }
-        if c.queued > 0 && self.queued + n > self.limits.max_connection_queued {
+        if self.queued > 0 && self.queued + n > self.limits.max_connection_queued {
+            // The refusal names the channel holding the most, which is
+            // the one to close: a flood must not get another database's
+            // small commit refused.
+            let own = c.database;
+            let (worst, w) = self
+                .chans
+                .iter()
+                .max_by_key(|(_, c)| c.queued)
+                .map_or((channel, own), |(id, c)| (*id, c.database));
             return Err(MuxError::ConnectionQueueFull {
-                channel,
-                database: c.database,
+                channel: worst,
+                database: w,
                 queued: self.queued + n,
                 limit: self.limits.max_connection_queued,
             });

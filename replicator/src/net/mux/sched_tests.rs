@@ -140,14 +140,16 @@ fn queues_are_bounded_per_channel_and_per_connection_with_typed_refusals() {
         "{e}"
     );
     s.enqueue(B, append(128 << 10)).expect("B's first");
+    // Over the connection's bound: the refusal names A, which holds the
+    // most, not B, whose small share is not the problem.
     let e = s
         .enqueue(B, append(128 << 10))
         .expect_err("over the connection bound");
     assert!(
-        matches!(e, MuxError::ConnectionQueueFull { channel: B, .. }),
+        matches!(e, MuxError::ConnectionQueueFull { channel: A, .. }),
         "{e}"
     );
-    // Removing a channel frees its queued bytes.
+    // Removing it frees its queued bytes.
     s.remove(A);
     s.enqueue(B, append(128 << 10)).expect("room again");
 }
