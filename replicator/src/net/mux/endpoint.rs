@@ -71,7 +71,11 @@ impl Transport for Endpoint {
             match st.peers.get_mut(&addr) {
                 Some(Peer::Up(real)) => {
                     let real = *real;
-                    self.inner.attach(&mut st, real, vec![waiting], &mut events);
+                    self.inner
+                        .attach(&mut st, real, vec![waiting], true, &mut events);
+                    // Queued under the lock: a `closed` of the connection
+                    // is queued behind it.
+                    self.inner.defer(std::mem::take(&mut events));
                     None
                 }
                 Some(Peer::Dialing(w)) => {

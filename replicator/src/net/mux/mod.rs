@@ -134,6 +134,9 @@ struct Chan {
     endpoint: EndpointId,
     /// Its Open went out (or came in): it is in the scheduler.
     opened: bool,
+    /// Its `connected` went through the notifier thread: so must its
+    /// `closed`, or the handler could hear of them in the wrong order.
+    deferred: bool,
 }
 
 /// How a real connection came to be and what it carries.
@@ -472,8 +475,16 @@ impl Inner {
         self.next_vconn.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Opens channels for `waiting` on the dialed connection `real`.
-    fn attach(&self, st: &mut State, real: ConnId, waiting: Vec<Waiting>, events: &mut Vec<Event>) {
+    /// Opens channels for `waiting` on the dialed connection `real`;
+    /// `deferred`: their reports go through the notifier.
+    fn attach(
+        &self,
+        st: &mut State,
+        real: ConnId,
+        waiting: Vec<Waiting>,
+        deferred: bool,
+        events: &mut Vec<Event>,
+    ) {
         for w in waiting {
             let Some(h) = st.endpoints.get(&w.endpoint).cloned() else {
                 continue;
@@ -494,6 +505,7 @@ impl Inner {
                     vconn: w.vconn,
                     endpoint: w.endpoint,
                     opened: false,
+                    deferred,
                 },
             );
             st.vconns.insert(

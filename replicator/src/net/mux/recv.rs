@@ -77,7 +77,7 @@ impl NetHandler for RealHandler {
             tracing::info!(real, %addr, "mux connection dialed");
             st.conns
                 .insert(real, Real::new(Kind::Dialed(addr), inner.limits));
-            inner.attach(&mut st, real, waiting, &mut events);
+            inner.attach(&mut st, real, waiting, false, &mut events);
         }
         run(events);
     }
@@ -224,17 +224,21 @@ impl NetHandler for RealHandler {
                 }
                 Kind::Accepted { .. } => {}
             }
+            let mut deferred = Vec::new();
             for (_, chan) in conn.chans {
                 st.vconns.remove(&chan.vconn);
                 inner.stats.channels_closed.fetch_add(1, Ordering::Relaxed);
                 if let Some(h) = st.endpoints.get(&chan.endpoint) {
-                    events.push(Event::Closed(
-                        Arc::clone(h),
-                        chan.vconn,
-                        Some(why.to_string()),
-                    ));
+                    let e = Event::Closed(Arc::clone(h), chan.vconn, Some(why.to_string()));
+                    if chan.deferred {
+                        deferred.push(e);
+                    } else {
+                        events.push(e);
+                    }
                 }
             }
+            // Queued behind their `connected`, still under the lock.
+            inner.defer(deferred);
         }
         run(events);
     }
@@ -367,6 +371,7 @@ impl Inner {
                     vconn,
                     endpoint,
                     opened: true,
+                    deferred: false,
                 },
             );
             st.vconns.insert(
