@@ -516,6 +516,7 @@ impl Inner {
                     channel: Some(channel),
                 },
             );
+            self.stats.channels_opened.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(real, %channel, vconn = w.vconn, "mux channel connected");
             events.push(Event::Connected(h, w.vconn, w.tag));
         }
