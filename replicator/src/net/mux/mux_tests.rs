@@ -618,3 +618,63 @@ fn a_flood_past_the_connections_queue_bound_closes_the_flooding_channel_not_the_
         srv.shutdown();
     }
 }
+
+#[test]
+fn frames_of_many_channels_in_one_read_are_drained_per_channel_then_done_once_per_endpoint() {
+    // The real transport's side driven by hand: one read brought frames
+    // of two channels (databases); the endpoint hears `drained` once for
+    // each, then one `drains_done` (a follower host's single sync round).
+    let mux = Mux::open(Backend::Std, None, Limits::default()).expect("mux");
+    let (h, rx) = collector();
+    let ep = mux.endpoint(h);
+    ep.listen(local()).expect("listen");
+    let real = recv::RealHandler {
+        inner: Arc::downgrade(&mux.inner),
+    };
+    let from = local();
+    real.accepted(999, from);
+    real.message(999, mux_frame(1, 10, MuxOp::Open));
+    real.message(999, mux_frame(2, 20, MuxOp::Open));
+    for (ch, db) in [(1, 10), (2, 20), (1, 10), (2, 20)] {
+        real.message(999, mux_frame(ch, db, MuxOp::Data(Box::new(append(1, 1)))));
+    }
+    real.drained(999);
+    real.drains_done();
+    let mut events = Vec::new();
+    while let Ok(e) = rx.recv_timeout(Duration::from_millis(100)) {
+        events.push(e);
+    }
+    let accepted: Vec<ConnId> = events
+        .iter()
+        .filter_map(|e| match e {
+            Ev::Accepted(v) => Some(*v),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(accepted.len(), 2);
+    let messages = events
+        .iter()
+        .filter(|e| matches!(e, Ev::Message(..)))
+        .count();
+    assert_eq!(messages, 4);
+    let mut drained: Vec<ConnId> = events
+        .iter()
+        .filter_map(|e| match e {
+            Ev::Drained(v) => Some(*v),
+            _ => None,
+        })
+        .collect();
+    drained.sort_unstable();
+    assert_eq!(drained, accepted, "each channel drained once");
+    assert!(matches!(events.last(), Some(Ev::DrainsDone)));
+    let done = events
+        .iter()
+        .filter(|e| matches!(e, Ev::DrainsDone))
+        .count();
+    assert_eq!(done, 1, "one drains_done for the endpoint");
+    // A read that brought nothing for the endpoint drains nothing.
+    real.drained(999);
+    real.drains_done();
+    assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+    mux.shutdown();
+}
