@@ -240,3 +240,109 @@ fn a_mux_with_the_wrong_cluster_key_is_refused_by_the_hosts() {
         mux.shutdown();
     }
 }
+
+/// A TCP relay to `upstream` whose connections can be cut.
+struct Relay {
+    addr: SocketAddr,
+    live: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Relay {
+    fn start(upstream: SocketAddr) -> Relay {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let live = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let keep = std::sync::Arc::clone(&live);
+        std::thread::spawn(move || {
+            for down in listener.incoming().flatten() {
+                let Ok(up) = std::net::TcpStream::connect(upstream) else {
+                    continue;
+                };
+                let pipe = |mut from: std::net::TcpStream, mut to: std::net::TcpStream| {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                };
+                let mut l = keep.lock().expect("relay");
+                for s in [&down, &up] {
+                    l.push(s.try_clone().expect("clone"));
+                }
+                pipe(
+                    down.try_clone().expect("clone"),
+                    up.try_clone().expect("clone"),
+                );
+                pipe(up, down);
+            }
+        });
+        Relay { addr, live }
+    }
+
+    /// Cuts every connection relayed so far.
+    fn cut(&self) {
+        for s in self.live.lock().expect("relay").drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+#[test]
+fn a_cut_connection_closes_every_database_channel_on_it_and_they_all_come_back_on_one_redial() {
+    for backend in backends() {
+        let dirs: Vec<_> = (0..5).map(|_| tempfile::tempdir().expect("dir")).collect();
+        let hosts: Vec<FollowerHost> = dirs
+            .iter()
+            .map(|d| host(d.path(), backend, key(3)))
+            .collect();
+        let mut addrs: Vec<SocketAddr> = hosts.iter().map(|h| h.addr()).collect();
+        // Follower 0 is reached through a relay that can be cut.
+        let relay = Relay::start(addrs[0]);
+        addrs[0] = relay.addr;
+        let mux = Mux::open(backend, key(3), Limits::default()).expect("mux");
+        let dbs: Vec<u64> = (0..3).collect();
+        let leaders: Vec<LeaderNode> = dbs
+            .iter()
+            .map(|d| leader(DatabaseId(0x300 + d), addrs.clone(), &mux))
+            .collect();
+        let all: Vec<Vec<Encoded>> = dbs
+            .iter()
+            .map(|d| records(0x300 + d, 1, 40, ChainHash::GENESIS))
+            .collect();
+        for (l, rs) in leaders.iter().zip(&all) {
+            for r in &rs[..20] {
+                l.commit(r.clone()).expect("commit");
+            }
+        }
+        for l in &leaders {
+            wait_until("follower 0 durable", || {
+                l.follower_durable(0) == Some(b(20))
+            });
+        }
+        let before = mux.snapshot();
+        assert_eq!(before.dials, 5);
+        relay.cut();
+        // Every database's channel on the cut connection closes; the
+        // leaders redial, over one new connection for all of them.
+        for (l, rs) in leaders.iter().zip(&all) {
+            for r in &rs[20..] {
+                l.commit(r.clone()).expect("commit");
+            }
+        }
+        for l in &leaders {
+            l.wait_confirmed(b(40), Duration::from_secs(20))
+                .expect("confirmed");
+            wait_until("follower 0 back and durable", || {
+                l.follower_durable(0) == Some(b(40))
+            });
+        }
+        let after = mux.snapshot();
+        assert_eq!(after.dials, 6, "{backend:?}: one redial for every database");
+        assert_eq!(after.connections, 5);
+        assert_eq!(after.channels, 15);
+        assert!(after.channels_closed >= 3, "{after:?}");
+        for l in &leaders {
+            l.shutdown();
+        }
+        mux.shutdown();
+    }
+}
