@@ -58,6 +58,14 @@ pub enum MuxError {
     },
     #[error("a channel frame on an unmultiplexed connection, or the reverse")]
     Unmultiplexed,
+    #[error(
+        "channel {channel} for database {database}: {limit} channels are open on the connection, its limit"
+    )]
+    TooManyChannels {
+        channel: ChannelId,
+        database: DatabaseId,
+        limit: usize,
+    },
     #[error("the peer closed the channel: {0:?}")]
     PeerClosed(CloseReason),
     #[error("the shared connection was lost: {0}")]
@@ -75,7 +83,8 @@ impl MuxError {
             | MuxError::CreditExceeded { channel, .. }
             | MuxError::DuplicateChannel { channel }
             | MuxError::OpenOnDialed { channel }
-            | MuxError::NoAcceptor { channel, .. } => Some(*channel),
+            | MuxError::NoAcceptor { channel, .. }
+            | MuxError::TooManyChannels { channel, .. } => Some(*channel),
             _ => None,
         }
     }
@@ -88,7 +97,7 @@ impl MuxError {
             }
             MuxError::WrongDatabase { .. } => CloseReason::WrongDatabase,
             MuxError::CreditExceeded { .. } => CloseReason::CreditExceeded,
-            MuxError::NoAcceptor { .. } => CloseReason::Refused,
+            MuxError::NoAcceptor { .. } | MuxError::TooManyChannels { .. } => CloseReason::Refused,
             _ => CloseReason::Closed,
         }
     }

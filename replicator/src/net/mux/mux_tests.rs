@@ -570,6 +570,7 @@ fn a_flood_past_the_connections_queue_bound_closes_the_flooding_channel_not_the_
             connection_window: 128 << 10,
             max_channel_queued: 4 << 20,
             max_connection_queued: 1 << 20,
+            ..Limits::default()
         };
         let srv = Mux::open(backend, None, Limits::default()).expect("mux");
         let (gate_tx, gate_rx) = mpsc::channel::<()>();
@@ -677,4 +678,39 @@ fn frames_of_many_channels_in_one_read_are_drained_per_channel_then_done_once_pe
     real.drains_done();
     assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
     mux.shutdown();
+}
+
+#[test]
+fn a_peer_opening_more_channels_than_allowed_is_refused_the_extra_ones() {
+    let srv = Mux::open(
+        Backend::Std,
+        None,
+        Limits {
+            max_channels: 2,
+            ..Limits::default()
+        },
+    )
+    .expect("mux");
+    let (h, srx) = collector();
+    let ep = srv.endpoint(h);
+    let addr = ep.listen(local()).expect("listen");
+    let (t, rx, c) = raw_client(addr);
+    for ch in 1..=3 {
+        t.send(c, &mux_frame(ch, ch, MuxOp::Open));
+    }
+    match next_event(&rx) {
+        Ev::Message(_, Message::Mux(f)) => {
+            assert_eq!(f.channel, ChannelId(3));
+            assert_eq!(f.op, MuxOp::Close(CloseReason::Refused));
+        }
+        e => panic!("expected a refusal, got {e:?}"),
+    }
+    let accepted = std::iter::from_fn(|| srx.recv_timeout(Duration::from_millis(200)).ok())
+        .filter(|e| matches!(e, Ev::Accepted(_)))
+        .count();
+    assert_eq!(accepted, 2);
+    assert_eq!(srv.snapshot().refusals, 1);
+    assert_eq!(srv.snapshot().connections, 1, "the connection stays");
+    t.shutdown();
+    srv.shutdown();
 }

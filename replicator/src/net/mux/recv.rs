@@ -353,8 +353,20 @@ impl Inner {
                 return None;
             }
             conn.next_channel = channel.0 + 1;
-            let Some(endpoint) = acceptor.filter(|e| st.endpoints.contains_key(e)) else {
-                let error = MuxError::NoAcceptor { channel, database };
+            let endpoint = acceptor.filter(|e| st.endpoints.contains_key(e));
+            let refusal = match endpoint {
+                None => Some(MuxError::NoAcceptor { channel, database }),
+                Some(_) if conn.chans.len() >= self.limits.max_channels => {
+                    Some(MuxError::TooManyChannels {
+                        channel,
+                        database,
+                        limit: self.limits.max_channels,
+                    })
+                }
+                Some(_) => None,
+            };
+            let (Some(endpoint), None) = (endpoint, &refusal) else {
+                let error = refusal.unwrap_or(MuxError::NoAcceptor { channel, database });
                 self.refused(&error);
                 self.send_ctl(real, channel, database, MuxOp::Close(error.close_reason()));
                 return None;

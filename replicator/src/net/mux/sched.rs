@@ -36,6 +36,8 @@ pub struct Limits {
     pub max_channel_queued: u64,
     /// Bytes queued over all channels of the connection.
     pub max_connection_queued: u64,
+    /// Channels a peer may have open on one connection.
+    pub max_channels: usize,
 }
 
 impl Default for Limits {
@@ -45,6 +47,7 @@ impl Default for Limits {
             connection_window: 16 << 20,
             max_channel_queued: 64 << 20,
             max_connection_queued: crate::net::MAX_QUEUED_BYTES,
+            max_channels: 1 << 16,
         }
     }
 }

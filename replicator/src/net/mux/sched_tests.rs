@@ -38,6 +38,7 @@ fn limits() -> Limits {
         connection_window: 384 << 10,
         max_channel_queued: 8 << 20,
         max_connection_queued: 12 << 20,
+        ..Limits::default()
     }
 }
 
@@ -125,6 +126,7 @@ fn queues_are_bounded_per_channel_and_per_connection_with_typed_refusals() {
         connection_window: 1 << 10,
         max_channel_queued: 300 << 10,
         max_connection_queued: 500 << 10,
+        ..Limits::default()
     });
     s.open(A, DatabaseId(1));
     s.open(B, DatabaseId(2));
