@@ -40,7 +40,25 @@
 //! `send` or `close` (which may hold locks the handler takes): reports that
 //! such calls cause run on the mux's notifier thread; everything the peer
 //! causes runs on the real transport's threads, as it would without the
-//! mux.
+//! mux. (The one exception is the real transport's own: a dial whose
+//! thread cannot even be started is reported on the caller's thread.) A
+//! channel whose `connected` went through the notifier has its `closed`
+//! queued there too, so no handler hears of them out of order.
+//!
+//! # Limits
+//!
+//! [`Limits`]: the credit windows, the queue bounds (per channel and per
+//! connection; a refusal closes the channel holding the most), and the
+//! channels a peer may open on one connection. Every refusal is a
+//! [`MuxError`], logged at `warn` and counted; connections coming and going
+//! are logged at `info`, channels at `debug`.
+//!
+//! # Not covered
+//!
+//! A receiving handler that blocks (a follower's sync) holds up every
+//! channel of its connection, as it held up its own connection before; a
+//! peer that does not speak channel frames cannot be dialed through a mux
+//! (it closes the connection at the first, unknown, frame kind).
 
 pub mod error;
 pub mod sched;
