@@ -603,6 +603,11 @@ mod tests {
                 chain: crate::chain::ChainHash::over(&[b"y"]),
                 history: runs(),
             },
+            Message::Mux(MuxFrame {
+                channel: mux_wire::ChannelId(3),
+                database: DatabaseId(0xfeed),
+                op: mux_wire::MuxOp::Data(Box::new(Message::CatchUp { from: b(2, 5) })),
+            }),
         ]
     }
 
