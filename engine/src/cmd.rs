@@ -242,13 +242,16 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
             && last_report.elapsed() >= Duration::from_secs(10)
         {
             last_report = Instant::now();
+            let m = host.mux();
             println!(
-                "follower {} log_bytes={} log_start={} databases={} open={} {}",
+                "follower {} log_bytes={} log_start={} databases={} open={} connections={} channels={} {}",
                 host.addr(),
                 node.disk_bytes().unwrap_or(0),
                 node.log_start().unwrap_or_default(),
                 host.databases().len(),
                 host.open_databases().len(),
+                m.connections,
+                m.channels,
                 u.summary()
             );
             if let Some(o) = &others {
@@ -262,6 +265,15 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
     if let Some(u) = uploader {
         u.stop();
     }
+    let m = host.mux();
+    println!(
+        "follower {} replication: {} connections, {} channels, {} channels opened, {} refused frames or channels",
+        host.addr(),
+        m.connections,
+        m.channels,
+        m.channels_opened,
+        m.refusals
+    );
     println!("follower {} stopping at {}", host.addr(), durable());
     Ok(())
 }

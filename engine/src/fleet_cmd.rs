@@ -190,10 +190,7 @@ fn opener(
     template.listen = Some(SocketAddr::new(a.http.ip(), 0));
     template.options.readers = options.readers;
     template.options.region = options.region;
-    Box::new(ReplicatedOpener {
-        template,
-        stop_timeout_ms: 5_000,
-    })
+    Box::new(ReplicatedOpener::new(template, 5_000))
 }
 
 /// Runs a fleet node until Ctrl-C or `--seconds`.

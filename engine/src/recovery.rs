@@ -120,6 +120,7 @@ pub fn adopt(config: &PrimaryConfig) -> Result<Adopted, RecoveryError> {
         backend: config.backend,
         auth: config.auth.clone(),
         timeout_ms: config.election_timeout_ms,
+        mux: config.mux.clone(),
     })
     .map_err(RecoveryError::Election)?;
     let won = candidate.won().clone();

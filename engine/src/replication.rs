@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use walrelay_replicator::net::Backend;
+use walrelay_replicator::net::mux::Mux;
 use walrelay_replicator::node::leader::{ConfirmError, LeaderNode, LeaderNodeConfig, LeaderStatus};
 use walrelay_replicator::node::replica::{Applier, ApplierError, ReplicaNode, ReplicaNodeConfig};
 use walrelay_replicator::{
@@ -51,6 +52,10 @@ pub struct PrimaryConfig {
     /// log. None: the followers' log alone.
     pub store: Option<walrelay_archive::Store>,
     pub options: Options,
+    /// A multiplexer shared by every primary of this process (a fleet
+    /// node's): one connection per follower for all of them. None: this
+    /// primary's leader has a transport of its own.
+    pub mux: Option<Mux>,
 }
 
 impl PrimaryConfig {
@@ -74,6 +79,7 @@ impl PrimaryConfig {
             election_timeout_ms: 10_000,
             backend: Backend::Auto,
             store: None,
+            mux: None,
             // The quorum log is the durability; the local WAL is a cache
             // of it, so its own fsync buys nothing.
             options: Options {
@@ -343,6 +349,7 @@ impl ReplicatedPrimary {
             redial_interval_ms: 100,
             backend: config.backend,
             auth: config.auth.clone(),
+            mux: config.mux.clone(),
         })?;
         let _ = link.leader.set(leader.clone());
         // Consumed: from here a crash must not find it.

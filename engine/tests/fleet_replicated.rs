@@ -32,10 +32,7 @@ fn replicated_databases_reopen_with_every_write_and_a_closed_one_leaves_no_conne
                 idle_close_ms: 0,
                 max_hosted: 100,
             },
-            Box::new(ReplicatedOpener {
-                template,
-                stop_timeout_ms: 5_000,
-            }),
+            Box::new(ReplicatedOpener::new(template, 5_000)),
         )
         .unwrap(),
     );

@@ -585,10 +585,13 @@ impl Follower {
                     out.push(Self::send(peer, Message::CatchUpDone { upto }));
                 }
             }
+            // Channel frames never reach a core: the transport's mux
+            // takes them apart.
             Message::Ack { .. }
             | Message::CatchUpDone { .. }
             | Message::Refuse { .. }
-            | Message::Archived { .. } => {}
+            | Message::Archived { .. }
+            | Message::Mux(_) => {}
         }
     }
 

@@ -35,6 +35,9 @@
 //!                archived in cold storage and released here; fetch
 //!                them from there (`runs` is the epoch history of that
 //!                released prefix, ending at `start`)  = 30 + 12 x runs
+//! 11 Mux         a channel frame of the multiplexed transport: one
+//!                channel's (database's) message on a connection shared
+//!                by many; its body is defined in [`crate::net::mux_wire`]
 //! ```
 //!
 //! Version 2 added the node id, chain and history to the handshake, the
@@ -43,7 +46,8 @@
 //! without a version change: it is only ever sent in answer to a CatchUp,
 //! and a peer that predates it (and so could not fetch from cold storage
 //! anyway) drops the connection on the unknown kind instead of misreading
-//! it.
+//! it. Mux (kind 11) likewise: only a peer that dialed with the
+//! multiplexed transport sends it, and only to one that accepts it.
 //!
 //! A frame's length is checked against [`MAX_FRAME_BYTES`] before anything
 //! is allocated; fixed-size bodies must have exactly their size. An Append's
@@ -57,14 +61,17 @@ use crate::bookmark::{Bookmark, Epoch, Sequence};
 use crate::chain::ChainHash;
 use crate::history::{History, MAX_RUNS};
 use crate::ids::{DatabaseId, NodeId};
+use crate::net::mux_wire::{self, MuxFrame, MuxWireError};
 use crate::record::{Encoded, MAX_RECORD_BYTES, RecordError, be32, bookmark_at};
 use bytes::{BufMut, Bytes, BytesMut};
 
 pub const VERSION: u8 = 2;
 /// Length prefix + version + kind.
 pub const FRAME_HEADER_BYTES: usize = 6;
-/// The largest frame: one maximal record plus the frame header.
-pub const MAX_FRAME_BYTES: u64 = MAX_RECORD_BYTES + FRAME_HEADER_BYTES as u64;
+/// The largest frame: one maximal record plus the frame header, inside a
+/// channel frame (its header and the channel header).
+pub const MAX_FRAME_BYTES: u64 =
+    MAX_RECORD_BYTES + 2 * FRAME_HEADER_BYTES as u64 + mux_wire::HEADER_BYTES as u64;
 
 /// What a peer is in the replication topology.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,6 +162,9 @@ pub enum Message {
         chain: ChainHash,
         history: History,
     },
+    /// One message of one channel of a multiplexed connection (or a
+    /// channel's control frame): see [`crate::net::mux_wire`].
+    Mux(MuxFrame),
 }
 
 /// Why bytes are not a valid message.
@@ -181,6 +191,8 @@ pub enum WireError {
     RecordLength { frame: u64, record: u64 },
     #[error("an epoch history of {0} runs is over the limit or out of order")]
     History(usize),
+    #[error("channel frame: {0}")]
+    Mux(#[from] MuxWireError),
 }
 
 const HANDSHAKE: u8 = 1;
@@ -193,6 +205,7 @@ const HEARTBEAT: u8 = 7;
 const REFUSE: u8 = 8;
 const TRUNCATE: u8 = 9;
 const ARCHIVED: u8 = 10;
+const MUX: u8 = mux_wire::KIND;
 
 fn put_history(body: &mut Vec<u8>, history: &History) {
     let runs = history.runs();
@@ -261,8 +274,8 @@ impl Message {
                 put_history(&mut body, history);
                 kind_and_body(&mut b, HANDSHAKE, &body);
             }
-            Message::Append(record) => {
-                let (head, rec) = encode_append(&record.bytes);
+            Message::Append(_) | Message::Mux(_) => {
+                let (head, rec) = encode_parts(self)?;
                 let mut out = BytesMut::with_capacity(head.len() + rec.len());
                 out.put_slice(&head);
                 out.put_slice(&rec);
@@ -345,7 +358,7 @@ impl Message {
             return Err(WireError::UnsupportedVersion(version));
         }
         let kind = buf[5];
-        if !(HANDSHAKE..=ARCHIVED).contains(&kind) {
+        if !(HANDSHAKE..=MUX).contains(&kind) {
             return Err(WireError::UnknownKind(kind));
         }
         let total = (4 + len) as usize;
@@ -420,6 +433,7 @@ impl Message {
                     history: history_at(&body, 30, runs)?,
                 }
             }
+            MUX => Message::Mux(mux_wire::decode_body(&body)?),
             APPEND => {
                 let (record, used) = Encoded::decode(&body)?;
                 if used != body.len() {
@@ -483,6 +497,17 @@ impl Message {
             }
         };
         Ok((msg, total))
+    }
+}
+
+/// A message as a frame in (at most) two parts, as the transports write
+/// it: a header (or the whole frame) and a shared body. An Append's record
+/// (also inside a channel frame) is the shared body, never copied.
+pub fn encode_parts(message: &Message) -> Result<(Bytes, Bytes), WireError> {
+    match message {
+        Message::Append(record) => Ok(encode_append(&record.bytes)),
+        Message::Mux(frame) => mux_wire::encode_parts(frame),
+        other => Ok((other.encode()?, Bytes::new())),
     }
 }
 
@@ -578,6 +603,11 @@ mod tests {
                 chain: crate::chain::ChainHash::over(&[b"y"]),
                 history: runs(),
             },
+            Message::Mux(MuxFrame {
+                channel: mux_wire::ChannelId(3),
+                database: DatabaseId(0xfeed),
+                op: mux_wire::MuxOp::Data(Box::new(Message::CatchUp { from: b(2, 5) })),
+            }),
         ]
     }
 

@@ -74,6 +74,7 @@ fn leader(db: DatabaseId, followers: Vec<SocketAddr>) -> LeaderNode {
         redial_interval_ms: 20,
         backend: Backend::Std,
         auth: None,
+        mux: None,
     })
     .expect("leader")
 }

@@ -128,6 +128,7 @@ fn three_of_five_reach_the_replica(backend: Backend) {
         redial_interval_ms: 20,
         backend,
         auth: key(),
+        mux: None,
     })
     .expect("leader");
     let memory = Arc::new(Memory::default());
@@ -208,6 +209,7 @@ fn peers_behind_the_leaders_tail_catch_up_from_followers_then_stream_skipping_a_
         redial_interval_ms: 20,
         backend,
         auth: key(),
+        mux: None,
     })
     .expect("leader");
     for s in 1..=200 {
@@ -339,6 +341,7 @@ fn cluster_with_a_released_prefix() -> Released {
         redial_interval_ms: 20,
         backend: Backend::Std,
         auth: key(),
+        mux: None,
     })
     .expect("leader");
     for s in 1..=200 {

@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use walrelay_replicator::DatabaseId;
+use walrelay_replicator::net::mux::{Limits, Mux, MuxSnapshot};
 
 /// Where a hosted database is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -83,6 +84,11 @@ pub trait Hosted: Send + Sync + fmt::Debug {
 /// Opens a hosted database's file.
 pub trait Opener: Send + Sync + fmt::Debug {
     fn open(&self, id: DatabaseId, path: &Path) -> Result<Box<dyn Hosted>, HostError>;
+    /// How the opener's shared replication connections stand (None: it
+    /// has none).
+    fn mux(&self) -> Option<MuxSnapshot> {
+        None
+    }
 }
 
 /// A database served from this node alone (its WAL synced locally).
@@ -114,6 +120,11 @@ impl Opener for LocalOpener {
 /// A database replicated to W of N followers (the followers host many
 /// databases each): every open wins a new epoch from them and brings the
 /// local file to the end of their log; a close stops cleanly.
+///
+/// Every database it opens replicates over one shared [`Mux`] (the
+/// template's, or one made at the first open with the template's backend
+/// and key): one authenticated connection per follower for the whole
+/// process, each database a channel on it.
 #[derive(Debug)]
 pub struct ReplicatedOpener {
     /// Everything but the database's id and path. Its `listen`, if set,
@@ -122,6 +133,31 @@ pub struct ReplicatedOpener {
     pub template: crate::replication::PrimaryConfig,
     /// How long a close waits for the last writes to be confirmed.
     pub stop_timeout_ms: u64,
+    mux: std::sync::OnceLock<Mux>,
+}
+
+impl ReplicatedOpener {
+    pub fn new(template: crate::replication::PrimaryConfig, stop_timeout_ms: u64) -> Self {
+        ReplicatedOpener {
+            template,
+            stop_timeout_ms,
+            mux: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The process-wide multiplexer, made at the first call.
+    fn mux(&self) -> Result<Mux, std::io::Error> {
+        if let Some(m) = self.template.mux.as_ref().or(self.mux.get()) {
+            return Ok(m.clone());
+        }
+        let made = Mux::open(
+            self.template.backend,
+            self.template.auth.clone(),
+            Limits::default(),
+        )?;
+        // A racing open may have set one first: use that one.
+        Ok(self.mux.get_or_init(|| made).clone())
+    }
 }
 
 #[derive(Debug)]
@@ -163,6 +199,10 @@ impl Opener for ReplicatedOpener {
         let mut config = self.template.clone();
         config.database = id;
         config.path = path.to_path_buf();
+        config.mux = Some(self.mux().map_err(|e| HostError::Replication {
+            id,
+            reason: format!("opening the replication multiplexer: {e}"),
+        })?);
         let primary = crate::replication::ReplicatedPrimary::start(config).map_err(|e| {
             HostError::Replication {
                 id,
@@ -173,6 +213,14 @@ impl Opener for ReplicatedOpener {
             primary,
             stop_timeout_ms: self.stop_timeout_ms,
         }))
+    }
+
+    fn mux(&self) -> Option<MuxSnapshot> {
+        self.template
+            .mux
+            .as_ref()
+            .or(self.mux.get())
+            .map(Mux::snapshot)
     }
 }
 
@@ -318,6 +366,11 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 impl Host {
+    /// The opener's shared replication connections, if it has any.
+    pub fn replication_mux(&self) -> Option<MuxSnapshot> {
+        self.opener.mux()
+    }
+
     /// Hosts databases under `config.dir`, opening them with `opener`.
     pub fn open(config: HostConfig, opener: Box<dyn Opener>) -> Result<Host, HostError> {
         std::fs::create_dir_all(config.dir.join("unconfirmed"))?;

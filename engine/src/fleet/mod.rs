@@ -292,6 +292,32 @@ impl Fleet {
                 "counter",
                 h.stats.closed_idle.load(Relaxed),
             );
+            if let Some(m) = h.replication_mux() {
+                line(
+                    "walrelay_fleet_replication_connections",
+                    "Real replication connections (one per follower, shared by every database).",
+                    "gauge",
+                    m.connections as u64,
+                );
+                line(
+                    "walrelay_fleet_replication_channels",
+                    "Replication channels (one per open database and follower) on them.",
+                    "gauge",
+                    m.channels as u64,
+                );
+                line(
+                    "walrelay_fleet_replication_dials_total",
+                    "Real replication connections dialed.",
+                    "counter",
+                    m.dials,
+                );
+                line(
+                    "walrelay_fleet_replication_refusals_total",
+                    "Replication frames, sends and channels refused by the multiplexer.",
+                    "counter",
+                    m.refusals,
+                );
+            }
         }
         if let Some(c) = &self.control {
             let f = c.failover_stats();

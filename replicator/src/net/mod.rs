@@ -26,6 +26,8 @@
 
 pub mod auth;
 pub mod cluster_key;
+pub mod mux;
+pub mod mux_wire;
 pub mod std_net;
 #[cfg(target_os = "linux")]
 pub mod uring_net;

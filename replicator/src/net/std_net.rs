@@ -9,7 +9,7 @@ use super::auth::{Auth, Opener, Sealer, Session};
 use super::{
     CONNECT_TIMEOUT, ConnId, MAX_QUEUED_BYTES, NetHandler, READ_CHUNK, Transport, WRITE_TIMEOUT,
 };
-use crate::wire::{Message, encode_append};
+use crate::wire::{Message, encode_parts};
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -279,20 +279,16 @@ impl Transport for StdTransport {
         let Some(state) = self.shared.conns.lock().get(&conn).cloned() else {
             return;
         };
-        let frame = match message {
-            Message::Append(record) => {
-                let (head, body) = encode_append(&record.bytes);
-                [head, body]
+        // An Append's record (also inside a channel frame) is shared,
+        // not copied.
+        let frame = match encode_parts(message) {
+            Ok((head, body)) => [head, body],
+            Err(_) => {
+                // Never called for a message this side cannot encode;
+                // drop the connection rather than send half a stream.
+                state.kill();
+                return;
             }
-            other => match other.encode() {
-                Ok(frame) => [frame, Bytes::new()],
-                Err(_) => {
-                    // Never called for a message this side cannot encode;
-                    // drop the connection rather than send half a stream.
-                    state.kill();
-                    return;
-                }
-            },
         };
         let n: u64 = frame.iter().map(|p| p.len() as u64).sum();
         let mut out = state.out.lock();

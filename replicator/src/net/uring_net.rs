@@ -30,7 +30,7 @@
 use super::auth::{Auth, Opener, Sealer, Session};
 use super::{CONNECT_TIMEOUT, MAX_QUEUED_BYTES, READ_CHUNK, WRITE_TIMEOUT};
 use super::{ConnId, NetHandler, Transport};
-use crate::wire::{Message, encode_append};
+use crate::wire::{Message, encode_parts};
 use bytes::{Buf, Bytes, BytesMut};
 use io_uring::{IoUring, Probe, opcode, squeue, types};
 use parking_lot::Mutex;
@@ -309,15 +309,11 @@ impl Transport for UringTransport {
     }
 
     fn send(&self, conn: ConnId, message: &Message) {
-        let cmd = match message {
-            Message::Append(record) => {
-                let (head, body) = encode_append(&record.bytes);
-                Cmd::Send(conn, head, body)
-            }
-            other => match other.encode() {
-                Ok(frame) => Cmd::Send(conn, frame, Bytes::new()),
-                Err(e) => Cmd::Fail(conn, e.to_string()),
-            },
+        // An Append's record (also inside a channel frame) is shared,
+        // not copied.
+        let cmd = match encode_parts(message) {
+            Ok((head, body)) => Cmd::Send(conn, head, body),
+            Err(e) => Cmd::Fail(conn, e.to_string()),
         };
         let _ = self.shared.post(cmd);
     }

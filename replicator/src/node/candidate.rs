@@ -11,6 +11,7 @@ use crate::chain::ChainHash;
 use crate::election::{Election, ElectionError, ElectionEvent, Won};
 use crate::ids::{DatabaseId, NodeId};
 use crate::leader::PeerId;
+use crate::net::mux::Mux;
 use crate::net::{self, Backend, ClusterKey, ConnId, NetHandler, Transport};
 use crate::record::Encoded;
 use crate::wire::Message;
@@ -34,6 +35,10 @@ pub struct CandidateConfig {
     pub auth: Option<ClusterKey>,
     /// How long to wait for W promises.
     pub timeout_ms: u64,
+    /// A multiplexer shared with the process's other replication (its
+    /// channels then carry the election; `backend` and `auth` are the
+    /// mux's). None: a transport of the candidate's own.
+    pub mux: Option<Mux>,
 }
 
 /// Why an election or the read of the adopted log failed.
@@ -128,13 +133,31 @@ impl Candidate {
             changed: Condvar::new(),
             transport: OnceLock::new(),
         });
-        let transport = net::open(
-            config.backend,
-            Arc::clone(&state) as Arc<dyn NetHandler>,
-            config.auth.clone(),
-        )
-        .map_err(|e| CandidateError::Io(e.to_string()))?;
+        let transport = match &config.mux {
+            Some(mux) => mux.endpoint(Arc::clone(&state) as Arc<dyn NetHandler>),
+            None => net::open(
+                config.backend,
+                Arc::clone(&state) as Arc<dyn NetHandler>,
+                config.auth.clone(),
+            )
+            .map_err(|e| CandidateError::Io(e.to_string()))?,
+        };
         let _ = state.transport.set(Arc::clone(&transport));
+        let muxed = config.mux.is_some();
+        let result = Self::run(state, transport.clone(), config);
+        if result.is_err() && muxed {
+            // A mux endpoint lives until shut down (the mux holds its
+            // handler): a lost election must not leave it behind.
+            transport.shutdown();
+        }
+        result
+    }
+
+    fn run(
+        state: Arc<State>,
+        transport: Arc<dyn net::Transport>,
+        config: CandidateConfig,
+    ) -> Result<Candidate, CandidateError> {
         for (i, addr) in config.followers.iter().enumerate() {
             transport.connect(*addr, i as u64);
         }
@@ -291,6 +314,10 @@ impl Drop for Candidate {
         if let Some(t) = self.state.transport.get() {
             for c in conns {
                 t.close(c);
+            }
+            if self.config.mux.is_some() {
+                // Its channels only: the shared connections stay.
+                t.shutdown();
             }
         }
     }

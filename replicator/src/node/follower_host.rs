@@ -10,10 +10,12 @@
 //! host binds the connection to that database for its lifetime and feeds
 //! everything on it to that database's core; nothing else is shared
 //! between databases: promises and fencing, catch-up (asked of the peer
-//! hosts for the same database), confirms, `Archived` answers. The next
-//! step, one multiplexed connection per node pair, replaces "bound per
-//! connection" with "routed per frame" at exactly this point
-//! ([`Shared::route`]).
+//! hosts for the same database), confirms, `Archived` answers.
+//!
+//! The host listens (and dials peers) through a [`Mux`]: one real
+//! connection per peer node, each database a channel the host sees as a
+//! connection ([`Shared::route`] binds it as before; the mux checks each
+//! frame names the channel's database). Unmultiplexed peers still work.
 //!
 //! A database the host has never seen is created only by a leader's (or
 //! candidate's) handshake; a replica or a follower asking about it is
@@ -50,6 +52,7 @@ use crate::bookmark::{Bookmark, Epoch};
 use crate::follower::FollowerEvent;
 use crate::ids::DatabaseId;
 use crate::leader::PeerId;
+use crate::net::mux::{Limits, Mux, MuxSnapshot};
 use crate::net::{Backend, ClusterKey, ConnId, NetHandler, Transport};
 use crate::segments::{GroupSyncer, IoBackend};
 use crate::wire::{Message, RefuseReason, Role};
@@ -200,6 +203,7 @@ pub(super) struct Shared {
 pub struct FollowerHost {
     shared: Arc<Shared>,
     addr: SocketAddr,
+    mux: Mux,
 }
 
 impl std::fmt::Debug for FollowerHost {
@@ -264,12 +268,14 @@ impl FollowerHost {
                 },
             })?;
         }
-        let transport = super::open_transport(
+        let mux = Mux::open(
             shared.config.backend,
-            Arc::clone(&shared) as Arc<dyn NetHandler>,
             shared.config.auth.clone(),
-            &shared.transport,
-        )?;
+            Limits::default(),
+        )
+        .map_err(NodeError::io("opening the transport"))?;
+        let transport = mux.endpoint(Arc::clone(&shared) as Arc<dyn NetHandler>);
+        let _ = shared.transport.set(Arc::clone(&transport));
         let addr = transport
             .listen(shared.config.listen)
             .map_err(NodeError::io(format!(
@@ -281,7 +287,12 @@ impl FollowerHost {
             .name("walrelay-host-watch".into())
             .spawn(move || watch(weak))
             .map_err(NodeError::io("starting the host's watchdog"))?;
-        Ok(FollowerHost { shared, addr })
+        Ok(FollowerHost { shared, addr, mux })
+    }
+
+    /// The multiplexer's connections, channels and refusals.
+    pub fn mux(&self) -> MuxSnapshot {
+        self.mux.snapshot()
     }
 
     pub fn addr(&self) -> SocketAddr {

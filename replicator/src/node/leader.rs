@@ -13,6 +13,7 @@ use crate::chain::ChainHash;
 use crate::history::History;
 use crate::ids::{DatabaseId, NodeId};
 use crate::leader::{Leader, LeaderAction, LeaderConfig, LeaderError, LeaderEvent, PeerId};
+use crate::net::mux::Mux;
 use crate::net::{Backend, ClusterKey, ConnId, NetHandler, Transport};
 use crate::record::Encoded;
 use crate::wire::Message;
@@ -50,6 +51,11 @@ pub struct LeaderNodeConfig {
     /// with; None runs this node's connections unauthenticated (anyone who
     /// can reach its ports can read and write the log).
     pub auth: Option<ClusterKey>,
+    /// A multiplexer shared with other leaders of this process: the
+    /// followers are reached over its one connection per follower, each
+    /// database a channel (`backend` and `auth` are then the mux's). None:
+    /// a transport of this leader's own.
+    pub mux: Option<Mux>,
 }
 
 /// Why a write's confirmation did not arrive.
@@ -151,12 +157,19 @@ impl LeaderNode {
             shut: std::sync::atomic::AtomicBool::new(false),
             config,
         });
-        let transport = super::open_transport(
-            state.config.backend,
-            Arc::clone(&state) as Arc<dyn NetHandler>,
-            state.config.auth.clone(),
-            &state.transport,
-        )?;
+        let transport = match &state.config.mux {
+            Some(mux) => {
+                let t = mux.endpoint(Arc::clone(&state) as Arc<dyn NetHandler>);
+                let _ = state.transport.set(Arc::clone(&t));
+                t
+            }
+            None => super::open_transport(
+                state.config.backend,
+                Arc::clone(&state) as Arc<dyn NetHandler>,
+                state.config.auth.clone(),
+                &state.transport,
+            )?,
+        };
         let replica_addr = match state.config.listen {
             Some(addr) => Some(
                 transport
