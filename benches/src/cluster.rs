@@ -44,6 +44,7 @@ pub fn start(dir: &Path, n: usize, key: Option<ClusterKey>) -> BenchCluster {
     let primary = ReplicatedPrimary::start(config).expect("primary");
     let replica = ReplicatedReplica::start(ReplicaConfig {
         store: None,
+        mux: None,
         database: DatabaseId(1),
         path: dir.join("replica.db"),
         leader: primary.replica_addr().expect("listening"),

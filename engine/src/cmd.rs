@@ -665,6 +665,7 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
     let r = Arc::new(
         ReplicatedReplica::start(ReplicaConfig {
             store,
+            mux: None,
             database: DatabaseId(a.database),
             path: database_path(&dir),
             leader,

@@ -185,8 +185,9 @@ fn opener(
     // A database opened where it has no file (adopted in a failover, or
     // its file lost) is rebuilt from cold storage, then the log.
     template.store = store;
-    // Each open database takes its read replicas on a port of its own on
-    // this node's address; replica nodes ask where (`replication`).
+    // Every open database takes its read replicas on the node's one
+    // replication port (the node's mux listens there once, routing by
+    // database); replica nodes ask where (`replication`).
     template.listen = Some(SocketAddr::new(a.http.ip(), 0));
     template.options.readers = options.readers;
     template.options.region = options.region;

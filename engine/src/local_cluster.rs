@@ -193,6 +193,7 @@ impl LocalCluster {
         for (i, region) in config.replica_regions.iter().enumerate() {
             let r = Arc::new(ReplicatedReplica::start(ReplicaConfig {
                 store: store.clone(),
+                mux: None,
                 database: DatabaseId(1),
                 path: dir.join(format!("replica-{i}.db")),
                 leader: primary.replica_addr().ok_or_else(|| {

@@ -493,6 +493,9 @@ pub struct ReplicaConfig {
     /// Cold storage: a replica with no database yet starts from its
     /// newest archived state instead of the beginning of the log.
     pub store: Option<walrelay_archive::Store>,
+    /// A shared multiplexer to subscribe over (a node keeping many
+    /// replicas); None: connections of its own.
+    pub mux: Option<walrelay_replicator::net::mux::Mux>,
 }
 
 /// A read replica streaming from a primary.
@@ -528,6 +531,7 @@ impl ReplicatedReplica {
                 backend: config.backend,
                 auth: config.auth,
                 delay_ms: config.delay_ms,
+                mux: config.mux,
             },
             Arc::new(replica.clone()) as Arc<dyn Applier>,
         )?;

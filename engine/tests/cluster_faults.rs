@@ -217,6 +217,7 @@ fn scenario(net: &str) {
     // A second replica in this process, to read from during the outage.
     let local_replica = ReplicatedReplica::start(ReplicaConfig {
         store: None,
+        mux: None,
         database: walrelay_replicator::DatabaseId(1),
         path: root.path().join("local-replica.db"),
         leader: primary.replica_addr().expect("listening"),

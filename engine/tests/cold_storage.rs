@@ -303,6 +303,7 @@ fn a_new_replica_starts_from_the_newest_archived_state_not_the_first_record() {
         let followers: Vec<_> = c.followers.iter().map(|f| f.addr()).collect();
         let config = |path: &Path, store: Option<Store>| ReplicaConfig {
             store,
+            mux: None,
             database: DatabaseId(1),
             path: path.to_path_buf(),
             leader,

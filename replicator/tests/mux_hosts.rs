@@ -70,7 +70,11 @@ fn host(dir: &Path, backend: Backend, k: Option<ClusterKey>) -> FollowerHost {
 }
 
 fn leader(db: DatabaseId, followers: Vec<SocketAddr>, mux: &Mux) -> LeaderNode {
-    LeaderNode::start(LeaderNodeConfig {
+    LeaderNode::start(leader_config(db, followers, mux)).expect("leader")
+}
+
+fn leader_config(db: DatabaseId, followers: Vec<SocketAddr>, mux: &Mux) -> LeaderNodeConfig {
+    LeaderNodeConfig {
         database: db,
         epoch: Epoch(1),
         node: NodeId(1),
@@ -87,8 +91,7 @@ fn leader(db: DatabaseId, followers: Vec<SocketAddr>, mux: &Mux) -> LeaderNode {
         backend: Backend::Std,
         auth: None,
         mux: Some(mux.clone()),
-    })
-    .expect("leader")
+    }
 }
 
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
@@ -344,5 +347,122 @@ fn a_cut_connection_closes_every_database_channel_on_it_and_they_all_come_back_o
             l.shutdown();
         }
         mux.shutdown();
+    }
+}
+
+/// A replica that only keeps what is visible.
+#[derive(Default)]
+struct Visible {
+    last: std::sync::Mutex<Bookmark>,
+    shown: std::sync::Mutex<Bookmark>,
+    foreign: std::sync::atomic::AtomicU64,
+    database: u64,
+}
+
+impl walrelay_replicator::node::replica::Applier for Visible {
+    fn apply(&self, r: &Encoded) -> Result<(), walrelay_replicator::node::replica::ApplierError> {
+        // Page bytes carry their database (see `records`).
+        if r.record().map(|rec| rec.pages[0].1[8]).ok() != Some(self.database as u8) {
+            self.foreign.fetch_add(1, Ordering::Relaxed);
+        }
+        *self.last.lock().expect("lock") = r.bookmark;
+        Ok(())
+    }
+    fn confirm(&self, b: Bookmark) -> Result<(), walrelay_replicator::node::replica::ApplierError> {
+        *self.shown.lock().expect("lock") = b;
+        Ok(())
+    }
+    fn discard_unconfirmed(&self) -> Result<(), walrelay_replicator::node::replica::ApplierError> {
+        Ok(())
+    }
+    fn confirmed(&self) -> Bookmark {
+        *self.shown.lock().expect("lock")
+    }
+}
+
+#[test]
+fn many_databases_leaders_take_their_replicas_on_one_port_over_one_connection_each_its_own() {
+    use std::sync::Arc;
+    use walrelay_replicator::node::replica::{ReplicaNode, ReplicaNodeConfig};
+    for backend in backends() {
+        let dirs: Vec<_> = (0..5).map(|_| tempfile::tempdir().expect("dir")).collect();
+        let hosts: Vec<FollowerHost> = dirs
+            .iter()
+            .map(|d| host(d.path(), backend, key(7)))
+            .collect();
+        let addrs: Vec<SocketAddr> = hosts.iter().map(|h| h.addr()).collect();
+        // Node A hosts the primaries; node B keeps their replicas.
+        let a = Mux::open(backend, key(7), Limits::default()).expect("mux");
+        let b_mux = Mux::open(backend, key(7), Limits::default()).expect("mux");
+        let n = 6u64;
+        let leaders: Vec<LeaderNode> = (0..n)
+            .map(|d| {
+                let mut c = leader_config(DatabaseId(0x200 + d), addrs.clone(), &a);
+                c.listen = Some("127.0.0.1:0".parse().expect("addr"));
+                LeaderNode::start(c).expect("leader")
+            })
+            .collect();
+        let port = leaders[0].replica_addr().expect("listens");
+        assert!(
+            leaders.iter().all(|l| l.replica_addr() == Some(port)),
+            "{backend:?}: every database's leader takes replicas on the node's one port"
+        );
+        let appliers: Vec<Arc<Visible>> = (0..n)
+            .map(|d| {
+                Arc::new(Visible {
+                    database: 0x200 + d,
+                    ..Visible::default()
+                })
+            })
+            .collect();
+        let replicas: Vec<ReplicaNode> = (0..n)
+            .map(|d| {
+                ReplicaNode::start(
+                    ReplicaNodeConfig {
+                        database: DatabaseId(0x200 + d),
+                        leader: port,
+                        followers: addrs.clone(),
+                        start: Bookmark::ZERO,
+                        redial_interval_ms: 20,
+                        backend,
+                        auth: key(7),
+                        delay_ms: 0,
+                        mux: Some(b_mux.clone()),
+                    },
+                    Arc::clone(&appliers[d as usize]) as _,
+                )
+                .expect("replica")
+            })
+            .collect();
+        for d in 0..n {
+            for r in records(0x200 + d, 1, 20, ChainHash::GENESIS) {
+                leaders[d as usize].commit(r).expect("commit");
+            }
+        }
+        for (d, r) in replicas.iter().enumerate() {
+            assert!(
+                r.wait_confirmed(b(20), Duration::from_secs(20)),
+                "{backend:?}: replica {d} sees its database's records"
+            );
+            assert_eq!(
+                appliers[d].foreign.load(Ordering::Relaxed),
+                0,
+                "only its own"
+            );
+        }
+        let s = b_mux.snapshot();
+        assert_eq!(
+            s.connections, 1,
+            "{backend:?}: the replicas' node holds one connection, to the primaries' node"
+        );
+        assert_eq!(s.channels as u64, n, "a channel per replica");
+        for r in &replicas {
+            r.shutdown();
+        }
+        for l in &leaders {
+            l.shutdown();
+        }
+        a.shutdown();
+        b_mux.shutdown();
     }
 }

@@ -142,6 +142,7 @@ fn three_of_five_reach_the_replica(backend: Backend) {
             backend,
             auth: key(),
             delay_ms: 0,
+            mux: None,
         },
         Arc::clone(&memory) as Arc<dyn Applier>,
     )
@@ -245,6 +246,7 @@ fn peers_behind_the_leaders_tail_catch_up_from_followers_then_stream_skipping_a_
             backend,
             auth: key(),
             delay_ms: 0,
+            mux: None,
         },
         Arc::clone(&memory) as Arc<dyn Applier>,
     )
@@ -440,6 +442,7 @@ fn a_replica_whose_followers_released_its_position_stops_says_so_and_resumes_onc
             backend: Backend::Std,
             auth: key(),
             delay_ms: 0,
+            mux: None,
         },
         Arc::clone(&memory) as Arc<dyn Applier>,
     )

@@ -128,8 +128,8 @@ impl Opener for LocalOpener {
 #[derive(Debug)]
 pub struct ReplicatedOpener {
     /// Everything but the database's id and path. Its `listen`, if set,
-    /// is where each open database takes a port of its own for its read
-    /// replicas (port 0: any free one); its hosts tell replicas which.
+    /// is where the node's mux takes every open database's read replicas
+    /// (port 0: a free one, the same for all); the host tells replicas.
     pub template: crate::replication::PrimaryConfig,
     /// How long a close waits for the last writes to be confirmed.
     pub stop_timeout_ms: u64,

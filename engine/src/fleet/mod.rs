@@ -373,6 +373,20 @@ impl Fleet {
                 "counter",
                 self.stats.replica_reads.load(Relaxed),
             );
+            if let Some(m) = r.mux_snapshot() {
+                line(
+                    "walrelay_fleet_replica_connections",
+                    "Real connections of this node's replicas (one per primary node or follower, shared by every replica).",
+                    "gauge",
+                    m.connections as u64,
+                );
+                line(
+                    "walrelay_fleet_replica_channels",
+                    "Replica subscriptions and catch-ups open now, each a channel.",
+                    "gauge",
+                    m.channels as u64,
+                );
+            }
             line(
                 "walrelay_fleet_replica_leader_moves_total",
                 "Times a replica followed its primary to a new address.",

@@ -5,10 +5,12 @@
 //!
 //! # How a replica finds its primary
 //!
-//! A hosted primary takes read replicas on a port of its own, which
-//! changes each time its host reopens it. The replica node asks the
-//! database's host (the node its routing entry names) where that is, with
-//! the internal `replication` call ([`super::link`]):
+//! A hosted primary takes read replicas on its node's replication port
+//! (one for all its databases, routed by database; it changes when the
+//! node restarts or the database moves). Every replica here subscribes
+//! over one mux: one connection per primary node. The replica node asks
+//! the database's host (the node its routing entry names) where the port
+//! is, with the internal `replication` call ([`super::link`]):
 //!
 //! - when the replica opens (the host opens the database if it was idle,
 //!   so the replica can catch up at once);
@@ -48,6 +50,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 use walrelay_replicator::net::Backend;
+use walrelay_replicator::net::mux::{Limits, Mux};
 use walrelay_replicator::{ClusterKey, DatabaseId};
 
 /// How often a replica without a leader asks where its primary is.
@@ -147,6 +150,9 @@ pub struct ReplicaHost {
     open: Mutex<HashMap<DatabaseId, Arc<FleetReplica>>>,
     /// Serialises opening (one replica's files are opened once).
     opening: Mutex<()>,
+    /// Every replica subscribes over it: one connection per primary node
+    /// (and per follower), each replica a channel. Made at the first open.
+    mux: std::sync::OnceLock<Mux>,
     pub stats: ReplicaHostStats,
 }
 
@@ -168,8 +174,28 @@ impl ReplicaHost {
             max_open,
             open: Mutex::new(HashMap::new()),
             opening: Mutex::new(()),
+            mux: std::sync::OnceLock::new(),
             stats: ReplicaHostStats::default(),
         })
+    }
+
+    /// The replicas' multiplexer, made at the first call.
+    fn mux(&self) -> Result<Mux, ReplicaHostError> {
+        if let Some(m) = self.mux.get() {
+            return Ok(m.clone());
+        }
+        let made = Mux::open(
+            self.config.backend,
+            self.config.auth.clone(),
+            Limits::default(),
+        )?;
+        // Opens are serialised (`opening`): nothing raced this one.
+        Ok(self.mux.get_or_init(|| made).clone())
+    }
+
+    /// The replicas' connections and channels (None before the first).
+    pub fn mux_snapshot(&self) -> Option<walrelay_replicator::net::mux::MuxSnapshot> {
+        self.mux.get().map(Mux::snapshot)
     }
 
     pub fn region(&self) -> &str {
@@ -227,6 +253,7 @@ impl ReplicaHost {
                     id,
                     reason: "its host did not open it".into(),
                 })?;
+        let mux = self.mux()?;
         let replicated = ReplicatedReplica::start(ReplicaConfig {
             database: id,
             path: self.path(id),
@@ -242,6 +269,7 @@ impl ReplicaHost {
             },
             delay_ms: 0,
             store: self.config.store.clone(),
+            mux: Some(mux),
         })
         .map_err(|e| ReplicaHostError::Start {
             id,
@@ -403,6 +431,9 @@ impl ReplicaHost {
         let ids: Vec<DatabaseId> = self.open.lock().keys().copied().collect();
         for id in ids {
             self.close(id, false);
+        }
+        if let Some(m) = self.mux.get() {
+            m.shutdown();
         }
     }
 }

@@ -159,7 +159,12 @@ impl LeaderNode {
         });
         let transport = match &state.config.mux {
             Some(mux) => {
-                let t = mux.endpoint(Arc::clone(&state) as Arc<dyn NetHandler>);
+                // Its replicas reach it on the mux's one port, by database.
+                let handler = Arc::clone(&state) as Arc<dyn NetHandler>;
+                let t = match state.config.listen {
+                    Some(_) => mux.database_endpoint(handler, state.config.database),
+                    None => mux.endpoint(handler),
+                };
                 let _ = state.transport.set(Arc::clone(&t));
                 t
             }

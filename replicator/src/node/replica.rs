@@ -100,6 +100,10 @@ pub struct ReplicaNodeConfig {
     /// Injected replication delay: every message is held this long before
     /// it is acted on (tests of session consistency under lag). 0: none.
     pub delay_ms: u64,
+    /// Subscribe over a shared multiplexer (a node keeping many replicas:
+    /// one connection per peer node, each replica a channel; `backend`
+    /// and `auth` are then the mux's). None: connections of its own.
+    pub mux: Option<crate::net::mux::Mux>,
 }
 
 /// A leader connection silent this long is closed (see `leader_seen`).
@@ -188,12 +192,20 @@ impl ReplicaNode {
             leader_seen: Mutex::new(None),
             config,
         });
-        super::open_transport(
-            state.config.backend,
-            Arc::clone(&state) as Arc<dyn NetHandler>,
-            state.config.auth.clone(),
-            &state.transport,
-        )?;
+        match &state.config.mux {
+            Some(mux) => {
+                let t = mux.endpoint(Arc::clone(&state) as Arc<dyn NetHandler>);
+                let _ = state.transport.set(t);
+            }
+            None => {
+                super::open_transport(
+                    state.config.backend,
+                    Arc::clone(&state) as Arc<dyn NetHandler>,
+                    state.config.auth.clone(),
+                    &state.transport,
+                )?;
+            }
+        }
         state.dial();
         let weak = Arc::downgrade(&state);
         std::thread::Builder::new()

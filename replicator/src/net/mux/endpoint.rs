@@ -12,6 +12,8 @@ use std::sync::atomic::Ordering;
 pub(super) struct Endpoint {
     pub(super) inner: Arc<Inner>,
     pub(super) id: EndpointId,
+    /// Accepts this database's channels only ([`super::Mux::database_endpoint`]).
+    pub(super) database: Option<crate::ids::DatabaseId>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -38,6 +40,22 @@ impl Endpoint {
 
 impl Transport for Endpoint {
     fn listen(&self, addr: SocketAddr) -> io::Result<SocketAddr> {
+        if let Some(database) = self.database {
+            let mut st = self.inner.state.lock();
+            if st.shut || !st.endpoints.contains_key(&self.id) {
+                return Err(io::Error::other("the mux endpoint was shut down"));
+            }
+            let at = match st.listening {
+                Some(at) => at,
+                None => {
+                    let at = self.inner.transport().listen(addr)?;
+                    st.listening = Some(at);
+                    at
+                }
+            };
+            st.db_acceptors.insert(database, self.id);
+            return Ok(at);
+        }
         {
             let mut st = self.inner.state.lock();
             if st.shut || !st.endpoints.contains_key(&self.id) {
@@ -226,6 +244,11 @@ impl Transport for Endpoint {
         };
         if st.acceptor == Some(self.id) {
             st.acceptor = None;
+        }
+        if let Some(d) = self.database
+            && st.db_acceptors.get(&d) == Some(&self.id)
+        {
+            st.db_acceptors.remove(&d);
         }
         st.pending_done.remove(&self.id);
         for peer in st.peers.values_mut() {

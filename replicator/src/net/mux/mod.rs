@@ -17,6 +17,11 @@
 //!   `accepted` virtual connection. A connection whose first frame is not a
 //!   channel frame is an older, unmultiplexed peer: it is served as one
 //!   virtual connection of its own, passed through as is.
+//! - [`Mux::database_endpoint`]: an endpoint that accepts only the
+//!   channels of one database, on the mux's one listening port (a fleet
+//!   node's hosted leaders each take their replicas there); a channel (or
+//!   an unmultiplexed connection) whose handshake names a database with
+//!   such an endpoint goes to it, any other to the acceptor.
 //! - `shutdown` of an endpoint closes only its channels; [`Mux::shutdown`]
 //!   stops everything.
 //!
@@ -230,6 +235,11 @@ struct State {
     endpoints: HashMap<EndpointId, Arc<dyn NetHandler>>,
     next_endpoint: EndpointId,
     acceptor: Option<EndpointId>,
+    /// Endpoints that accept the channels of one database each (a node's
+    /// hosted leaders taking their replicas), before the acceptor.
+    db_acceptors: HashMap<DatabaseId, EndpointId>,
+    /// Where the real transport listens, once it does.
+    listening: Option<SocketAddr>,
     peers: HashMap<SocketAddr, Peer>,
     /// Real dials under way, by their tag.
     dials: HashMap<u64, SocketAddr>,
@@ -299,6 +309,28 @@ impl Mux {
     /// A transport whose connections are channels of this mux, reporting
     /// to `handler`.
     pub fn endpoint(&self, handler: Arc<dyn NetHandler>) -> Arc<dyn Transport> {
+        self.make_endpoint(handler, None)
+    }
+
+    /// An endpoint that accepts the channels (and unmultiplexed
+    /// connections) whose handshake names `database`: its `listen` makes
+    /// the mux listen (once, on the first such address; later calls return
+    /// where it listens) and registers it for that database only, so many
+    /// databases' leaders take their replicas on one port. A second
+    /// endpoint for the same database replaces the first.
+    pub fn database_endpoint(
+        &self,
+        handler: Arc<dyn NetHandler>,
+        database: DatabaseId,
+    ) -> Arc<dyn Transport> {
+        self.make_endpoint(handler, Some(database))
+    }
+
+    fn make_endpoint(
+        &self,
+        handler: Arc<dyn NetHandler>,
+        database: Option<DatabaseId>,
+    ) -> Arc<dyn Transport> {
         let id = {
             let mut st = self.inner.state.lock();
             let id = st.next_endpoint;
@@ -311,6 +343,7 @@ impl Mux {
         Arc::new(endpoint::Endpoint {
             inner: Arc::clone(&self.inner),
             id,
+            database,
         })
     }
 

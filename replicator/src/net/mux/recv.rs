@@ -287,7 +287,12 @@ impl Inner {
         message: Message,
         events: &mut Vec<Event>,
     ) -> Option<Delivery> {
-        let acceptor = st.acceptor;
+        // A database's own acceptor takes it when its handshake names one.
+        let acceptor = match &message {
+            Message::Handshake { database, .. } => st.db_acceptors.get(database).copied(),
+            _ => None,
+        }
+        .or(st.acceptor);
         let conn = st.conns.get_mut(&real)?;
         let Kind::Accepted { from, mode } = &mut conn.kind else {
             return None;
@@ -340,7 +345,7 @@ impl Inner {
             database,
             op,
         } = frame;
-        let acceptor = st.acceptor;
+        let acceptor = st.db_acceptors.get(&database).copied().or(st.acceptor);
         let conn = st.conns.get_mut(&real)?;
         let dialed = matches!(conn.kind, Kind::Dialed(_));
         if let MuxOp::Open = op {
