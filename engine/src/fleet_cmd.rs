@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use walrelay_engine::fleet::catalog::{Catalog, CatalogReads, PgCatalog, SqliteCatalog};
-use walrelay_engine::fleet::control::{ControlConfig, ControlPlane, HostApi, HostNode};
+use walrelay_engine::fleet::control::{
+    ControlConfig, ControlPlane, HostApi, HostNode, LimitsService,
+};
 use walrelay_engine::fleet::host::{Host, HostConfig, LocalOpener, ReplicatedOpener};
 use walrelay_engine::fleet::link::{HttpHostApi, Internal, InternalAuth};
 use walrelay_engine::fleet::replica_host::{ReplicaHost, ReplicaHostConfig};
@@ -141,6 +143,11 @@ pub struct NodeArgs {
     /// With --control-plane: how often every host node is probed.
     #[arg(long, default_value_t = 1_000)]
     pub probe_ms: u64,
+    /// With --control-plane: the queue databases' size changes ride to
+    /// the catalog: `local` (a file in DIR/limits) or an existing Redis
+    /// broker (`redis://host:port/`, a stream and a consumer group).
+    #[arg(long, default_value = "local")]
+    pub size_queue: String,
 }
 
 fn host_node(
@@ -278,15 +285,22 @@ pub fn node(a: NodeArgs) -> Result<()> {
             .iter()
             .map(|s| host_node(s, &self_url, &local, &internal))
             .collect();
-        Some(Arc::new(ControlPlane::new(
-            catalog,
-            hosts,
-            ControlConfig {
-                failover_after_ms: a.failover_after_ms,
-                probe_ms: a.probe_ms,
-                ..ControlConfig::default()
-            },
-        )))
+        // The limit pipeline (sizes through the queue into the catalog,
+        // usage into the analytics table, the limiter's keys).
+        let limits = LimitsService::open_with(&a.dir.join("limits"), &a.size_queue)
+            .context("opening the limits' queue and analytics")?;
+        Some(Arc::new(
+            ControlPlane::new(
+                catalog,
+                hosts,
+                ControlConfig {
+                    failover_after_ms: a.failover_after_ms,
+                    probe_ms: a.probe_ms,
+                    ..ControlConfig::default()
+                },
+            )
+            .with_limits(limits),
+        ))
     } else {
         None
     };

@@ -181,3 +181,76 @@ fn a_free_account_over_its_daily_rows_is_refused_until_the_end_of_the_day_and_a_
     }
     assert_eq!(fx.node.reads.on_query_path(), 0);
 }
+
+/// What every size queue does: oldest first, bounded batches, nothing
+/// handed out twice once acknowledged.
+fn queue_contract(q: &dyn walrelay_engine::fleet::size_queue::SizeQueue) {
+    use walrelay_engine::fleet::limits::SizeReport;
+    let r = |i: u64| SizeReport {
+        uuid: format!("00000000-0000-4000-8000-{i:012}"),
+        account: "acct".into(),
+        size_bytes: i * 4096,
+    };
+    assert!(q.is_empty().unwrap());
+    assert_eq!(q.push(&(1..=5).map(r).collect::<Vec<_>>()).unwrap(), 5);
+    assert_eq!(q.len().unwrap(), 5);
+    let first = q.take(2).unwrap();
+    assert_eq!(first.reports, vec![r(1), r(2)], "oldest first");
+    q.ack(&first).unwrap();
+    let rest = q.take(10).unwrap();
+    assert_eq!(rest.reports, vec![r(3), r(4), r(5)]);
+    q.ack(&rest).unwrap();
+    assert!(q.take(10).unwrap().reports.is_empty(), "nothing twice");
+    assert!(q.is_empty().unwrap());
+}
+
+#[test]
+fn the_local_size_queue_keeps_the_queue_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let q =
+        walrelay_engine::fleet::size_queue::LocalSizeQueue::open(&dir.path().join("q.db")).unwrap();
+    queue_contract(&q);
+}
+
+#[test]
+fn a_redis_broker_size_queue_keeps_the_contract_and_redelivers_what_a_crash_left_unacknowledged() {
+    use walrelay_engine::fleet::size_queue::{RedisSizeQueue, SizeQueue};
+    let Some(redis) = common::redis::RedisServer::start() else {
+        return;
+    };
+    let q = RedisSizeQueue::open(&redis.url, "test:sizes").unwrap();
+    queue_contract(&q);
+    // Taken, then the control plane dies before the catalog has them: the
+    // next one (same stream, same group) takes them again.
+    let report = walrelay_engine::fleet::limits::SizeReport {
+        uuid: "00000000-0000-4000-8000-000000000009".into(),
+        account: "acct".into(),
+        size_bytes: 9,
+    };
+    q.push(std::slice::from_ref(&report)).unwrap();
+    assert_eq!(q.take(10).unwrap().reports, vec![report.clone()]);
+    drop(q);
+    let again = RedisSizeQueue::open(&redis.url, "test:sizes").unwrap();
+    let taken = again.take(10).unwrap();
+    assert_eq!(taken.reports, vec![report], "redelivered after the crash");
+    again.ack(&taken).unwrap();
+    assert!(again.take(10).unwrap().reports.is_empty());
+    // A foreign entry that does not parse is dropped, not wedged on.
+    let mut c = redis::Client::open(redis.url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg("test:sizes")
+        .arg("*")
+        .arg("garbage")
+        .arg("1")
+        .query(&mut c)
+        .unwrap();
+    assert!(again.take(10).unwrap().reports.is_empty());
+    assert!(again.is_empty().unwrap());
+    // The broker gone: a typed error, not a hang.
+    drop(redis);
+    assert!(again.push(&[]).is_ok(), "nothing to send");
+    assert!(again.len().is_err());
+}

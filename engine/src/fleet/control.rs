@@ -140,7 +140,7 @@ struct AccountFacts {
 /// table and the limit cache ([`super::limits`]).
 #[derive(Debug)]
 pub struct LimitsService {
-    pub queue: super::limits::SizeQueue,
+    pub queue: Box<dyn super::size_queue::SizeQueue>,
     pub analytics: super::limits::Analytics,
     pub keys: super::limits::LimitKeys,
     /// Consumer threads writing sizes to the catalog (capped, so a spike
@@ -155,13 +155,23 @@ pub struct LimitsService {
 }
 
 impl LimitsService {
-    /// Opens the queue and analytics files in `dir`.
+    /// Opens the local queue and the analytics file in `dir`.
     pub fn open(dir: &std::path::Path) -> Result<LimitsService, super::limits::LimitsError> {
+        LimitsService::open_with(dir, "local")
+    }
+
+    /// Opens the queue `size_queue` names (`local`: a file in `dir`; or a
+    /// `redis://` broker, [`super::size_queue::open`]) and the analytics
+    /// file in `dir`.
+    pub fn open_with(
+        dir: &std::path::Path,
+        size_queue: &str,
+    ) -> Result<LimitsService, super::limits::LimitsError> {
         std::fs::create_dir_all(dir).map_err(|e| {
             super::limits::LimitsError::Malformed(format!("{}: {e}", dir.display()))
         })?;
         Ok(LimitsService {
-            queue: super::limits::SizeQueue::open(&dir.join("size-queue.db"))?,
+            queue: super::size_queue::open(size_queue, &dir.join("size-queue.db"))?,
             analytics: super::limits::Analytics::open(&dir.join("analytics.db"))?,
             keys: super::limits::LimitKeys::default(),
             consumers: 2,
@@ -268,7 +278,7 @@ impl ControlPlane {
                     .spawn(move || {
                         while !stop.load(Relaxed) {
                             match super::limits::consume(
-                                &l.queue,
+                                l.queue.as_ref(),
                                 cp.catalog.as_ref(),
                                 l.consumer_batch,
                             ) {

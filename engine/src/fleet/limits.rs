@@ -2,8 +2,9 @@
 //!
 //! Storage: each host node collects its open databases' sizes and, once a
 //! tick, sends the changed ones to the control plane, which appends them
-//! to a durable queue ([`SizeQueue`], a SQLite file standing in for D1's
-//! Kafka-like queue). At most `consumers` consumer threads take batches
+//! to a durable queue ([`SizeQueue`]: a local SQLite file by default, or
+//! a stream on an existing Redis broker, standing in for D1's Kafka-like
+//! queue). At most `consumers` consumer threads take batches
 //! from it and write each database's latest size to the catalog; the
 //! catalog's trigger turns each change into a delta row, and a job folds
 //! the deltas into per-account totals once a second
@@ -26,6 +27,7 @@
 
 use super::catalog::{AccountLimits, Catalog, CatalogError, Plan, now_ms};
 use super::names::{AccountId, DatabaseUuid};
+pub use super::size_queue::{LocalSizeQueue, MAX_QUEUE_ENTRIES, SizeQueue, Taken};
 use parking_lot::Mutex;
 use rusqlite::{Connection, params};
 use std::collections::HashMap;
@@ -76,11 +78,13 @@ pub enum LimitsError {
     Storage(#[from] rusqlite::Error),
     #[error("a malformed queue entry: {0}")]
     Malformed(String),
+    #[error("the size queue's broker: {0}")]
+    Broker(#[from] redis::RedisError),
     #[error(transparent)]
     Catalog(#[from] CatalogError),
 }
 
-fn open_sqlite(path: &Path, schema: &str) -> Result<Connection, LimitsError> {
+pub(super) fn open_sqlite(path: &Path, schema: &str) -> Result<Connection, LimitsError> {
     let conn = Connection::open(path)?;
     conn.execute_batch(&format!(
         "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; {schema}"
@@ -88,96 +92,19 @@ fn open_sqlite(path: &Path, schema: &str) -> Result<Connection, LimitsError> {
     Ok(conn)
 }
 
-/// Most entries the queue holds; past it new reports are dropped (sizes
-/// are sent again on their next change, and a stale size is acceptable).
-pub const MAX_QUEUE_ENTRIES: u64 = 1_000_000;
-
-/// The durable size queue: appended by reports, taken by consumers.
-#[derive(Debug)]
-pub struct SizeQueue {
-    conn: Mutex<Connection>,
-}
-
-impl SizeQueue {
-    pub fn open(path: &Path) -> Result<SizeQueue, LimitsError> {
-        Ok(SizeQueue {
-            conn: Mutex::new(open_sqlite(
-                path,
-                "CREATE TABLE IF NOT EXISTS sizes(id INTEGER PRIMARY KEY, uuid TEXT NOT NULL,
-                    account TEXT NOT NULL, size_bytes INTEGER NOT NULL);",
-            )?),
-        })
-    }
-
-    /// Appends reports durably; returns how many were taken.
-    pub fn push(&self, reports: &[SizeReport]) -> Result<usize, LimitsError> {
-        let mut conn = self.conn.lock();
-        let held: i64 = conn.query_row("SELECT count(*) FROM sizes", [], |r| r.get(0))?;
-        let held = held.max(0) as u64;
-        let room = MAX_QUEUE_ENTRIES.saturating_sub(held) as usize;
-        let tx = conn.transaction()?;
-        for r in reports.iter().take(room) {
-            tx.execute(
-                "INSERT INTO sizes(uuid, account, size_bytes) VALUES (?1, ?2, ?3)",
-                params![r.uuid, r.account, r.size_bytes.min(i64::MAX as u64) as i64],
-            )?;
-        }
-        tx.commit()?;
-        if reports.len() > room {
-            tracing::warn!(dropped = reports.len() - room, "the size queue is full");
-        }
-        Ok(reports.len().min(room))
-    }
-
-    /// Takes up to `max` entries (the oldest), removing them: a consumer
-    /// that fails to write them loses nothing that matters, as every size
-    /// is sent again when it changes and the newest wins.
-    pub fn take(&self, max: usize) -> Result<Vec<SizeReport>, LimitsError> {
-        let mut conn = self.conn.lock();
-        let tx = conn.transaction()?;
-        let rows: Vec<(i64, String, String, i64)> = {
-            let mut stmt =
-                tx.prepare("SELECT id, uuid, account, size_bytes FROM sizes ORDER BY id LIMIT ?1")?;
-            stmt.query_map([max as i64], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-            })?
-            .collect::<Result<_, _>>()?
-        };
-        if let Some(last) = rows.last() {
-            tx.execute("DELETE FROM sizes WHERE id <= ?1", [last.0])?;
-        }
-        tx.commit()?;
-        Ok(rows
-            .into_iter()
-            .map(|(_, uuid, account, size)| SizeReport {
-                uuid,
-                account,
-                size_bytes: size.max(0) as u64,
-            })
-            .collect())
-    }
-
-    pub fn len(&self) -> Result<u64, LimitsError> {
-        let n: i64 = self
-            .conn
-            .lock()
-            .query_row("SELECT count(*) FROM sizes", [], |r| r.get(0))?;
-        Ok(n.max(0) as u64)
-    }
-
-    pub fn is_empty(&self) -> Result<bool, LimitsError> {
-        Ok(self.len()? == 0)
-    }
-}
-
 /// Writes one consumer batch to the catalog: each database's latest size.
-pub fn consume(queue: &SizeQueue, catalog: &dyn Catalog, max: usize) -> Result<usize, LimitsError> {
-    let batch = queue.take(max)?;
+pub fn consume(
+    queue: &dyn SizeQueue,
+    catalog: &dyn Catalog,
+    max: usize,
+) -> Result<usize, LimitsError> {
+    let taken = queue.take(max)?;
+    let batch = &taken.reports;
     if batch.is_empty() {
         return Ok(0);
     }
     let mut latest: HashMap<DatabaseUuid, (AccountId, u64)> = HashMap::new();
-    for r in &batch {
+    for r in batch {
         let (Ok(uuid), Ok(account)) = (r.uuid.parse::<DatabaseUuid>(), AccountId::new(&r.account))
         else {
             tracing::warn!(uuid = %r.uuid, "dropping a malformed size report");
@@ -188,6 +115,9 @@ pub fn consume(queue: &SizeQueue, catalog: &dyn Catalog, max: usize) -> Result<u
     let sizes: Vec<(DatabaseUuid, AccountId, u64)> =
         latest.into_iter().map(|(u, (a, s))| (u, a, s)).collect();
     catalog.write_sizes(&sizes)?;
+    // Only once the catalog has them: a consumer that dies before this
+    // leaves them to be taken again (where the queue keeps them).
+    queue.ack(&taken)?;
     Ok(batch.len())
 }
 

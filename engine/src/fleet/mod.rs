@@ -37,6 +37,7 @@ pub mod metering;
 pub mod names;
 pub mod replica_host;
 pub mod routes;
+pub mod size_queue;
 
 use control::{ControlError, ControlPlane, HostApi};
 use host::{Host, HostError, OpenDb};

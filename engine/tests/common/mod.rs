@@ -9,6 +9,7 @@ pub mod fleet;
 pub mod http_kit;
 pub mod pg;
 pub mod procs;
+pub mod redis;
 pub mod up;
 
 #[allow(unused_imports)] // not every test binary runs processes
