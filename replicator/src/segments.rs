@@ -129,7 +129,7 @@ fn uring_forbidden() -> bool {
     std::env::var_os("WALRELAY_NO_URING").is_some_and(|v| !v.is_empty() && v != "0")
 }
 
-enum Io {
+pub(crate) enum Io {
     Std,
     #[cfg(target_os = "linux")]
     Uring(Box<parking_lot::Mutex<uring::SyncRing>>),
@@ -142,7 +142,7 @@ impl std::fmt::Debug for Io {
 }
 
 impl Io {
-    fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Io::Std => "std",
             #[cfg(target_os = "linux")]
@@ -150,7 +150,7 @@ impl Io {
         }
     }
 
-    fn choose(backend: IoBackend) -> Io {
+    pub(crate) fn choose(backend: IoBackend) -> Io {
         if backend == IoBackend::Std || uring_forbidden() {
             return Io::Std;
         }
@@ -628,6 +628,26 @@ pub struct ReadPlan {
 }
 
 impl ReadPlan {
+    /// A plan over segment files `<dir>/<index:016x>.seg` another log
+    /// keeps (the shared log's): per record its bookmark, chain, segment,
+    /// offset and length.
+    pub(crate) fn from_parts(
+        dir: PathBuf,
+        parts: impl IntoIterator<Item = (Bookmark, ChainHash, u64, u64, u64)>,
+    ) -> ReadPlan {
+        let entries = parts
+            .into_iter()
+            .map(|(bookmark, chain, segment, offset, len)| Entry {
+                bookmark,
+                chain,
+                segment,
+                offset,
+                len,
+            })
+            .collect();
+        ReadPlan { dir, entries }
+    }
+
     /// How many records the plan reads.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -661,7 +681,19 @@ impl ReadPlan {
     /// made after the log's lock was released. [`SegmentError::Moved`]
     /// otherwise.
     pub fn read_checked(&self) -> Result<Vec<Bytes>, SegmentError> {
-        let out = self.read()?;
+        let out = match self.read() {
+            Ok(out) => out,
+            // Its segment was released or compacted away meanwhile.
+            Err(SegmentError::Io { source, .. })
+                if source.kind() == io::ErrorKind::NotFound
+                    || source.kind() == io::ErrorKind::UnexpectedEof =>
+            {
+                return Err(SegmentError::Moved {
+                    bookmark: self.entries.first().map_or(Bookmark::ZERO, |e| e.bookmark),
+                });
+            }
+            Err(e) => return Err(e),
+        };
         for (bytes, e) in out.iter().zip(&self.entries) {
             match Encoded::decode(bytes) {
                 Ok((r, used))

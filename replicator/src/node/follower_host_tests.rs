@@ -11,9 +11,14 @@ use crate::record::{Encoded, Record};
 use bytes::Bytes;
 
 fn host(dir: &Path, storage: IoBackend) -> FollowerHost {
+    host_with(dir, storage, false)
+}
+
+fn host_with(dir: &Path, storage: IoBackend, per_database_logs: bool) -> FollowerHost {
     let mut config = FollowerHostConfig::new("127.0.0.1:0".parse().expect("addr"), dir.into());
     config.storage = storage;
     config.backend = Backend::Std;
+    config.per_database_logs = per_database_logs;
     FollowerHost::start(config).expect("host")
 }
 
@@ -44,10 +49,10 @@ fn first_record(fill: u8) -> Encoded {
     .expect("record")
 }
 
-fn group_commit(storage: IoBackend) {
+fn group_commit(storage: IoBackend, per_database_logs: bool) {
     const N: u64 = 8;
     let dir = tempfile::tempdir().expect("dir");
-    let host = host(dir.path(), storage);
+    let host = host_with(dir.path(), storage, per_database_logs);
     let h = &host.shared;
     for i in 0..N {
         h.message(1000 + i, claim(DatabaseId(i + 1)));
@@ -72,11 +77,19 @@ fn group_commit(storage: IoBackend) {
     }
     h.drains_done();
     assert_eq!(h.stats.sync_rounds.load(Ordering::Relaxed) - before, 1);
-    assert_eq!(h.stats.fdatasyncs.load(Ordering::Relaxed) - fsyncs, N);
+    let fdatasyncs = h.stats.fdatasyncs.load(Ordering::Relaxed) - fsyncs;
     let submitted = h.stats.sync_submissions.load(Ordering::Relaxed) - submissions;
-    if host.storage_backend() == "io_uring" {
+    if !per_database_logs {
+        assert_eq!(
+            fdatasyncs, 1,
+            "one fdatasync of the shared log for every database"
+        );
+        assert_eq!(submitted, 1);
+    } else if host.storage_backend() == "io_uring" {
+        assert_eq!(fdatasyncs, N);
         assert_eq!(submitted, 1, "every database's fdatasync in one submission");
     } else {
+        assert_eq!(fdatasyncs, N);
         assert_eq!(submitted, N, "the std backend loops");
     }
     for i in 0..N {
@@ -89,13 +102,23 @@ fn group_commit(storage: IoBackend) {
 }
 
 #[test]
-fn records_of_many_databases_in_one_drain_cost_one_sync_round() {
-    group_commit(IoBackend::Auto);
+fn records_of_many_databases_in_one_drain_cost_one_fdatasync_of_the_shared_log() {
+    group_commit(IoBackend::Auto, false);
 }
 
 #[test]
-fn records_of_many_databases_in_one_drain_cost_one_sync_round_on_std_storage() {
-    group_commit(IoBackend::Std);
+fn records_of_many_databases_in_one_drain_cost_one_fdatasync_of_the_shared_log_on_std_storage() {
+    group_commit(IoBackend::Std, false);
+}
+
+#[test]
+fn with_per_database_logs_records_of_many_databases_in_one_drain_cost_one_sync_round() {
+    group_commit(IoBackend::Auto, true);
+}
+
+#[test]
+fn with_per_database_logs_one_sync_round_on_std_storage() {
+    group_commit(IoBackend::Std, true);
 }
 
 #[test]

@@ -1,0 +1,323 @@
+//! Opening the shared log: every kept segment is scanned (each entry's
+//! CRC checked; a record's own CRC and chain too), a torn or damaged tail
+//! of a segment is cut (zeroed, synced), what a poison marker says was
+//! never known durable is cut, and the per-database indexes are rebuilt by
+//! replaying each database's entries in lsn order (see "Order" in the
+//! parent module).
+
+use super::format::{self, Base, FrameError, Kind};
+use super::index::{DbIndex, Loc, RecEntry};
+use super::{Active, Inner, SegInfo, SharedLog, SharedLogConfig, io_at, poison, segment_path};
+use crate::bookmark::Bookmark;
+use crate::chain::ChainHash;
+use crate::ids::DatabaseId;
+use crate::record::Encoded;
+use crate::segments::{Io, SegmentError};
+use bytes::Bytes;
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+/// What opening the shared log found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SharedRecovery {
+    pub segments: usize,
+    /// Entries that decoded.
+    pub entries: usize,
+    pub databases: usize,
+    /// Records the indexes hold.
+    pub records: usize,
+    /// Bytes of torn or damaged tails cut (zeroed).
+    pub cut_bytes: u64,
+    /// Entries found twice (an interrupted compaction): counted once.
+    pub duplicates: usize,
+    /// Records that did not chain onto their database's log (after
+    /// damage or a cut): dropped, to be fetched again from peers.
+    pub unchained: usize,
+    /// Segments removed past a poison marker's position.
+    pub segments_removed: usize,
+}
+
+/// What an entry said, parsed while its segment was in memory.
+enum What {
+    Record {
+        bookmark: Bookmark,
+        previous: Bookmark,
+        prev_chain: ChainHash,
+        chain: ChainHash,
+    },
+    Cut(Bookmark),
+    Base(Base, bool),
+}
+
+struct Scanned {
+    db: DatabaseId,
+    loc: Loc,
+    what: What,
+}
+
+fn parse(kind: Kind, payload: Bytes) -> Result<What, FrameError> {
+    Ok(match kind {
+        Kind::Record => match Encoded::decode(&payload) {
+            Ok((r, used)) if used == payload.len() => What::Record {
+                bookmark: r.bookmark,
+                previous: r.previous,
+                prev_chain: r.prev_chain,
+                chain: r.chain,
+            },
+            _ => {
+                return Err(FrameError::Damaged(
+                    "a record entry holding no whole record",
+                ));
+            }
+        },
+        Kind::Cut => What::Cut(format::decode_cut(&payload)?),
+        Kind::Release => What::Base(format::decode_base(&payload)?, false),
+        Kind::Reset => What::Base(format::decode_base(&payload)?, true),
+    })
+}
+
+/// Scans one segment's bytes up to `limit`: the entries, and where the
+/// valid ones end.
+fn scan(index: u64, data: &Bytes, limit: usize, out: &mut Vec<Scanned>) -> (usize, u64) {
+    let mut at = 0usize;
+    let mut controls = 0u64;
+    while at < limit {
+        let frame = match format::decode(&data[at..limit]) {
+            Ok(f) => f,
+            Err(FrameError::End) => break,
+            Err(FrameError::Damaged(why)) => {
+                tracing::warn!(
+                    segment = index,
+                    offset = at,
+                    why,
+                    "shared log: a damaged entry ends the segment"
+                );
+                break;
+            }
+        };
+        let payload = data.slice(at + format::HEADER_BYTES..at + frame.len - format::CRC_BYTES);
+        let what = match parse(frame.kind, payload) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(segment = index, offset = at, error = %e, "shared log: a damaged entry ends the segment");
+                break;
+            }
+        };
+        if frame.kind != Kind::Record {
+            controls += 1;
+        }
+        out.push(Scanned {
+            db: frame.database,
+            loc: Loc {
+                segment: index,
+                offset: at as u64,
+                len: frame.len as u64,
+                lsn: frame.lsn,
+            },
+            what,
+        });
+        at += frame.len;
+    }
+    (at, controls)
+}
+
+/// Replays every database's entries in lsn order into its index.
+fn replay(mut scanned: Vec<Scanned>, rec: &mut SharedRecovery) -> HashMap<DatabaseId, DbIndex> {
+    // A copy and its original (same database and lsn): the newest
+    // position is kept.
+    scanned.sort_by(|a, b| {
+        (a.db, a.loc.lsn)
+            .cmp(&(b.db, b.loc.lsn))
+            .then((b.loc.segment, b.loc.offset).cmp(&(a.loc.segment, a.loc.offset)))
+    });
+    let before = scanned.len();
+    scanned.dedup_by_key(|s| (s.db, s.loc.lsn));
+    rec.duplicates = before - scanned.len();
+    let mut dbs: HashMap<DatabaseId, DbIndex> = HashMap::new();
+    for s in scanned {
+        let idx = dbs.entry(s.db).or_default();
+        match s.what {
+            What::Record {
+                bookmark,
+                previous,
+                prev_chain,
+                chain,
+            } => {
+                if bookmark > idx.last() && idx.follows(previous, prev_chain) {
+                    idx.push(RecEntry {
+                        bookmark,
+                        chain,
+                        loc: s.loc,
+                    });
+                } else {
+                    rec.unchained += 1;
+                    tracing::warn!(database = %s.db, record = %bookmark, last = %idx.last(), "shared log: a record that does not chain onto its database's log is dropped");
+                }
+            }
+            What::Cut(keep) => {
+                let keep = keep.max(idx.base);
+                idx.cut_after(keep);
+            }
+            What::Base(base, reset) => {
+                idx.rebase(base, s.loc, reset);
+            }
+        }
+    }
+    for idx in dbs.values_mut() {
+        idx.durable = idx.last();
+    }
+    dbs
+}
+
+impl SharedLog {
+    /// Opens (creating) the shared log in `dir`, recovering it.
+    pub fn open(
+        dir: &Path,
+        config: SharedLogConfig,
+    ) -> Result<(Arc<SharedLog>, SharedRecovery), SegmentError> {
+        std::fs::create_dir_all(dir).map_err(io_at(dir))?;
+        let mut indexes = Vec::new();
+        for e in std::fs::read_dir(dir).map_err(io_at(dir))?.flatten() {
+            let Ok(name) = e.file_name().into_string() else {
+                continue;
+            };
+            if name.ends_with(".seg.tmp") {
+                // A roll a crash interrupted: never renamed, never used.
+                let _ = std::fs::remove_file(e.path());
+            } else if let Some(i) = name
+                .strip_suffix(".seg")
+                .and_then(|h| u64::from_str_radix(h, 16).ok())
+            {
+                indexes.push(i);
+            }
+        }
+        indexes.sort_unstable();
+        let poisoned = poison::load(dir)?;
+        let mut rec = SharedRecovery::default();
+        let mut segments = BTreeMap::new();
+        let mut scanned = Vec::new();
+        let mut end = None;
+        for index in indexes {
+            let path = segment_path(dir, index);
+            if poisoned.is_some_and(|(seg, _)| index > seg) {
+                std::fs::remove_file(&path).map_err(io_at(&path))?;
+                rec.segments_removed += 1;
+                continue;
+            }
+            let data = Bytes::from(std::fs::read(&path).map_err(io_at(&path))?);
+            let limit = match poisoned {
+                Some((seg, off)) if seg == index => (off as usize).min(data.len()),
+                _ => data.len(),
+            };
+            let (at, controls) = scan(index, &data, limit, &mut scanned);
+            if let Some(last) = data[at..].iter().rposition(|b| *b != 0) {
+                let n = last + 1;
+                let file = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(io_at(&path))?;
+                file.write_all_at(&vec![0u8; n], at as u64)
+                    .map_err(io_at(&path))?;
+                file.sync_data().map_err(io_at(&path))?;
+                rec.cut_bytes += n as u64;
+                tracing::warn!(
+                    segment = index,
+                    offset = at,
+                    bytes = n,
+                    "shared log cut a torn or damaged tail"
+                );
+            }
+            segments.insert(
+                index,
+                SegInfo {
+                    size: data.len() as u64,
+                    live: 0,
+                    controls,
+                },
+            );
+            end = Some((index, at as u64, data.len() as u64));
+        }
+        rec.segments = segments.len();
+        rec.entries = scanned.len();
+        let next_lsn = scanned
+            .iter()
+            .map(|s| s.loc.lsn)
+            .max()
+            .map_or(0, |l| l.checked_add(1).expect("shared log lsn overflow"));
+        let dbs = replay(scanned, &mut rec);
+        for idx in dbs.values() {
+            for loc in idx.entries.iter().map(|e| e.loc).chain(idx.base_entry) {
+                let s = segments
+                    .get_mut(&loc.segment)
+                    .expect("a replayed entry's segment was scanned");
+                s.live += loc.len;
+            }
+        }
+        rec.databases = dbs.len();
+        rec.records = dbs.values().map(|i| i.entries.len()).sum();
+        // What survived a process crash may sit in the page cache only:
+        // synced before anything counts as durable.
+        for &index in segments.keys() {
+            let path = segment_path(dir, index);
+            File::open(&path)
+                .and_then(|f| f.sync_data())
+                .map_err(io_at(&path))?;
+        }
+        super::sync_dir(dir)?;
+        poison::clear(dir)?;
+        let active = match end {
+            Some((index, write_offset, size)) => {
+                let path = segment_path(dir, index);
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&path)
+                    .map_err(io_at(&path))?;
+                Some(Active {
+                    index,
+                    file,
+                    write_offset,
+                    size,
+                })
+            }
+            None => None,
+        };
+        let durable_pos = end.map_or((0, 0), |(i, o, _)| (i, o));
+        tracing::info!(
+            segments = rec.segments,
+            databases = rec.databases,
+            records = rec.records,
+            cut_bytes = rec.cut_bytes,
+            duplicates = rec.duplicates,
+            unchained = rec.unchained,
+            "shared log recovered"
+        );
+        let inner = Inner {
+            dir: dir.to_path_buf(),
+            config,
+            segments,
+            active,
+            rolled: Vec::new(),
+            staged: Vec::new(),
+            touched: BTreeSet::new(),
+            dbs,
+            next_lsn,
+            io: Io::choose(config.backend),
+            failed: false,
+            durable_pos,
+            over_bound_warned: false,
+            stats: Default::default(),
+        };
+        Ok((
+            Arc::new(SharedLog {
+                dir: dir.to_path_buf(),
+                inner: Mutex::new(inner),
+            }),
+            rec,
+        ))
+    }
+}
