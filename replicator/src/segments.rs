@@ -661,15 +661,18 @@ impl ReadPlan {
     pub fn read(&self) -> Result<Vec<Bytes>, SegmentError> {
         let mut out = Vec::with_capacity(self.entries.len());
         for run in self.entries.chunk_by(|a, b| a.segment == b.segment) {
-            let (first, last) = (run[0], run[run.len() - 1]);
-            let path = SegmentLog::segment_path(&self.dir, first.segment);
+            // In a segment log a run's records are in file order; in the
+            // shared log compaction may have moved an older record behind
+            // a newer one: read the span covering them all.
+            let lo = run.iter().map(|e| e.offset).min().unwrap_or(0);
+            let hi = run.iter().map(|e| e.offset + e.len).max().unwrap_or(lo);
+            let path = SegmentLog::segment_path(&self.dir, run[0].segment);
             let file = File::open(&path).map_err(io_at(&path))?;
-            let mut buf = vec![0u8; (last.offset + last.len - first.offset) as usize];
-            file.read_exact_at(&mut buf, first.offset)
-                .map_err(io_at(&path))?;
+            let mut buf = vec![0u8; (hi - lo) as usize];
+            file.read_exact_at(&mut buf, lo).map_err(io_at(&path))?;
             let buf = Bytes::from(buf);
             for e in run {
-                let at = (e.offset - first.offset) as usize;
+                let at = (e.offset - lo) as usize;
                 out.push(buf.slice(at..at + e.len as usize));
             }
         }

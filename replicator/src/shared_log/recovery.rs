@@ -137,6 +137,14 @@ fn replay(mut scanned: Vec<Scanned>, rec: &mut SharedRecovery) -> HashMap<Databa
     let before = scanned.len();
     scanned.dedup_by_key(|s| (s.db, s.loc.lsn));
     rec.duplicates = before - scanned.len();
+    // Records are taken without a chain check while replaying: a dead
+    // record whose predecessor (dead too) was deleted with its segment
+    // still replays before the entry that killed it. Every record killed
+    // has its killer on disk (a cut or base entry goes only with the
+    // oldest segment, and everything it killed is in that segment or
+    // older), so what is left at the end is exactly what was live, and
+    // must chain from the base: checked then.
+    let mut prevs: HashMap<(DatabaseId, u64), (Bookmark, ChainHash)> = HashMap::new();
     let mut dbs: HashMap<DatabaseId, DbIndex> = HashMap::new();
     for s in scanned {
         let idx = dbs.entry(s.db).or_default();
@@ -147,7 +155,8 @@ fn replay(mut scanned: Vec<Scanned>, rec: &mut SharedRecovery) -> HashMap<Databa
                 prev_chain,
                 chain,
             } => {
-                if bookmark > idx.last() && idx.follows(previous, prev_chain) {
+                if bookmark > idx.last() {
+                    prevs.insert((s.db, s.loc.lsn), (previous, prev_chain));
                     idx.push(RecEntry {
                         bookmark,
                         chain,
@@ -155,7 +164,7 @@ fn replay(mut scanned: Vec<Scanned>, rec: &mut SharedRecovery) -> HashMap<Databa
                     });
                 } else {
                     rec.unchained += 1;
-                    tracing::warn!(database = %s.db, record = %bookmark, last = %idx.last(), "shared log: a record that does not chain onto its database's log is dropped");
+                    tracing::warn!(database = %s.db, record = %bookmark, last = %idx.last(), "shared log: a record out of order for its database is dropped");
                 }
             }
             What::Cut(keep) => {
@@ -167,7 +176,27 @@ fn replay(mut scanned: Vec<Scanned>, rec: &mut SharedRecovery) -> HashMap<Databa
             }
         }
     }
-    for idx in dbs.values_mut() {
+    for (id, idx) in dbs.iter_mut() {
+        let mut last = idx.base;
+        let mut last_chain = idx.base_chain;
+        let mut keep = idx.entries.len();
+        for (i, e) in idx.entries.iter().enumerate() {
+            let follows = prevs
+                .get(&(*id, e.loc.lsn))
+                .is_some_and(|(p, pc)| *p == last && last_chain.is_none_or(|c| c == *pc));
+            if !follows {
+                keep = i;
+                break;
+            }
+            last = e.bookmark;
+            last_chain = Some(e.chain);
+        }
+        if keep < idx.entries.len() {
+            let dropped = idx.entries.len() - keep;
+            rec.unchained += dropped;
+            tracing::warn!(database = %id, after = %last, records = dropped, "shared log: records that do not chain onto their database's log are dropped, to be fetched again from peers");
+            idx.entries.truncate(keep);
+        }
         idx.durable = idx.last();
     }
     dbs
