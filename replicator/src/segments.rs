@@ -684,19 +684,7 @@ impl ReadPlan {
     /// made after the log's lock was released. [`SegmentError::Moved`]
     /// otherwise.
     pub fn read_checked(&self) -> Result<Vec<Bytes>, SegmentError> {
-        let out = match self.read() {
-            Ok(out) => out,
-            // Its segment was released or compacted away meanwhile.
-            Err(SegmentError::Io { source, .. })
-                if source.kind() == io::ErrorKind::NotFound
-                    || source.kind() == io::ErrorKind::UnexpectedEof =>
-            {
-                return Err(SegmentError::Moved {
-                    bookmark: self.entries.first().map_or(Bookmark::ZERO, |e| e.bookmark),
-                });
-            }
-            Err(e) => return Err(e),
-        };
+        let out = self.read()?;
         for (bytes, e) in out.iter().zip(&self.entries) {
             match Encoded::decode(bytes) {
                 Ok((r, used))

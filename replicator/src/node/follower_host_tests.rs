@@ -170,3 +170,115 @@ fn known_confirmed_never_opens_a_database_and_is_none_until_the_host_has_opened_
     assert_eq!(host.known_confirmed(), vec![(id, Some(Bookmark::ZERO))]);
     assert!(host.open_databases().is_empty(), "the summary answered");
 }
+
+fn record_after(prev: &Encoded, fill: u8) -> Encoded {
+    Record {
+        bookmark: Bookmark::new(prev.bookmark.epoch, Sequence(prev.bookmark.sequence.0 + 1)),
+        previous: prev.bookmark,
+        prev_chain: prev.chain,
+        commit_us: 0,
+        page_size: 512,
+        db_pages: 1,
+        pages: vec![(1, Bytes::from(vec![fill; 512]))],
+    }
+    .to_encoded()
+    .expect("record")
+}
+
+/// Bytes allocated on disk under `path` (files and directories).
+fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path).expect("meta");
+    let mut n = meta.blocks() * 512;
+    if meta.is_dir() {
+        for e in std::fs::read_dir(path).expect("list").flatten() {
+            n += allocated(&e.path());
+        }
+    }
+    n
+}
+
+/// Descriptors this process holds on files under `dir`.
+fn open_files_under(dir: &Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("fds")
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter(|p| p.starts_with(dir))
+        .count()
+}
+
+#[test]
+fn a_thousand_archived_and_closed_databases_cost_a_few_kb_of_disk_each_and_no_descriptors() {
+    const N: u64 = 1000;
+    let dir = tempfile::tempdir().expect("dir");
+    let root = dir.path().canonicalize().expect("canonical");
+    let mut config = FollowerHostConfig::new("127.0.0.1:0".parse().expect("addr"), root.clone());
+    config.storage = IoBackend::Std;
+    config.backend = Backend::Std;
+    config.shared_segment_bytes = 256 << 10;
+    config.shared_max_segments = 4;
+    let host = FollowerHost::start(config).expect("host");
+    let h = &host.shared;
+    let conn = |i: u64| 10_000 + i;
+    let mut lasts = Vec::new();
+    for i in 0..N {
+        h.message(conn(i), claim(DatabaseId(i + 1)));
+        let mut r = first_record(i as u8);
+        h.message(conn(i), Message::Append(r.clone()));
+        for k in 0..2 {
+            r = record_after(&r, k);
+            h.message(conn(i), Message::Append(r.clone()));
+        }
+        lasts.push(r.bookmark);
+        h.drained(conn(i));
+    }
+    h.drains_done();
+    for i in 0..N {
+        h.message(
+            conn(i),
+            Message::Confirm {
+                confirmed: lasts[i as usize],
+                confirmed_us: 0,
+            },
+        );
+        h.closed(conn(i), None);
+    }
+    let busy = allocated(&root);
+    // Archived (say): every database releases everything it confirmed.
+    for i in 0..N {
+        let db = host.database(DatabaseId(i + 1)).expect("held");
+        assert_eq!(db.confirmed().expect("confirmed"), lasts[i as usize]);
+        let released = db.release_through(lasts[i as usize]).expect("release");
+        assert_eq!(released.start, lasts[i as usize]);
+        assert!(
+            db.disk_bytes().expect("bytes") < 128,
+            "only its base entry is live"
+        );
+    }
+    assert_eq!(host.close_idle(Duration::ZERO), N as usize);
+    assert!(host.open_databases().is_empty());
+    let log = host.shared_log().expect("a shared log");
+    log.maintain().expect("maintain");
+    assert!(log.segments() <= 4, "{} shared segments", log.segments());
+    let at_rest = allocated(&root);
+    let per_db = at_rest / N;
+    eprintln!(
+        "{N} databases with 3 records each: {busy} bytes on disk before the release, {at_rest} after ({per_db} per database; shared log {} bytes, {} live)",
+        log.disk_bytes(),
+        log.live_bytes()
+    );
+    // A directory and a promise file (a block each), and a share of at
+    // most four 256 KiB shared segments.
+    assert!(per_db <= 12 << 10, "{per_db} bytes per idle database");
+    // The shared log's active segment, nothing per database.
+    assert!(
+        open_files_under(&root) <= 1,
+        "{} descriptors under the host's directory",
+        open_files_under(&root)
+    );
+    // Reopened on demand, each still knows where it stands.
+    let db = host.database(DatabaseId(7)).expect("held");
+    assert_eq!(db.log_start().expect("start"), lasts[6]);
+    assert_eq!(db.durable().expect("durable"), lasts[6]);
+}

@@ -82,7 +82,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use recovery::SharedRecovery;
+pub use recovery::{Inspected, SharedRecovery};
 
 /// How a shared log is shaped.
 #[derive(Debug, Clone, Copy)]
@@ -701,7 +701,9 @@ impl DbLog {
     /// Where the durable records after `after` up to `upto` (about
     /// `max_bytes`, at least one) are, to be read later without the log.
     /// The plan is valid until the segments holding them are compacted or
-    /// deleted; [`ReadPlan::read_checked`] tells ([`SegmentError::Moved`]).
+    /// deleted; [`ReadPlan::read_checked`] then fails (an I/O error for a
+    /// deleted segment, [`SegmentError::Moved`] for other bytes), never
+    /// serving anything else.
     pub fn plan_batch(
         &self,
         after: Bookmark,

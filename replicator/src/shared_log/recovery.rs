@@ -202,7 +202,62 @@ fn replay(mut scanned: Vec<Scanned>, rec: &mut SharedRecovery) -> HashMap<Databa
     dbs
 }
 
+/// One database as [`SharedLog::inspect`] finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Inspected {
+    pub database: DatabaseId,
+    /// Where its log starts (its newest release or reset).
+    pub start: Bookmark,
+    pub last: Bookmark,
+    pub records: usize,
+    /// Bytes of the shared log it keeps live (records and base entry).
+    pub live_bytes: u64,
+}
+
+fn segment_indexes(dir: &Path) -> Result<Vec<u64>, SegmentError> {
+    let mut indexes: Vec<u64> = std::fs::read_dir(dir)
+        .map_err(io_at(dir))?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            u64::from_str_radix(name.strip_suffix(".seg")?, 16).ok()
+        })
+        .collect();
+    indexes.sort_unstable();
+    Ok(indexes)
+}
+
 impl SharedLog {
+    /// What the shared log in `dir` holds per database, read without
+    /// changing anything (a log another process is writing may show a
+    /// torn tail: the scan stops there). For tools and tests.
+    pub fn inspect(dir: &Path) -> Result<Vec<Inspected>, SegmentError> {
+        let mut scanned = Vec::new();
+        for index in segment_indexes(dir)? {
+            let path = segment_path(dir, index);
+            let data = match std::fs::read(&path) {
+                Ok(d) => Bytes::from(d),
+                // Deleted meanwhile.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_at(&path)(e)),
+            };
+            scan(index, &data, data.len(), &mut scanned);
+        }
+        let mut rec = SharedRecovery::default();
+        let mut out: Vec<Inspected> = replay(scanned, &mut rec)
+            .into_iter()
+            .map(|(database, idx)| Inspected {
+                database,
+                start: idx.base,
+                last: idx.last(),
+                records: idx.entries.len(),
+                live_bytes: idx.live_bytes(),
+            })
+            .collect();
+        out.sort_by_key(|i| i.database);
+        Ok(out)
+    }
+
     /// Opens (creating) the shared log in `dir`, recovering it.
     pub fn open(
         dir: &Path,
