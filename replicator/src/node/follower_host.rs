@@ -36,8 +36,9 @@
 //! small, `first_segment_bytes`, and grows by doubling.) A database with no
 //! connection and no activity for `idle_close` is closed (after its last
 //! sync; nothing is closed with records staged or a catch-up running) and
-//! reopened on the next connection or archiver call by the same recovery
-//! a restart runs, which reads only its (small, retention-bounded) log.
+//! reopened on the next connection or archiver call (a shared-log index
+//! stays in memory: only the promise is read). A failed sync of the shared
+//! log breaks every database in it until the host restarts.
 //!
 //! # Group commit across databases
 //!
@@ -270,19 +271,7 @@ impl FollowerHost {
                 );
             }
         }
-        let (log, log_recovery) = if config.per_database_logs {
-            (None, SharedRecovery::default())
-        } else {
-            let (log, rec) = SharedLog::open(
-                &config.dir.join("shared"),
-                SharedLogConfig {
-                    segment_bytes: config.shared_segment_bytes,
-                    max_segments: config.shared_max_segments,
-                    backend: config.storage,
-                },
-            )?;
-            (Some(log), rec)
-        };
+        let (log, log_recovery) = storage::open_shared_log(&config)?;
         let shared = Arc::new(Shared {
             transport: OnceLock::new(),
             registry: Mutex::new(registry),
@@ -329,21 +318,6 @@ impl FollowerHost {
     /// The transport: "std" or "io_uring".
     pub fn backend(&self) -> &'static str {
         self.shared.transport().backend()
-    }
-    /// How syncs reach the disk: "std" or "io_uring".
-    pub fn storage_backend(&self) -> &'static str {
-        match &self.shared.log {
-            Some(log) => log.io_backend(),
-            None => self.shared.syncer.lock().io_backend(),
-        }
-    }
-    /// The databases' shared log (None with `per_database_logs`).
-    pub fn shared_log(&self) -> Option<&Arc<SharedLog>> {
-        self.shared.log.as_ref()
-    }
-    /// What opening the shared log found.
-    pub fn shared_log_recovery(&self) -> SharedRecovery {
-        self.shared.log_recovery
     }
     pub fn auth_refusals(&self) -> u64 {
         self.shared.transport().auth_refusals()
@@ -410,24 +384,6 @@ impl FollowerHost {
             .collect();
         ids.sort_unstable();
         ids
-    }
-
-    /// What recovery found when `id` was last opened (None if closed).
-    pub fn recovery(&self, id: DatabaseId) -> Option<crate::segments::Recovery> {
-        let reg = self.shared.registry.lock();
-        reg.slots.get(&id)?.open.as_ref().map(|db| db.recovery)
-    }
-
-    /// The databases that stopped taking records after a storage failure,
-    /// with why.
-    pub fn broken(&self) -> Vec<(DatabaseId, String)> {
-        let open: Vec<Arc<Db>> = {
-            let reg = self.shared.registry.lock();
-            reg.slots.values().filter_map(|s| s.open.clone()).collect()
-        };
-        open.iter()
-            .filter_map(|db| db.core.lock().broken.clone().map(|w| (db.id, w)))
-            .collect()
     }
 
     /// Closes every idle database now (as the watchdog does after
@@ -747,7 +703,7 @@ fn watch(shared: Weak<Shared>) {
         let Some(s) = shared.upgrade() else { return };
         s.watch_catch_up();
         s.close_idle(s.config.idle_close);
-        if let Some(log) = &s.log {
+        if let Some(log) = s.log.as_ref().filter(|l| !l.failed()) {
             // Retention: segments nothing needs go, the oldest compacts.
             if let Err(err) = log.maintain() {
                 tracing::error!(%err, "shared log maintenance failed");
@@ -845,6 +801,9 @@ impl NetHandler for Shared {
 
 #[path = "follower_host_sync.rs"]
 mod sync;
+
+#[path = "follower_host_storage.rs"]
+mod storage;
 
 #[cfg(test)]
 #[path = "follower_host_tests.rs"]

@@ -1,8 +1,11 @@
 //! The shared log's contract, database by database.
 
 use super::*;
-use crate::bookmark::{Epoch, Sequence};
+use crate::bookmark::{Bookmark, Epoch, Sequence};
+use crate::chain::ChainHash;
+use crate::history::History;
 use crate::record::Record;
+use bytes::Bytes;
 
 pub(super) fn config(segment_bytes: u64, max_segments: usize) -> SharedLogConfig {
     SharedLogConfig {
