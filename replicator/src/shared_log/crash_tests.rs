@@ -152,3 +152,47 @@ fn after_a_failed_sync_the_reopen_cuts_back_to_what_was_known_durable() {
     }
     assert!(!live.join("poisoned").exists(), "the marker is cleared");
 }
+
+#[test]
+fn damage_in_an_older_segment_is_skipped_not_erased_and_later_segments_still_count() {
+    let dir = tempfile::tempdir().expect("dir");
+    let live = dir.path().join("log");
+    let (mut a, mut b) = (Expect::default(), Expect::default());
+    {
+        let (log, _) = SharedLog::open(&live, config(16 << 10, 64)).expect("open");
+        // Database 1 only in the first segment, database 2 all along.
+        for i in 0..10u8 {
+            append(&log, DatabaseId(1), &mut a, i, 300);
+        }
+        for i in 0..60u8 {
+            append(&log, DatabaseId(2), &mut b, i, 300);
+        }
+        log.sync().expect("sync");
+        assert!(log.segments() >= 3);
+    }
+    let first = live.join(format!("{:016x}.seg", 0));
+    let mut bytes = std::fs::read(&first).expect("read");
+    // Inside database 1's sixth record.
+    let (mut at, mut n) = (0, 0);
+    while n < 5 {
+        at += format::decode(&bytes[at..]).expect("entry").len;
+        n += 1;
+    }
+    bytes[at + 100] ^= 0xff;
+    std::fs::write(&first, &bytes).expect("damage");
+    let (log, rec) = SharedLog::open(&live, config(16 << 10, 64)).expect("reopen");
+    assert!(rec.damaged_bytes > 0, "{rec:?}");
+    assert_eq!(rec.cut_bytes, 0, "nothing zeroed in an older segment");
+    assert_eq!(
+        std::fs::read(&first).expect("read"),
+        bytes,
+        "left as it was"
+    );
+    // Database 1 keeps what precedes the damage; database 2's records in
+    // the first segment after it are gone from its index, the rest do
+    // not chain and are dropped, to be fetched again.
+    a.records.truncate(5);
+    check(&log, DatabaseId(1), &a);
+    assert!(rec.unchained > 0);
+    assert!(log.database(DatabaseId(2)).last() < b.end().0);
+}

@@ -219,7 +219,16 @@ impl DbLog {
         upto: Bookmark,
         max_bytes: usize,
     ) -> Result<ReadPlan, SegmentError> {
-        let mut inner = self.lock();
+        self.plan_locked(&mut self.lock(), after, upto, max_bytes)
+    }
+
+    fn plan_locked(
+        &self,
+        inner: &mut Inner,
+        after: Bookmark,
+        upto: Bookmark,
+        max_bytes: usize,
+    ) -> Result<ReadPlan, SegmentError> {
         let dir = inner.dir.clone();
         let idx = inner.db(self.id);
         if after < idx.base {
@@ -257,8 +266,8 @@ impl DbLog {
         upto: Bookmark,
         max_bytes: usize,
     ) -> Result<Vec<Bytes>, SegmentError> {
-        let plan = self.plan_batch(after, upto, max_bytes)?;
-        let _held = self.lock();
+        let mut held = self.lock();
+        let plan = self.plan_locked(&mut held, after, upto, max_bytes)?;
         plan.read()
     }
 

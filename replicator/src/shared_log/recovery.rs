@@ -1,6 +1,7 @@
 //! Opening the shared log: every kept segment is scanned (each entry's
-//! CRC checked; a record's own CRC and chain too), a torn or damaged tail
-//! of a segment is cut (zeroed, synced), what a poison marker says was
+//! CRC checked; a record's own CRC too), a torn or damaged tail of the
+//! newest segment is cut (zeroed, synced; damage in an older one is only
+//! skipped), what a poison marker says was
 //! never known durable is cut, and the per-database indexes are rebuilt by
 //! replaying each database's entries in lsn order (see "Order" in the
 //! parent module).
@@ -30,8 +31,10 @@ pub struct SharedRecovery {
     pub databases: usize,
     /// Records the indexes hold.
     pub records: usize,
-    /// Bytes of torn or damaged tails cut (zeroed).
+    /// Bytes of a torn or damaged tail of the newest segment cut (zeroed).
     pub cut_bytes: u64,
+    /// Bytes after damage in an older segment, skipped (left on disk).
+    pub damaged_bytes: u64,
     /// Entries found twice (an interrupted compaction): counted once.
     pub duplicates: usize,
     /// Records that did not chain onto their database's log (after
@@ -285,6 +288,10 @@ impl SharedLog {
         let mut segments = BTreeMap::new();
         let mut scanned = Vec::new();
         let mut end = None;
+        let newest = match poisoned {
+            Some((seg, _)) => indexes.iter().copied().filter(|i| *i <= seg).max(),
+            None => indexes.last().copied(),
+        };
         for index in indexes {
             let path = segment_path(dir, index);
             if poisoned.is_some_and(|(seg, _)| index > seg) {
@@ -298,7 +305,20 @@ impl SharedLog {
                 _ => data.len(),
             };
             let (at, controls) = scan(index, &data, limit, &mut scanned);
-            if let Some(last) = data[at..].iter().rposition(|b| *b != 0) {
+            let is_newest = Some(index) == newest;
+            let damaged = data[at..].iter().rposition(|b| *b != 0);
+            if let (Some(last), false) = (damaged, is_newest) {
+                // Not the segment appends go to: left as it is (nothing is
+                // written there again) and skipped at every open. Nothing
+                // after the damage is searched for: a frame found inside
+                // another's payload could be forged by page data.
+                rec.damaged_bytes += (last + 1) as u64;
+                tracing::error!(
+                    segment = index,
+                    offset = at,
+                    "shared log: damaged entries in an older segment are skipped; the records after them are fetched again from peers"
+                );
+            } else if let Some(last) = damaged {
                 let n = last + 1;
                 let file = OpenOptions::new()
                     .write(true)
