@@ -13,11 +13,27 @@ use std::sync::Arc;
 pub(super) fn open_shared_log(
     config: &FollowerHostConfig,
 ) -> Result<(Option<Arc<SharedLog>>, SharedRecovery), NodeError> {
+    let dir = config.dir.join("shared");
     if config.per_database_logs {
+        // Records already in a shared log would look lost to logs of
+        // their own: refused rather than served from the wrong place.
+        let in_use = std::fs::read_dir(&dir).is_ok_and(|d| {
+            d.flatten()
+                .any(|e| e.file_name().to_string_lossy().ends_with(".seg"))
+        });
+        if in_use {
+            return Err(NodeError::Io {
+                what: format!(
+                    "{} holds a shared log: this host's databases are there, not in logs of their own (per_database_logs)",
+                    dir.display()
+                ),
+                source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+            });
+        }
         return Ok((None, SharedRecovery::default()));
     }
     let (log, rec) = SharedLog::open(
-        &config.dir.join("shared"),
+        &dir,
         SharedLogConfig {
             segment_bytes: config.shared_segment_bytes,
             max_segments: config.shared_max_segments,

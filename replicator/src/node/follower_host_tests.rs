@@ -282,3 +282,19 @@ fn a_thousand_archived_and_closed_databases_cost_a_few_kb_of_disk_each_and_no_de
     assert_eq!(db.log_start().expect("start"), lasts[6]);
     assert_eq!(db.durable().expect("durable"), lasts[6]);
 }
+
+#[test]
+fn a_host_whose_databases_are_in_a_shared_log_refuses_to_start_with_per_database_logs() {
+    let dir = tempfile::tempdir().expect("dir");
+    let host = host(dir.path(), IoBackend::Std);
+    host.shared.message(1, claim(DatabaseId(1)));
+    host.shared.message(1, Message::Append(first_record(1)));
+    host.shared.drained(1);
+    host.shared.drains_done();
+    let mut config =
+        FollowerHostConfig::new("127.0.0.1:0".parse().expect("addr"), dir.path().into());
+    config.backend = Backend::Std;
+    config.per_database_logs = true;
+    let refused = FollowerHost::start(config).expect_err("refused");
+    assert!(refused.to_string().contains("shared log"), "{refused}");
+}
