@@ -14,7 +14,7 @@
 
 use super::format::{self, Base, Kind};
 use super::index::Loc;
-use super::{Inner, segment_path, sync_dir};
+use super::{Inner, bump, segment_path, sync_dir};
 use crate::ids::DatabaseId;
 use crate::segments::SegmentError;
 use std::fs::File;
@@ -75,7 +75,7 @@ impl Inner {
             }
             // Moving a mostly live segment frees little and would churn:
             // the live data itself is over the bound.
-            if info.live.saturating_mul(2) > info.size {
+            if info.live > info.size / 2 {
                 if std::mem::replace(&mut self.over_bound_warned, true) {
                     break;
                 }
@@ -125,7 +125,7 @@ impl Inner {
             self.segments.remove(&index);
         }
         sync_dir(&self.dir)?;
-        self.stats.segments_deleted += dead.len() as u64;
+        bump(&mut self.stats.segments_deleted, dead.len() as u64);
         tracing::info!(segments = ?dead, kept = self.segments.len(), "shared log deleted segments nothing needs");
         Ok(())
     }
@@ -201,8 +201,8 @@ impl Inner {
         }
         let left = self.segments.get(&victim).map_or(0, |s| s.live);
         assert_eq!(left, 0, "a compacted segment has nothing live left");
-        self.stats.compactions += 1;
-        self.stats.moved_bytes += moved;
+        bump(&mut self.stats.compactions, 1);
+        bump(&mut self.stats.moved_bytes, moved);
         tracing::info!(
             segment = victim,
             entries = moves.len(),

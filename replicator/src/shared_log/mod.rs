@@ -124,6 +124,11 @@ fn io_at(path: &Path) -> impl Fn(io::Error) -> SegmentError + '_ {
     }
 }
 
+/// Adds to a counter; overflow is a bug, not something to saturate.
+fn bump(counter: &mut u64, n: u64) {
+    *counter = counter.checked_add(n).expect("shared log counter overflow");
+}
+
 fn sync_dir(dir: &Path) -> Result<(), SegmentError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
@@ -270,7 +275,7 @@ impl Inner {
                 ..SegInfo::default()
             },
         );
-        self.stats.segments_created += 1;
+        bump(&mut self.stats.segments_created, 1);
         let old = self.active.replace(Active {
             index,
             file,
@@ -375,8 +380,8 @@ impl Inner {
         if let Some(a) = &self.active {
             self.durable_pos = (a.index, a.write_offset);
         }
-        self.stats.syncs += 1;
-        self.stats.fdatasyncs += fdatasyncs as u64;
+        bump(&mut self.stats.syncs, 1);
+        bump(&mut self.stats.fdatasyncs, fdatasyncs as u64);
         self.mark_durable();
         Ok(SharedSync { fdatasyncs })
     }
