@@ -95,10 +95,24 @@ pub(super) fn check(log: &Arc<SharedLog>, id: DatabaseId, expect: &Expect) {
 
 #[test]
 fn many_databases_interleaved_survive_a_restart_with_every_index_correct() {
+    interleaved(IoBackend::Std);
+}
+
+#[test]
+fn many_databases_interleaved_survive_a_restart_on_the_default_io_backend() {
+    interleaved(IoBackend::Auto);
+}
+
+fn interleaved(backend: IoBackend) {
     let dir = tempfile::tempdir().expect("dir");
     let mut expect: Vec<Expect> = vec![Expect::default(); 20];
+    let config = |s, m| SharedLogConfig {
+        backend,
+        ..config(s, m)
+    };
     {
         let (log, rec) = SharedLog::open(dir.path(), config(64 << 10, 64)).expect("open");
+        eprintln!("shared log syncs with {}", log.io_backend());
         assert_eq!(rec, SharedRecovery::default());
         for round in 0..30u8 {
             for (i, e) in expect.iter_mut().enumerate() {
