@@ -617,6 +617,10 @@ impl SegmentLog {
     }
 }
 
+/// Bytes between two records of a plan up to which they are read
+/// together (reading a little more beats another read).
+pub const READ_GAP: u64 = 64 << 10;
+
 /// A batch of records located in the log's files, read by [`read`]
 /// (see [`SegmentLog::plan_batch`]).
 ///
@@ -657,21 +661,54 @@ impl ReadPlan {
         self.entries.is_empty()
     }
 
-    /// The encoded records, in order: each segment's share with one read.
+    /// The reads `read` makes: runs of the plan's records (by index) in
+    /// one segment whose bytes lie close together, each with the span
+    /// covering them. In a segment log a segment's records are back to
+    /// back (one read per segment); in the shared log a database's records
+    /// are interleaved with others', and compaction may have moved an
+    /// older one behind a newer one: a gap over [`READ_GAP`] starts a new
+    /// read rather than reading everyone's records in between.
+    fn reads(&self) -> Vec<(u64, u64, u64, std::ops::Range<usize>)> {
+        let mut out: Vec<(u64, u64, u64, std::ops::Range<usize>)> = Vec::new();
+        for (i, e) in self.entries.iter().enumerate() {
+            let end = e.offset + e.len;
+            if let Some((seg, lo, hi, run)) = out.last_mut() {
+                let near =
+                    e.offset <= hi.saturating_add(READ_GAP) && end.saturating_add(READ_GAP) >= *lo;
+                if *seg == e.segment && near {
+                    *lo = (*lo).min(e.offset);
+                    *hi = (*hi).max(end);
+                    run.end = i + 1;
+                    continue;
+                }
+            }
+            out.push((e.segment, e.offset, end, i..i + 1));
+        }
+        out
+    }
+
+    /// Bytes `read` reads from the files.
+    pub fn span_bytes(&self) -> u64 {
+        self.reads().iter().map(|(_, lo, hi, _)| hi - lo).sum()
+    }
+
+    /// The encoded records, in order: each run of close records with one
+    /// read.
     pub fn read(&self) -> Result<Vec<Bytes>, SegmentError> {
         let mut out = Vec::with_capacity(self.entries.len());
-        for run in self.entries.chunk_by(|a, b| a.segment == b.segment) {
-            // In a segment log a run's records are in file order; in the
-            // shared log compaction may have moved an older record behind
-            // a newer one: read the span covering them all.
-            let lo = run.iter().map(|e| e.offset).min().unwrap_or(0);
-            let hi = run.iter().map(|e| e.offset + e.len).max().unwrap_or(lo);
-            let path = SegmentLog::segment_path(&self.dir, run[0].segment);
-            let file = File::open(&path).map_err(io_at(&path))?;
+        let mut open: Option<(u64, File)> = None;
+        for (segment, lo, hi, run) in self.reads() {
+            let path = SegmentLog::segment_path(&self.dir, segment);
+            if open.as_ref().is_none_or(|(s, _)| *s != segment) {
+                open = Some((segment, File::open(&path).map_err(io_at(&path))?));
+            }
+            let Some((_, file)) = &open else {
+                continue;
+            };
             let mut buf = vec![0u8; (hi - lo) as usize];
             file.read_exact_at(&mut buf, lo).map_err(io_at(&path))?;
             let buf = Bytes::from(buf);
-            for e in run {
+            for e in &self.entries[run] {
                 let at = (e.offset - lo) as usize;
                 out.push(buf.slice(at..at + e.len as usize));
             }

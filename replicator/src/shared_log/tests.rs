@@ -495,3 +495,30 @@ pub(super) fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+#[test]
+fn reading_one_database_does_not_read_the_records_of_others_far_between() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (log, _) = SharedLog::open(dir.path(), config(2 << 20, 8)).expect("open");
+    let (mut a, mut b) = (Expect::default(), Expect::default());
+    for i in 0..10u8 {
+        append(&log, DatabaseId(1), &mut a, i, 512);
+        for _ in 0..8 {
+            append(&log, DatabaseId(2), &mut b, i, 20 * 512);
+        }
+    }
+    log.sync().expect("sync");
+    let plan = log
+        .database(DatabaseId(1))
+        .plan_batch(Bookmark::ZERO, a.end().0, usize::MAX)
+        .expect("plan");
+    let own: u64 = a.records.iter().map(|r| r.bytes.len() as u64).sum();
+    assert_eq!(plan.len(), 10);
+    assert!(
+        plan.span_bytes() <= own * 2,
+        "{} bytes read for {own}",
+        plan.span_bytes()
+    );
+    check(&log, DatabaseId(1), &a);
+    check(&log, DatabaseId(2), &b);
+}
