@@ -400,12 +400,23 @@ impl FollowerDb {
     /// The encoded records after `after` up to the confirmed position,
     /// about `max_bytes` of them, read without holding the database's lock
     /// (sound for the reasons `node::follower` gives).
+    /// A plan that went stale meanwhile (its segment released, or
+    /// compacted in the shared log) is made again, a few times.
     pub fn read_confirmed(&self, after: Bookmark, max_bytes: usize) -> Result<Vec<Bytes>, DbError> {
-        let plan = self.with(|_, core| {
-            let upto = core.follower.confirmed();
-            core.log.plan_batch(after, upto, max_bytes)
-        })??;
-        Ok(plan.read_checked()?)
+        let mut tries = 0;
+        loop {
+            let plan = self.with(|_, core| {
+                let upto = core.follower.confirmed();
+                core.log.plan_batch(after, upto, max_bytes)
+            })??;
+            match plan.read_checked() {
+                Err(SegmentError::Moved { .. }) if tries < 3 => {}
+                Err(SegmentError::Io { source, .. })
+                    if tries < 3 && source.kind() == std::io::ErrorKind::NotFound => {}
+                done => return Ok(done?),
+            }
+            tries += 1;
+        }
     }
 
     /// A bookmark to release through keeping at least `keep_bytes` of the
