@@ -574,3 +574,6 @@ mod tests;
 
 #[cfg(test)]
 mod crash_tests;
+
+#[cfg(test)]
+mod model_tests;

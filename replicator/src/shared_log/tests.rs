@@ -39,13 +39,15 @@ pub(super) fn next(prev: (Bookmark, ChainHash), epoch: u32, fill: u8, size: usiz
 pub(super) struct Expect {
     pub(super) records: Vec<Encoded>,
     pub(super) start: Bookmark,
+    /// The start's chain (GENESIS for ZERO).
+    pub(super) start_chain: Option<ChainHash>,
 }
 
 impl Expect {
     pub(super) fn end(&self) -> (Bookmark, ChainHash) {
         match self.records.last() {
             Some(r) => (r.bookmark, r.chain),
-            None => (self.start, ChainHash::GENESIS),
+            None => (self.start, self.start_chain.unwrap_or(ChainHash::GENESIS)),
         }
     }
 }
@@ -298,6 +300,7 @@ fn reset_starts_one_database_over_and_leaves_the_others_untouched_across_a_resta
         a = Expect {
             records: vec![r],
             start,
+            start_chain: Some(chain),
         };
         check(&log, DatabaseId(1), &a);
         check(&log, DatabaseId(2), &b);
