@@ -35,7 +35,7 @@ fn run(seed: u64, ops: usize) {
     let cfg = config(8 << 10, 3);
     let mut rng = Rng(seed | 1);
     let mut model: Vec<Expect> = vec![Expect::default(); DBS];
-    let mut epochs = vec![1u32; DBS];
+    let mut epochs = [1u32; DBS];
     let (mut log, _) = SharedLog::open(dir.path(), cfg).expect("open");
     let mut deleted = 0;
     let mut durable = model.clone();
