@@ -34,13 +34,22 @@
 //! # Order
 //!
 //! Every entry carries a log sequence number (lsn), increasing in append
-//! order. Recovery replays each database's entries in lsn order: records
-//! must chain (a record that does not is skipped, it is refetched from a
-//! peer), a cut drops that database's records after its `keep`, a release
-//! drops those at or before its start and a reset all of them. The lsn,
-//! not the position, orders: compaction copies live entries forward
-//! keeping their lsn, and a copy and its original found together count
-//! once.
+//! order. Recovery replays each database's entries in lsn order: a record
+//! is added to the index, a cut drops that database's records after its
+//! `keep`, a release drops those at or before its start and a reset all
+//! of them. The lsn, not the position, orders: compaction copies live
+//! entries forward keeping their lsn, and a copy and its original found
+//! together count once. What is left must chain from the database's base
+//! (checked at the end, not while replaying: a dead record whose dead
+//! predecessor went with a deleted segment replays before what killed
+//! it); the first record that does not, and every later one, is dropped
+//! (damage; refetched from peers).
+//!
+//! Why nothing dead comes back: a record is dead only once the entry
+//! that killed it (a cut, release or reset) is synced, and a killing
+//! entry goes only with the oldest segment, while everything it killed
+//! lies in that segment or older (copies are made only of live entries,
+//! before the kill).
 //!
 //! # Retention and compaction
 //!
@@ -54,10 +63,27 @@
 //! before it is deleted, so one lagging database pins only its own
 //! records, never whole segments of everyone's.
 //!
+//! A segment more than half live is not compacted (moving it would only
+//! churn): the log then stays over its bound, said once in the log, until
+//! databases release.
+//!
 //! # Descriptors
 //!
 //! The log keeps one file open, the segment being written (plus, until
 //! the next sync, one it rolled away from); reads open and close theirs.
+//!
+//! # Limits (for now)
+//!
+//! - Every database's index stays in memory, open or closed: about 64
+//!   bytes per record it has not released, and a few hundred bytes per
+//!   database (its base and epoch history).
+//! - A sync holds the log's lock through its fdatasync: appends of other
+//!   databases wait behind it (on the io_uring transport they are on the
+//!   same thread anyway).
+//! - Recovery reads every kept segment at start (bounded by
+//!   `max_segments` x `segment_bytes` while the live data fits).
+//! - One failed sync fails the log for every database until it is
+//!   reopened (the process restarts).
 
 mod compaction;
 pub mod format;
