@@ -191,14 +191,17 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
         );
     }
     println!(
-        "follower {} listening, log at {} ({} records, {} torn bytes cut, transport {}, storage {}); other databases a leader introduces are kept in {}/db",
+        "follower {} listening, log at {} ({} records, {} torn bytes cut, transport {}, storage {}); other databases a leader introduces are kept in {}/db (promises) and {}/shared (records of {} databases; {} bytes of a torn shared tail cut)",
         host.addr(),
         durable(),
         r.records,
         r.cut_bytes,
         host.backend(),
         host.storage_backend(),
-        dir.display()
+        dir.display(),
+        dir.display(),
+        host.shared_log_recovery().databases,
+        host.shared_log_recovery().cut_bytes,
     );
     let (uploader, others) = match archive {
         Some((store, config)) => {

@@ -24,6 +24,7 @@ use walrelay_engine::replication::{PrimaryConfig, ReplicatedPrimary};
 use walrelay_engine::{ClusterKey, Constraint, Value};
 use walrelay_replicator::net::Backend;
 use walrelay_replicator::node::follower_host::{FollowerHost, FollowerHostConfig};
+use walrelay_replicator::shared_log::{Inspected, SharedLog};
 use walrelay_replicator::{Bookmark, DatabaseId};
 
 const KEEP_BYTES: u64 = 64 << 10;
@@ -140,44 +141,29 @@ fn wait_archived(store: &Path, id: u64, at: Bookmark, within: Duration) {
     }
 }
 
-/// A follower's segment files of database `id`, in log order, with sizes.
-fn segments(follower_dir: &Path, id: u64) -> Vec<(String, u64)> {
-    let dir = follower_dir
-        .join("db")
-        .join(DatabaseId(id).to_string())
-        .join("log");
-    let mut segs: Vec<(String, u64)> = std::fs::read_dir(&dir)
-        .expect("log dir")
-        .map(|e| e.expect("entry"))
-        .filter(|e| e.path().extension().is_some_and(|x| x == "seg"))
-        .map(|e| {
-            (
-                e.file_name().to_string_lossy().into_owned(),
-                e.metadata().expect("meta").len(),
-            )
-        })
-        .collect();
-    segs.sort();
-    segs
+/// What a follower's shared log holds of database `id` (read without
+/// changing it, while the follower runs).
+fn in_shared_log(follower_dir: &Path, id: u64) -> Option<Inspected> {
+    SharedLog::inspect(&follower_dir.join("shared"))
+        .ok()?
+        .into_iter()
+        .find(|i| i.database == DatabaseId(id))
 }
 
-/// Waits until a follower's log of `id` no longer holds its first
-/// segment and what is left before the newest segment is within the keep
-/// size (the release works in whole segments).
+/// Waits until a follower released a prefix of database `id` and keeps
+/// no more of its records live than about the keep size (the release
+/// keeps at least `KEEP_BYTES` of the newest records, plus the one that
+/// crosses it).
 fn wait_released(follower_dir: &Path, id: u64, within: Duration) {
     let deadline = Instant::now() + within;
     loop {
-        let segs = segments(follower_dir, id);
-        let older: u64 = segs.iter().rev().skip(1).map(|(_, b)| b).sum();
-        let first_gone = segs
-            .first()
-            .is_some_and(|(n, _)| n != "0000000000000000.seg");
-        if first_gone && older <= KEEP_BYTES {
+        let held = in_shared_log(follower_dir, id);
+        if held.is_some_and(|i| i.start > Bookmark::ZERO && i.live_bytes <= 2 * KEEP_BYTES) {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "{}: database {id}'s log was never released down to {KEEP_BYTES} bytes: {segs:?}",
+            "{}: database {id}'s log was never released down to {KEEP_BYTES} bytes: {held:?}",
             follower_dir.display()
         );
         std::thread::sleep(Duration::from_millis(100));

@@ -59,6 +59,7 @@ pub mod node;
 pub mod quorum;
 pub mod record;
 pub mod segments;
+pub mod shared_log;
 pub mod subscriber;
 #[cfg(target_os = "linux")]
 pub mod uring;

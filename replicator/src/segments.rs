@@ -129,7 +129,7 @@ fn uring_forbidden() -> bool {
     std::env::var_os("WALRELAY_NO_URING").is_some_and(|v| !v.is_empty() && v != "0")
 }
 
-enum Io {
+pub(crate) enum Io {
     Std,
     #[cfg(target_os = "linux")]
     Uring(Box<parking_lot::Mutex<uring::SyncRing>>),
@@ -142,7 +142,7 @@ impl std::fmt::Debug for Io {
 }
 
 impl Io {
-    fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Io::Std => "std",
             #[cfg(target_os = "linux")]
@@ -150,7 +150,7 @@ impl Io {
         }
     }
 
-    fn choose(backend: IoBackend) -> Io {
+    pub(crate) fn choose(backend: IoBackend) -> Io {
         if backend == IoBackend::Std || uring_forbidden() {
             return Io::Std;
         }
@@ -617,6 +617,10 @@ impl SegmentLog {
     }
 }
 
+/// Bytes between two records of a plan up to which they are read
+/// together (reading a little more beats another read).
+pub const READ_GAP: u64 = 64 << 10;
+
 /// A batch of records located in the log's files, read by [`read`]
 /// (see [`SegmentLog::plan_batch`]).
 ///
@@ -628,6 +632,26 @@ pub struct ReadPlan {
 }
 
 impl ReadPlan {
+    /// A plan over segment files `<dir>/<index:016x>.seg` another log
+    /// keeps (the shared log's): per record its bookmark, chain, segment,
+    /// offset and length.
+    pub(crate) fn from_parts(
+        dir: PathBuf,
+        parts: impl IntoIterator<Item = (Bookmark, ChainHash, u64, u64, u64)>,
+    ) -> ReadPlan {
+        let entries = parts
+            .into_iter()
+            .map(|(bookmark, chain, segment, offset, len)| Entry {
+                bookmark,
+                chain,
+                segment,
+                offset,
+                len,
+            })
+            .collect();
+        ReadPlan { dir, entries }
+    }
+
     /// How many records the plan reads.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -637,19 +661,55 @@ impl ReadPlan {
         self.entries.is_empty()
     }
 
-    /// The encoded records, in order: each segment's share with one read.
+    /// The reads `read` makes: runs of the plan's records (by index) in
+    /// one segment whose bytes lie close together, each with the span
+    /// covering them. In a segment log a segment's records are back to
+    /// back (one read per segment); in the shared log a database's records
+    /// are interleaved with others', and compaction may have moved an
+    /// older one behind a newer one: a gap over [`READ_GAP`] starts a new
+    /// read rather than reading everyone's records in between.
+    fn reads(&self) -> Vec<(u64, u64, u64, std::ops::Range<usize>)> {
+        let mut out: Vec<(u64, u64, u64, std::ops::Range<usize>)> = Vec::new();
+        for (i, e) in self.entries.iter().enumerate() {
+            let end = e.offset + e.len;
+            if let Some((seg, lo, hi, run)) = out.last_mut() {
+                let near =
+                    e.offset <= hi.saturating_add(READ_GAP) && end.saturating_add(READ_GAP) >= *lo;
+                if *seg == e.segment && near {
+                    *lo = (*lo).min(e.offset);
+                    *hi = (*hi).max(end);
+                    run.end = i + 1;
+                    continue;
+                }
+            }
+            out.push((e.segment, e.offset, end, i..i + 1));
+        }
+        out
+    }
+
+    /// Bytes `read` reads from the files.
+    pub fn span_bytes(&self) -> u64 {
+        self.reads().iter().map(|(_, lo, hi, _)| hi - lo).sum()
+    }
+
+    /// The encoded records, in order: each run of close records with one
+    /// read.
     pub fn read(&self) -> Result<Vec<Bytes>, SegmentError> {
         let mut out = Vec::with_capacity(self.entries.len());
-        for run in self.entries.chunk_by(|a, b| a.segment == b.segment) {
-            let (first, last) = (run[0], run[run.len() - 1]);
-            let path = SegmentLog::segment_path(&self.dir, first.segment);
-            let file = File::open(&path).map_err(io_at(&path))?;
-            let mut buf = vec![0u8; (last.offset + last.len - first.offset) as usize];
-            file.read_exact_at(&mut buf, first.offset)
-                .map_err(io_at(&path))?;
+        let mut open: Option<(u64, File)> = None;
+        for (segment, lo, hi, run) in self.reads() {
+            let path = SegmentLog::segment_path(&self.dir, segment);
+            if open.as_ref().is_none_or(|(s, _)| *s != segment) {
+                open = Some((segment, File::open(&path).map_err(io_at(&path))?));
+            }
+            let Some((_, file)) = &open else {
+                continue;
+            };
+            let mut buf = vec![0u8; (hi - lo) as usize];
+            file.read_exact_at(&mut buf, lo).map_err(io_at(&path))?;
             let buf = Bytes::from(buf);
-            for e in run {
-                let at = (e.offset - first.offset) as usize;
+            for e in &self.entries[run] {
+                let at = (e.offset - lo) as usize;
                 out.push(buf.slice(at..at + e.len as usize));
             }
         }

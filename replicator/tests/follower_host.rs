@@ -296,9 +296,19 @@ fn disk_bytes_under(dir: &Path) -> u64 {
 
 #[test]
 fn an_idle_database_closes_its_files_and_reopens_with_its_log_intact() {
+    idle_database(false);
+}
+
+#[test]
+fn with_per_database_logs_an_idle_database_closes_its_files_and_reopens_with_its_log_intact() {
+    idle_database(true);
+}
+
+fn idle_database(per_database_logs: bool) {
     let dir = tempfile::tempdir().expect("dir");
     let mut c = config(dir.path());
     c.idle_close = Duration::from_millis(50);
+    c.per_database_logs = per_database_logs;
     let host = FollowerHost::start(c).expect("host");
     let id = DatabaseId(0x42);
     let recs = records(0x42, 60);
@@ -313,15 +323,26 @@ fn an_idle_database_closes_its_files_and_reopens_with_its_log_intact() {
     } // the leader hangs up
     wait_until("closed when idle", || host.open_databases().is_empty());
     let db_dir = dir.path().join("db").join(id.to_string());
-    let fds = open_fds_under(dir.path());
+    let fds = open_fds_under(&db_dir);
     let bytes = disk_bytes_under(&db_dir);
     eprintln!(
-        "an idle database: {fds} open descriptors, {bytes} bytes on disk (40 records of 512-byte pages)"
+        "an idle database: {fds} open descriptors, {bytes} bytes on disk of its own (40 records of 512-byte pages)"
     );
     assert_eq!(fds, 0, "an idle database holds no descriptor");
-    // The promise (20 bytes) and one 64 KiB segment: nothing preallocated
-    // beyond the first small segment.
-    assert!(bytes <= (64 << 10) + 64, "{bytes} bytes at rest");
+    if per_database_logs {
+        assert_eq!(open_fds_under(dir.path()), 0);
+        // The promise (20 bytes) and one 64 KiB segment: nothing
+        // preallocated beyond the first small segment.
+        assert!(bytes <= (64 << 10) + 64, "{bytes} bytes at rest");
+    } else {
+        // The promise only; its records are its share of the shared log,
+        // which holds one descriptor (its active segment) for every
+        // database.
+        assert!(bytes <= 64, "{bytes} bytes at rest");
+        assert!(open_fds_under(&dir.path().join("shared")) <= 1);
+        let share = host.database(id).expect("db").disk_bytes().expect("bytes");
+        assert!(share <= 40 * 700, "{share} bytes of the shared log");
+    }
     // What the archiver asks is answered without reopening it.
     let db = host.database(id).expect("held");
     assert_eq!(db.durable().expect("durable"), b(40));
@@ -350,8 +371,19 @@ fn an_idle_database_closes_its_files_and_reopens_with_its_log_intact() {
 
 #[test]
 fn a_crash_of_the_host_loses_no_acked_record_of_any_database() {
+    host_crash(false);
+}
+
+#[test]
+fn with_per_database_logs_a_crash_of_the_host_loses_no_acked_record_of_any_database() {
+    host_crash(true);
+}
+
+fn host_crash(per_database_logs: bool) {
     let dir = tempfile::tempdir().expect("dir");
-    let host = FollowerHost::start(config(dir.path())).expect("host");
+    let mut c = config(dir.path());
+    c.per_database_logs = per_database_logs;
+    let host = FollowerHost::start(c.clone()).expect("host");
     let ids: Vec<DatabaseId> = (1..=4).map(DatabaseId).collect();
     let mut leaders: Vec<RawLeader> = ids
         .iter()
@@ -374,12 +406,19 @@ fn a_crash_of_the_host_loses_no_acked_record_of_any_database() {
     // with a torn record written past each log's end.
     let copy = tempfile::tempdir().expect("copy");
     copy_tree(dir.path(), copy.path());
-    for id in &ids {
-        let log = copy.path().join("db").join(id.to_string()).join("log");
-        tear_tail(&log);
+    if per_database_logs {
+        for id in &ids {
+            tear_tail(&copy.path().join("db").join(id.to_string()).join("log"));
+        }
+    } else {
+        // Every database's records are in the shared log: its newest
+        // segment gets the torn tail.
+        tear_tail(&copy.path().join("shared"));
     }
     drop(leaders);
-    let restarted = FollowerHost::start(config(copy.path())).expect("restart");
+    let mut c = config(copy.path());
+    c.per_database_logs = per_database_logs;
+    let restarted = FollowerHost::start(c).expect("restart");
     assert_eq!(restarted.databases(), ids);
     for (id, r) in ids.iter().zip(&recs) {
         let db = restarted.database(*id).expect("held");
@@ -410,7 +449,8 @@ fn copy_tree(from: &Path, to: &Path) {
 }
 
 /// Writes half a record's worth of junk right after the last non-zero
-/// byte of the newest segment in `log`.
+/// byte of the newest segment in `log` (a segment log's or the shared
+/// log's directory).
 fn tear_tail(log: &Path) {
     let mut segs: Vec<_> = std::fs::read_dir(log)
         .expect("log")
@@ -427,4 +467,50 @@ fn tear_tail(log: &Path) {
         *x = 0x5a ^ k as u8;
     }
     std::fs::write(newest, data).expect("tear");
+}
+
+#[test]
+fn a_host_that_kept_a_log_per_database_imports_them_into_the_shared_log_when_they_open() {
+    let dir = tempfile::tempdir().expect("dir");
+    let ids: Vec<DatabaseId> = (1..=3).map(DatabaseId).collect();
+    let recs: Vec<Vec<Encoded>> = ids.iter().map(|id| records(id.0, 30)).collect();
+    {
+        let mut c = config(dir.path());
+        c.per_database_logs = true;
+        let host = FollowerHost::start(c).expect("host");
+        for (id, r) in ids.iter().zip(&recs) {
+            let (mut l, _) = RawLeader::connect(host.addr(), *id, Role::Leader);
+            l.append_all(&r[..20]);
+        }
+    }
+    // The same files under a host with the shared log (a copy: the first
+    // host's threads live on in this process).
+    let copy = tempfile::tempdir().expect("copy");
+    copy_tree(dir.path(), copy.path());
+    let host = FollowerHost::start(config(copy.path())).expect("restart");
+    assert_eq!(host.databases(), ids);
+    for (id, r) in ids.iter().zip(&recs) {
+        let db = host.database(*id).expect("held");
+        assert_eq!(db.durable().expect("durable"), b(20), "database {id}");
+        let old = copy.path().join("db").join(id.to_string()).join("log");
+        assert!(
+            !old.exists(),
+            "database {id}: its own log is gone once imported"
+        );
+        let got = db.read_confirmed(Bookmark::ZERO, 1 << 20);
+        // Nothing is known confirmed before a leader says so again.
+        assert!(got.is_ok());
+        let (mut l, answer) = RawLeader::connect(host.addr(), *id, Role::Leader);
+        assert!(matches!(answer, Message::Handshake { last_durable, .. } if last_durable == b(20)));
+        l.append_all(&r[20..]);
+        assert_eq!(db.durable().expect("durable"), b(30));
+        wait_until("confirmed", || db.confirmed().expect("c") == b(30));
+        let all = db.read_confirmed(Bookmark::ZERO, 1 << 20).expect("read");
+        let want: Vec<Bytes> = r.iter().map(|e| e.bytes.clone()).collect();
+        assert_eq!(all.len(), want.len(), "database {id}: every record, once");
+        assert!(all == want, "database {id}: the same bytes");
+    }
+    let held = walrelay_replicator::shared_log::SharedLog::inspect(&copy.path().join("shared"))
+        .expect("inspect");
+    assert_eq!(held.len(), ids.len());
 }

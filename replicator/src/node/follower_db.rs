@@ -4,13 +4,21 @@
 //!
 //! ```text
 //! <host dir>/db/<id:016x>/epoch   the promise (see `epoch_file`)
-//! <host dir>/db/<id:016x>/log/    the segment log (see `segments`), its
-//!                                 first segment small (64 KiB by default),
-//!                                 each next one twice the one before
+//! <host dir>/shared/              the host's shared log (see
+//!                                 `shared_log`): the database's records,
+//!                                 cuts and base, with every other's
+//! <host dir>/db/<id:016x>/log/    (before the shared log, or with
+//!                                 `per_database_logs`) a segment log of
+//!                                 its own, its first segment small (64
+//!                                 KiB by default), each next one twice
+//!                                 the one before. Found when the database
+//!                                 is opened on a shared-log host, it is
+//!                                 imported into the shared log and
+//!                                 removed (see `shared_log::migrate`).
 //! ```
 //!
 //! (A host's "legacy" database keeps the single-database layout: `epoch`
-//! and `log/` in the host's directory itself.)
+//! and `log/` in the host's directory itself, on a segment log.)
 //!
 //! The actions of the core are carried out here exactly as a single
 //! database follower does (`node::follower`), except syncs: a database
@@ -18,6 +26,7 @@
 //! database durable in one round (`follower_host`).
 
 use super::follower::ReleaseError;
+use super::follower_db_log::HostedLog;
 use super::follower_host::{HostError, Shared};
 use crate::bookmark::{Bookmark, Epoch};
 use crate::chain::ChainHash;
@@ -26,6 +35,7 @@ use crate::follower::{Follower, FollowerAction, FollowerEvent, LogEnd};
 use crate::ids::DatabaseId;
 use crate::net::Transport;
 use crate::segments::{IoBackend, Recovery, Released, SegmentError, SegmentLog};
+use crate::shared_log::SharedLog;
 use crate::wire::Message;
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -37,7 +47,7 @@ use std::time::Instant;
 /// An open database's mutable state, behind its lock.
 pub(super) struct DbCore {
     pub(super) follower: Follower,
-    pub(super) log: SegmentLog,
+    pub(super) log: HostedLog,
     /// The core asked for a sync the host has not run yet.
     pub(super) sync_requested: bool,
     /// In the host's sync queue.
@@ -84,27 +94,47 @@ impl Db {
     /// Opens (creating) the database in `dir`: its promise and its log,
     /// recovered (a torn tail cut). `confirmed` is what was known confirmed
     /// when it was last closed.
+    /// With `shared`, the database's log is its share of the host's
+    /// shared log (its own old segment log, if `dir` holds one, imported
+    /// first); without, a segment log of its own in `dir/log`.
     pub(super) fn open(
         id: DatabaseId,
         dir: &Path,
         shape: LogShape,
         confirmed: Bookmark,
+        shared: Option<&Arc<SharedLog>>,
     ) -> Result<Db, HostError> {
         let fail = |source: super::NodeError| HostError::Open { id, source };
         std::fs::create_dir_all(dir)
             .map_err(super::NodeError::io(format!("creating {}", dir.display())))
             .map_err(fail)?;
         let promise = epoch_file::load(dir).map_err(|e| fail(e.into()))?;
-        // Std: the host's group sync has the one ring; a log's own syncs
-        // (a cut, a reset) are rare.
-        let (mut log, recovery) = SegmentLog::open_with(
-            &dir.join("log"),
-            shape.segment_bytes,
-            Bookmark::ZERO,
-            IoBackend::Std,
-        )
-        .map_err(|e| fail(e.into()))?;
-        log.grow_from(shape.first_segment_bytes);
+        let (log, recovery) = match shared {
+            Some(shared) => {
+                shared
+                    .import(id, &dir.join("log"))
+                    .map_err(|e| fail(e.into()))?;
+                let log = shared.database(id);
+                let recovery = Recovery {
+                    records: log.len(),
+                    ..Recovery::default()
+                };
+                (HostedLog::Shared(log), recovery)
+            }
+            None => {
+                // Std: the host's group sync has the one ring; a log's own
+                // syncs (a cut, a reset) are rare.
+                let (mut log, recovery) = SegmentLog::open_with(
+                    &dir.join("log"),
+                    shape.segment_bytes,
+                    Bookmark::ZERO,
+                    IoBackend::Std,
+                )
+                .map_err(|e| fail(e.into()))?;
+                log.grow_from(shape.first_segment_bytes);
+                (HostedLog::Own(Box::new(log)), recovery)
+            }
+        };
         let end = LogEnd {
             last: log.last(),
             chain: log.last_chain().unwrap_or(ChainHash::GENESIS),
@@ -370,12 +400,23 @@ impl FollowerDb {
     /// The encoded records after `after` up to the confirmed position,
     /// about `max_bytes` of them, read without holding the database's lock
     /// (sound for the reasons `node::follower` gives).
+    /// A plan that went stale meanwhile (its segment released, or
+    /// compacted in the shared log) is made again, a few times.
     pub fn read_confirmed(&self, after: Bookmark, max_bytes: usize) -> Result<Vec<Bytes>, DbError> {
-        let plan = self.with(|_, core| {
-            let upto = core.follower.confirmed();
-            core.log.plan_batch(after, upto, max_bytes)
-        })??;
-        Ok(plan.read_checked()?)
+        let mut tries = 0;
+        loop {
+            let plan = self.with(|_, core| {
+                let upto = core.follower.confirmed();
+                core.log.plan_batch(after, upto, max_bytes)
+            })??;
+            match plan.read_checked() {
+                Err(SegmentError::Moved { .. }) if tries < 3 => {}
+                Err(SegmentError::Io { source, .. })
+                    if tries < 3 && source.kind() == std::io::ErrorKind::NotFound => {}
+                done => return Ok(done?),
+            }
+            tries += 1;
+        }
     }
 
     /// A bookmark to release through keeping at least `keep_bytes` of the
@@ -402,8 +443,9 @@ impl FollowerDb {
             if upto > confirmed {
                 return Err(ReleaseError::NotConfirmed { upto, confirmed });
             }
+            let before = core.log.start();
             let released = core.log.release_through(upto)?;
-            if released.segments > 0 {
+            if released.start != before {
                 let chain = core
                     .log
                     .chain_at(released.start)

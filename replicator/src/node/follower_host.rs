@@ -27,13 +27,20 @@
 //!
 //! # At rest
 //!
-//! An open database holds one descriptor (its current segment); a closed
-//! one none, and on disk its promise and its log, whose first segment is
-//! small (`first_segment_bytes`) and grows by doubling. A database with no
+//! Every database's records go to the host's shared log
+//! ([`crate::shared_log`]), which holds one descriptor for all of them
+//! (its active segment); a database, open or closed, holds none, and on
+//! disk only its promise file and its live share of the shared segments
+//! (nothing once archived and released). Retention and compaction work
+//! per database there. (With `per_database_logs`, and for the legacy
+//! database, each log is a segment log of its own: an open database then
+//! holds one descriptor, its current segment, whose first segment is
+//! small, `first_segment_bytes`, and grows by doubling.) A database with no
 //! connection and no activity for `idle_close` is closed (after its last
 //! sync; nothing is closed with records staged or a catch-up running) and
-//! reopened on the next connection or archiver call by the same recovery
-//! a restart runs, which reads only its (small, retention-bounded) log.
+//! reopened on the next connection or archiver call (a shared-log index
+//! stays in memory: only the promise is read). A failed sync of the shared
+//! log breaks every database in it until the host restarts.
 //!
 //! # Group commit across databases
 //!
@@ -42,8 +49,11 @@
 //! each `drained` on the std transport) runs sync rounds until the queue
 //! is empty: each round takes every queued database, locks them in id
 //! order, and makes all their staged records durable in one
-//! [`GroupSyncer::sync`] (one io_uring submission), then tells each core
-//! its own outcome; only then do acks go out. At most one round runs at a
+//! [`SharedLog::sync`](crate::shared_log::SharedLog::sync): one
+//! fdatasync of the shared log's active segment for all of them (and
+//! [`GroupSyncer::sync`], one io_uring submission, for databases on logs
+//! of their own), then tells each core its own outcome; only then do acks
+//! go out. At most one round runs at a
 //! time; databases queued meanwhile form the next.
 
 use super::NodeError;
@@ -55,6 +65,7 @@ use crate::leader::PeerId;
 use crate::net::mux::{Limits, Mux, MuxSnapshot};
 use crate::net::{Backend, ClusterKey, ConnId, NetHandler, Transport};
 use crate::segments::{GroupSyncer, IoBackend};
+use crate::shared_log::{SharedLog, SharedLogConfig, SharedRecovery};
 use crate::wire::{Message, RefuseReason, Role};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -91,6 +102,14 @@ pub struct FollowerHostConfig {
     /// `log/` in `dir` itself), opened at start; connections that do not
     /// introduce themselves (older peers) are served as this one.
     pub legacy: Option<DatabaseId>,
+    /// Give every database a segment log of its own (the layout before
+    /// the shared log) instead of a share of the host's shared log.
+    pub per_database_logs: bool,
+    /// The shared log's segments.
+    pub shared_segment_bytes: u64,
+    /// Shared segments kept before compaction moves the oldest one's live
+    /// entries forward.
+    pub shared_max_segments: usize,
 }
 
 impl FollowerHostConfig {
@@ -111,6 +130,9 @@ impl FollowerHostConfig {
             max_open: 4_096,
             idle_close: Duration::from_secs(60),
             legacy: None,
+            per_database_logs: false,
+            shared_segment_bytes: SharedLogConfig::default().segment_bytes,
+            shared_max_segments: SharedLogConfig::default().max_segments,
         }
     }
 }
@@ -195,6 +217,9 @@ pub(super) struct Shared {
     registry: Mutex<Registry>,
     queue: Mutex<SyncQueue>,
     syncer: Mutex<GroupSyncer>,
+    /// The databases' shared log (None with `per_database_logs`).
+    pub(super) log: Option<Arc<SharedLog>>,
+    log_recovery: SharedRecovery,
     stats: HostStats,
 }
 
@@ -250,11 +275,14 @@ impl FollowerHost {
                 );
             }
         }
+        let (log, log_recovery) = storage::open_shared_log(&config)?;
         let shared = Arc::new(Shared {
             transport: OnceLock::new(),
             registry: Mutex::new(registry),
             queue: Mutex::new(SyncQueue::default()),
             syncer: Mutex::new(GroupSyncer::new(config.storage)),
+            log,
+            log_recovery,
             stats: HostStats::default(),
             config,
         });
@@ -301,10 +329,6 @@ impl FollowerHost {
     /// The transport: "std" or "io_uring".
     pub fn backend(&self) -> &'static str {
         self.shared.transport().backend()
-    }
-    /// How syncs reach the disk: "std" or "io_uring".
-    pub fn storage_backend(&self) -> &'static str {
-        self.shared.syncer.lock().io_backend()
     }
     pub fn auth_refusals(&self) -> u64 {
         self.shared.transport().auth_refusals()
@@ -371,24 +395,6 @@ impl FollowerHost {
             .collect();
         ids.sort_unstable();
         ids
-    }
-
-    /// What recovery found when `id` was last opened (None if closed).
-    pub fn recovery(&self, id: DatabaseId) -> Option<crate::segments::Recovery> {
-        let reg = self.shared.registry.lock();
-        reg.slots.get(&id)?.open.as_ref().map(|db| db.recovery)
-    }
-
-    /// The databases that stopped taking records after a storage failure,
-    /// with why.
-    pub fn broken(&self) -> Vec<(DatabaseId, String)> {
-        let open: Vec<Arc<Db>> = {
-            let reg = self.shared.registry.lock();
-            reg.slots.values().filter_map(|s| s.open.clone()).collect()
-        };
-        open.iter()
-            .filter_map(|db| db.core.lock().broken.clone().map(|w| (db.id, w)))
-            .collect()
     }
 
     /// Closes every idle database now (as the watchdog does after
@@ -467,7 +473,8 @@ impl Shared {
             .get(&id)
             .and_then(|s| s.summary)
             .map_or(Bookmark::ZERO, |s| s.confirmed);
-        let db = Arc::new(Db::open(id, &dir, self.shape(), confirmed)?);
+        let shared = self.log.as_ref().filter(|_| self.config.legacy != Some(id));
+        let db = Arc::new(Db::open(id, &dir, self.shape(), confirmed, shared)?);
         let slot = reg.slots.entry(id).or_insert(Slot {
             open: None,
             summary: None,
@@ -707,6 +714,12 @@ fn watch(shared: Weak<Shared>) {
         let Some(s) = shared.upgrade() else { return };
         s.watch_catch_up();
         s.close_idle(s.config.idle_close);
+        if let Some(log) = s.log.as_ref().filter(|l| !l.failed()) {
+            // Retention: segments nothing needs go, the oldest compacts.
+            if let Err(err) = log.maintain() {
+                tracing::error!(%err, "shared log maintenance failed");
+            }
+        }
     }
 }
 
@@ -799,6 +812,9 @@ impl NetHandler for Shared {
 
 #[path = "follower_host_sync.rs"]
 mod sync;
+
+#[path = "follower_host_storage.rs"]
+mod storage;
 
 #[cfg(test)]
 #[path = "follower_host_tests.rs"]

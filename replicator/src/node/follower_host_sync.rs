@@ -2,8 +2,11 @@
 //! parent module's "Group commit across databases").
 
 use super::super::follower_db::Db;
+use super::super::follower_db_log::HostedLog;
 use super::Shared;
+use crate::bookmark::Bookmark;
 use crate::follower::FollowerEvent;
+use crate::segments::SegmentLog;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -58,29 +61,84 @@ impl Shared {
             if asking.is_empty() {
                 break;
             }
-            let outcome = {
-                let mut logs: Vec<&mut crate::segments::SegmentLog> = cores
+            for &i in &asking {
+                cores[i].sync_requested = false;
+            }
+            let mut results: Vec<(usize, Result<Bookmark, String>)> =
+                Vec::with_capacity(asking.len());
+            let mut fdatasyncs = 0usize;
+            let mut submissions = 0usize;
+            // Databases on logs of their own: the group syncer.
+            let own: Vec<usize> = asking
+                .iter()
+                .copied()
+                .filter(|&i| matches!(cores[i].log, HostedLog::Own(_)))
+                .collect();
+            if !own.is_empty() {
+                let mut logs: Vec<&mut SegmentLog> = cores
                     .iter_mut()
                     .enumerate()
-                    .filter(|(i, _)| asking.contains(i))
-                    .map(|(_, c)| {
-                        c.sync_requested = false;
-                        &mut c.log
+                    .filter(|(i, _)| own.contains(i))
+                    .filter_map(|(_, c)| match &mut c.log {
+                        HostedLog::Own(l) => Some(&mut **l),
+                        HostedLog::Shared(_) => None,
                     })
                     .collect();
-                self.syncer.lock().sync(&mut logs)
-            };
-            if outcome.fdatasyncs > 0 {
+                let outcome = self.syncer.lock().sync(&mut logs);
+                fdatasyncs += outcome.fdatasyncs;
+                submissions += outcome.submissions;
+                results.extend(
+                    own.iter().copied().zip(
+                        outcome
+                            .results
+                            .into_iter()
+                            .map(|r| r.map_err(|e| e.to_string())),
+                    ),
+                );
+            }
+            // Databases in the shared log: one sync makes every one durable.
+            let shared: Vec<usize> = asking
+                .iter()
+                .copied()
+                .filter(|&i| matches!(cores[i].log, HostedLog::Shared(_)))
+                .collect();
+            if !shared.is_empty() {
+                let outcome = match &self.log {
+                    Some(log) => log.sync().map_err(|e| e.to_string()),
+                    None => Err("a database in a shared log the host does not have".to_string()),
+                };
+                if let Ok(s) = &outcome {
+                    fdatasyncs += s.fdatasyncs;
+                    submissions += usize::from(s.fdatasyncs > 0);
+                }
+                for &i in &shared {
+                    let r = match &outcome {
+                        Ok(_) => {
+                            let durable = cores[i].log.durable();
+                            // Every record staged before the sync is durable.
+                            assert_eq!(
+                                durable,
+                                cores[i].log.last(),
+                                "database {}: a shared sync left records not durable",
+                                batch[i].id
+                            );
+                            Ok(durable)
+                        }
+                        Err(e) => Err(e.clone()),
+                    };
+                    results.push((i, r));
+                }
+            }
+            if fdatasyncs > 0 {
                 let s = &self.stats;
                 s.sync_rounds.fetch_add(1, Ordering::Relaxed);
-                s.fdatasyncs
-                    .fetch_add(outcome.fdatasyncs as u64, Ordering::Relaxed);
+                s.fdatasyncs.fetch_add(fdatasyncs as u64, Ordering::Relaxed);
                 s.sync_submissions
-                    .fetch_add(outcome.submissions as u64, Ordering::Relaxed);
+                    .fetch_add(submissions as u64, Ordering::Relaxed);
                 s.databases_synced
                     .fetch_add(asking.len() as u64, Ordering::Relaxed);
             }
-            for (i, result) in asking.into_iter().zip(outcome.results) {
+            for (i, result) in results {
                 let core = &mut *cores[i];
                 match result {
                     Ok(upto) => {
@@ -89,7 +147,7 @@ impl Shared {
                     }
                     Err(err) => {
                         tracing::error!(database = %batch[i].id, %err, "a sync failed: the database stops taking records");
-                        core.broken = Some(err.to_string());
+                        core.broken = Some(err);
                     }
                 }
             }

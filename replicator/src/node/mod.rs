@@ -16,6 +16,7 @@
 pub mod candidate;
 pub mod follower;
 pub mod follower_db;
+mod follower_db_log;
 pub mod follower_host;
 pub mod leader;
 pub mod replica;

@@ -1,0 +1,605 @@
+//! A follower host's shared log: one append-only log of segment files
+//! into which every database's records go, with a per-database index in
+//! memory. A database costs the host no file and no preallocated segment
+//! of its own: at rest, only its share of the shared segments (what it
+//! has not released) and its promise file.
+//!
+//! ```text
+//! <host dir>/shared/<index:016x>.seg   segment files, index 0, 1, 2, ...
+//!                                      (gaps where whole segments were
+//!                                      deleted), each preallocated
+//!                                      (zeros) to `segment_bytes` (or to
+//!                                      one larger entry) and holding
+//!                                      entries (see `format`) from 0
+//! <host dir>/shared/poisoned           left by a failed sync: where the
+//!                                      log was last known durable
+//! ```
+//!
+//! # Contract
+//!
+//! A [`DbLog`] (one per database, cheap, holding no file) gives a
+//! follower core exactly what a [`SegmentLog`](crate::segments::SegmentLog)
+//! gives it, under the same method names: `append_encoded` (staged, no
+//! I/O but rolling to a new segment), `durable`, `last`, `last_chain`,
+//! `chain_at`, `history`, `start`, `truncate_after`, `reset_to`,
+//! `release_through`, `release_point`, `plan_batch`/`read_batch`,
+//! `disk_bytes` (the database's live share). [`SharedLog::sync`] writes
+//! what every database staged and makes it durable with one `fdatasync`
+//! per touched segment (one, unless the batch rolled) — group commit
+//! across databases. Nothing is durable (nor served, nor acked by the
+//! host) before a sync that covers it completed; after a failed sync the
+//! log refuses all work until the process reopens it, and the reopen cuts
+//! back to where it was last known durable (the poison marker).
+//!
+//! # Order
+//!
+//! Every entry carries a log sequence number (lsn), increasing in append
+//! order. Recovery replays each database's entries in lsn order: a record
+//! is added to the index, a cut drops that database's records after its
+//! `keep`, a release drops those at or before its start and a reset all
+//! of them. The lsn, not the position, orders: compaction copies live
+//! entries forward keeping their lsn, and a copy and its original found
+//! together count once. What is left must chain from the database's base
+//! (checked at the end, not while replaying: a dead record whose dead
+//! predecessor went with a deleted segment replays before what killed
+//! it); the first record that does not, and every later one, is dropped
+//! (damage; refetched from peers).
+//!
+//! Why nothing dead comes back: a record is dead only once the entry
+//! that killed it (a cut, release or reset) is synced, and a killing
+//! entry goes only with the oldest segment, while everything it killed
+//! lies in that segment or older (copies are made only of live entries,
+//! before the kill).
+//!
+//! # Retention and compaction
+//!
+//! A release (after archiving) or reset writes the database's new base as
+//! an entry and drops its records from the index; the bytes they held are
+//! dead. A segment with nothing live is deleted when it is the oldest
+//! (its cut and base entries then only concern records in itself) or
+//! holds no cut or base entries at all. When more than `max_segments`
+//! segments are kept, the oldest one's live entries (records, and the
+//! latest base entry of each database) are copied forward and synced
+//! before it is deleted, so one lagging database pins only its own
+//! records, never whole segments of everyone's.
+//!
+//! A segment more than half live is not compacted (moving it would only
+//! churn): the log then stays over its bound, said once in the log, until
+//! databases release.
+//!
+//! # Descriptors
+//!
+//! The log keeps one file open, the segment being written (plus, until
+//! the next sync, one it rolled away from); reads open and close theirs.
+//!
+//! # Limits (for now)
+//!
+//! - Every database's index stays in memory, open or closed: about 64
+//!   bytes per record it has not released, and a few hundred bytes per
+//!   database (its base and epoch history).
+//! - A sync holds the log's lock through its fdatasync: appends of other
+//!   databases wait behind it (on the io_uring transport they are on the
+//!   same thread anyway).
+//! - Recovery reads every kept segment at start (bounded by
+//!   `max_segments` x `segment_bytes` while the live data fits).
+//! - One failed sync fails the log for every database until it is
+//!   reopened (the process restarts).
+
+mod compaction;
+pub mod format;
+mod handle;
+mod index;
+mod migrate;
+mod recovery;
+
+use crate::ids::DatabaseId;
+use crate::record::Encoded;
+use crate::segments::{Io, IoBackend, SegmentError};
+use format::Kind;
+use index::{DbIndex, Loc, RecEntry};
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use handle::DbLog;
+pub use recovery::{Inspected, SharedRecovery};
+
+/// How a shared log is shaped.
+#[derive(Debug, Clone, Copy)]
+pub struct SharedLogConfig {
+    /// Each segment's size (an entry larger gets a segment of its own).
+    pub segment_bytes: u64,
+    /// Segments kept before compaction moves the oldest one's live
+    /// entries forward.
+    pub max_segments: usize,
+    /// How syncs reach the disk.
+    pub backend: IoBackend,
+}
+
+impl Default for SharedLogConfig {
+    fn default() -> SharedLogConfig {
+        SharedLogConfig {
+            segment_bytes: 16 << 20,
+            max_segments: 64,
+            backend: IoBackend::Auto,
+        }
+    }
+}
+
+/// Counters of a shared log (monotonic).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SharedLogStats {
+    /// Syncs that wrote something, and their fdatasyncs.
+    pub syncs: u64,
+    pub fdatasyncs: u64,
+    pub segments_created: u64,
+    pub segments_deleted: u64,
+    /// Segments compacted (live entries moved forward, then deleted).
+    pub compactions: u64,
+    pub moved_bytes: u64,
+}
+
+fn io_at(path: &Path) -> impl Fn(io::Error) -> SegmentError + '_ {
+    move |source| SegmentError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Adds to a counter; overflow is a bug, not something to saturate.
+fn bump(counter: &mut u64, n: u64) {
+    *counter = counter.checked_add(n).expect("shared log counter overflow");
+}
+
+fn sync_dir(dir: &Path) -> Result<(), SegmentError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_at(dir))
+}
+
+pub(crate) fn segment_path(dir: &Path, index: u64) -> PathBuf {
+    dir.join(format!("{index:016x}.seg"))
+}
+
+/// What the log knows of one segment file.
+#[derive(Debug, Default, Clone, Copy)]
+struct SegInfo {
+    size: u64,
+    /// Bytes of entries some index still refers to.
+    live: u64,
+    /// Cut, release and reset entries in it (dead or not): while one is
+    /// here the segment goes only as the oldest (see "Retention").
+    controls: u64,
+}
+
+/// The segment being appended to.
+#[derive(Debug)]
+struct Active {
+    index: u64,
+    file: File,
+    write_offset: u64,
+    size: u64,
+}
+
+/// Bytes appended but not written yet, contiguous in one segment.
+#[derive(Debug)]
+struct Staged {
+    segment: u64,
+    offset: u64,
+    bytes: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    config: SharedLogConfig,
+    segments: BTreeMap<u64, SegInfo>,
+    active: Option<Active>,
+    /// Segments rolled away from that still have staged bytes.
+    rolled: Vec<(u64, File)>,
+    staged: Vec<Staged>,
+    /// Databases with entries staged since the last sync.
+    touched: BTreeSet<DatabaseId>,
+    dbs: HashMap<DatabaseId, DbIndex>,
+    next_lsn: u64,
+    io: Io,
+    failed: bool,
+    /// Where the log is known durable: (segment, offset) of the end.
+    durable_pos: (u64, u64),
+    /// Said once that live data holds the log over its bound.
+    over_bound_warned: bool,
+    stats: SharedLogStats,
+}
+
+/// The host-wide log (see the module docs).
+#[derive(Debug)]
+pub struct SharedLog {
+    dir: PathBuf,
+    inner: Mutex<Inner>,
+}
+
+/// What one [`SharedLog::sync`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedSync {
+    pub fdatasyncs: usize,
+}
+
+impl Inner {
+    fn db(&mut self, id: DatabaseId) -> &mut DbIndex {
+        self.dbs.entry(id).or_default()
+    }
+
+    fn lsn(&mut self) -> u64 {
+        let l = self.next_lsn;
+        self.next_lsn = l.checked_add(1).expect("shared log lsn overflow");
+        l
+    }
+
+    fn seg(&mut self, index: u64) -> &mut SegInfo {
+        self.segments
+            .get_mut(&index)
+            .expect("an entry's segment is known")
+    }
+
+    fn add_live(&mut self, loc: Loc) {
+        let s = self.seg(loc.segment);
+        s.live = s.live.checked_add(loc.len).expect("live bytes overflow");
+    }
+
+    fn kill(&mut self, loc: Loc) {
+        let s = self.seg(loc.segment);
+        s.live = s
+            .live
+            .checked_sub(loc.len)
+            .expect("a segment's live bytes never go below zero");
+    }
+
+    fn check(&self) -> Result<(), SegmentError> {
+        if self.failed {
+            Err(SegmentError::Failed)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Creates the next segment, preallocated, and makes it the active
+    /// one (see `SegmentLog::roll` for why zeros are written and synced).
+    fn roll(&mut self, at_least: u64) -> Result<(), SegmentError> {
+        let size = self.config.segment_bytes.max(at_least);
+        let index = self
+            .segments
+            .keys()
+            .next_back()
+            .map_or(0, |i| i.checked_add(1).expect("segment index overflow"));
+        let path = segment_path(&self.dir, index);
+        let tmp = path.with_extension("seg.tmp");
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(io_at(&tmp))?;
+        let zeros = vec![0u8; size.min(1 << 20) as usize];
+        let mut at = 0u64;
+        while at < size {
+            let n = (size - at).min(zeros.len() as u64) as usize;
+            file.write_all_at(&zeros[..n], at).map_err(io_at(&tmp))?;
+            at += n as u64;
+        }
+        file.sync_all().map_err(io_at(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io_at(&path))?;
+        sync_dir(&self.dir)?;
+        self.segments.insert(
+            index,
+            SegInfo {
+                size,
+                ..SegInfo::default()
+            },
+        );
+        bump(&mut self.stats.segments_created, 1);
+        let old = self.active.replace(Active {
+            index,
+            file,
+            write_offset: 0,
+            size,
+        });
+        if let Some(old) = old {
+            if self.staged.iter().any(|s| s.segment == old.index) {
+                self.rolled.push((old.index, old.file));
+            }
+        }
+        tracing::debug!(segment = index, size, "shared log rolled to a new segment");
+        Ok(())
+    }
+
+    /// Stages one encoded entry (`lsn` its own); returns where it will
+    /// be.
+    fn stage(&mut self, frame: &[u8], lsn: u64) -> Result<Loc, SegmentError> {
+        let len = frame.len() as u64;
+        let room = self
+            .active
+            .as_ref()
+            .is_some_and(|a| a.write_offset + len <= a.size);
+        if !room {
+            self.roll(len)?;
+        }
+        let a = self.active.as_mut().expect("a segment after the roll");
+        let (segment, offset) = (a.index, a.write_offset);
+        a.write_offset += len;
+        match self.staged.last_mut() {
+            Some(s) if s.segment == segment && s.offset + s.bytes.len() as u64 == offset => {
+                s.bytes.extend_from_slice(frame)
+            }
+            _ => self.staged.push(Staged {
+                segment,
+                offset,
+                bytes: frame.to_vec(),
+            }),
+        }
+        Ok(Loc {
+            segment,
+            offset,
+            len,
+            lsn,
+        })
+    }
+
+    fn append(&mut self, kind: Kind, id: DatabaseId, payload: &[u8]) -> Result<Loc, SegmentError> {
+        let lsn = self.lsn();
+        let mut frame = Vec::with_capacity(format::OVERHEAD + payload.len());
+        format::encode(&mut frame, kind, id, lsn, payload);
+        let loc = self.stage(&frame, lsn)?;
+        if kind != Kind::Record {
+            self.seg(loc.segment).controls += 1;
+        }
+        self.touched.insert(id);
+        Ok(loc)
+    }
+
+    /// Stages a record of `id`; it must follow the database's log.
+    fn append_record(&mut self, id: DatabaseId, r: &Encoded) -> Result<(), SegmentError> {
+        self.check()?;
+        let idx = self.db(id);
+        if r.previous != idx.last() {
+            return Err(SegmentError::Discontinuous {
+                previous: r.previous,
+                last: idx.last(),
+            });
+        }
+        if !idx.follows(r.previous, r.prev_chain) || r.bookmark <= r.previous {
+            return Err(SegmentError::ChainMismatch {
+                bookmark: r.bookmark,
+            });
+        }
+        let loc = self.append(Kind::Record, id, &r.bytes)?;
+        self.add_live(loc);
+        self.db(id).push(RecEntry {
+            bookmark: r.bookmark,
+            chain: r.chain,
+            loc,
+        });
+        Ok(())
+    }
+
+    /// Writes everything staged and makes it durable.
+    fn sync(&mut self) -> Result<SharedSync, SegmentError> {
+        self.check()?;
+        if self.staged.is_empty() {
+            self.mark_durable();
+            return Ok(SharedSync { fdatasyncs: 0 });
+        }
+        let done = self.write_staged();
+        if let Err(e) = done {
+            self.failed = true;
+            tracing::error!(error = %e, "a shared log sync failed: the log takes nothing until reopened");
+            let _ = poison::store(&self.dir, self.durable_pos);
+            return Err(e);
+        }
+        let fdatasyncs = self.touched_segments().len();
+        self.staged.clear();
+        self.rolled.clear();
+        if let Some(a) = &self.active {
+            self.durable_pos = (a.index, a.write_offset);
+        }
+        bump(&mut self.stats.syncs, 1);
+        bump(&mut self.stats.fdatasyncs, fdatasyncs as u64);
+        self.mark_durable();
+        Ok(SharedSync { fdatasyncs })
+    }
+
+    fn mark_durable(&mut self) {
+        for id in std::mem::take(&mut self.touched) {
+            if let Some(idx) = self.dbs.get_mut(&id) {
+                idx.durable = idx.last();
+            }
+        }
+    }
+
+    fn touched_segments(&self) -> Vec<u64> {
+        let mut t: Vec<u64> = self.staged.iter().map(|s| s.segment).collect();
+        t.dedup();
+        t
+    }
+
+    fn file(&self, segment: u64) -> Result<&File, SegmentError> {
+        self.active
+            .iter()
+            .map(|a| (a.index, &a.file))
+            .chain(self.rolled.iter().map(|(i, f)| (*i, f)))
+            .find(|(i, _)| *i == segment)
+            .map(|(_, f)| f)
+            .ok_or_else(|| SegmentError::Io {
+                path: segment_path(&self.dir, segment),
+                source: io::Error::other("staged bytes' segment is not open"),
+            })
+    }
+
+    fn write_staged(&self) -> Result<(), SegmentError> {
+        let touched = self.touched_segments();
+        match &self.io {
+            Io::Std => {
+                for s in &self.staged {
+                    self.file(s.segment)?
+                        .write_all_at(&s.bytes, s.offset)
+                        .map_err(io_at(&segment_path(&self.dir, s.segment)))?;
+                }
+                for seg in touched {
+                    self.file(seg)?
+                        .sync_data()
+                        .map_err(io_at(&segment_path(&self.dir, seg)))?;
+                }
+            }
+            #[cfg(target_os = "linux")]
+            Io::Uring(ring) => {
+                use std::os::fd::AsFd;
+                let mut writes = Vec::with_capacity(self.staged.len());
+                for s in &self.staged {
+                    writes.push((self.file(s.segment)?.as_fd(), s.offset, &s.bytes[..]));
+                }
+                let mut syncs = Vec::with_capacity(touched.len());
+                for seg in &touched {
+                    syncs.push(self.file(*seg)?.as_fd());
+                }
+                ring.lock()
+                    .write_and_sync(&writes, &syncs)
+                    .map_err(io_at(&self.dir))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl SharedLog {
+    /// The log's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The handle of database `id` (its index is created empty if the log
+    /// holds nothing of it).
+    pub fn database(self: &Arc<Self>, id: DatabaseId) -> DbLog {
+        self.inner.lock().db(id);
+        DbLog::new(id, Arc::clone(self))
+    }
+
+    /// Whether the log holds anything of `id` (records or a base).
+    pub fn holds(&self, id: DatabaseId) -> bool {
+        self.inner
+            .lock()
+            .dbs
+            .get(&id)
+            .is_some_and(|i| !i.entries.is_empty() || i.base_entry.is_some())
+    }
+
+    /// Makes every database's staged entries durable: one fdatasync per
+    /// touched segment. After an error the log refuses all work
+    /// ([`SegmentError::Failed`]) until reopened.
+    pub fn sync(&self) -> Result<SharedSync, SegmentError> {
+        self.inner.lock().sync()
+    }
+
+    /// `"io_uring"` or `"std"`.
+    pub fn io_backend(&self) -> &'static str {
+        self.inner.lock().io.name()
+    }
+
+    pub fn stats(&self) -> SharedLogStats {
+        self.inner.lock().stats
+    }
+
+    /// Segment files kept.
+    pub fn segments(&self) -> usize {
+        self.inner.lock().segments.len()
+    }
+
+    /// Bytes of the segment files kept.
+    pub fn disk_bytes(&self) -> u64 {
+        self.inner.lock().segments.values().map(|s| s.size).sum()
+    }
+
+    /// Bytes of entries some database still needs.
+    pub fn live_bytes(&self) -> u64 {
+        self.inner.lock().segments.values().map(|s| s.live).sum()
+    }
+
+    /// Retention: deletes the segments nothing needs and, while more than
+    /// `max_segments` are kept, compacts the oldest (see the module docs).
+    pub fn maintain(&self) -> Result<(), SegmentError> {
+        self.inner.lock().maintain()
+    }
+
+    /// Whether a sync failed (the log takes nothing until reopened).
+    pub fn failed(&self) -> bool {
+        self.inner.lock().failed
+    }
+}
+
+/// The poison marker, `<dir>/poisoned` (a [`crate::marker`]): written
+/// when a sync fails, naming where the log was last known durable; the
+/// next open cuts everything after it.
+///
+/// ```text
+///  0  magic    b"WRSLPOIS"              8
+///  8  segment  u64 BE                   8
+/// 16  offset   u64 BE                   8
+/// 24  crc32    u32 BE over bytes 0..24  4
+/// ```
+mod poison {
+    use super::io_at;
+    use crate::marker::{self, MarkerError};
+    use crate::segments::SegmentError;
+    use std::path::Path;
+
+    const NAME: &str = "poisoned";
+    const MAGIC: &[u8] = b"WRSLPOIS";
+
+    fn err(dir: &Path, e: MarkerError) -> SegmentError {
+        match e {
+            MarkerError::Io { source, .. } => io_at(dir)(source),
+            MarkerError::Corrupt { why, .. } => {
+                io_at(dir)(std::io::Error::new(std::io::ErrorKind::InvalidData, why))
+            }
+        }
+    }
+
+    pub(super) fn store(dir: &Path, (segment, offset): (u64, u64)) -> Result<(), SegmentError> {
+        let mut p = [0u8; 16];
+        p[..8].copy_from_slice(&segment.to_be_bytes());
+        p[8..].copy_from_slice(&offset.to_be_bytes());
+        marker::store(&dir.join(NAME), MAGIC, &p).map_err(|e| err(dir, e))
+    }
+
+    /// The position; a damaged marker trusts nothing (position zero).
+    pub(super) fn load(dir: &Path) -> Result<Option<(u64, u64)>, SegmentError> {
+        match marker::load(&dir.join(NAME), MAGIC, 16) {
+            Ok(None) => Ok(None),
+            Ok(Some(p)) => {
+                let mut a = [0u8; 8];
+                let mut b = [0u8; 8];
+                a.copy_from_slice(&p[..8]);
+                b.copy_from_slice(&p[8..16]);
+                Ok(Some((u64::from_be_bytes(a), u64::from_be_bytes(b))))
+            }
+            Err(MarkerError::Corrupt { .. }) => Ok(Some((0, 0))),
+            Err(e) => Err(err(dir, e)),
+        }
+    }
+
+    pub(super) fn clear(dir: &Path) -> Result<(), SegmentError> {
+        marker::remove(&dir.join(NAME)).map_err(|e| err(dir, e))
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+mod crash_tests;
+
+#[cfg(test)]
+mod model_tests;
