@@ -4,14 +4,8 @@
 
 mod common;
 
-use common::{cluster_key_file, spawn_followers};
-use std::sync::Arc;
-use walrelay_engine::fleet::host::{Host, HostConfig, ReplicatedOpener};
-use walrelay_engine::fleet::names::{AccountId, DatabaseName, DatabaseUuid};
-use walrelay_engine::replication::PrimaryConfig;
 use walrelay_engine::{Constraint, Value};
 use walrelay_replicator::DatabaseId;
-use walrelay_replicator::net::Backend;
 
 /// Distinct sockets this process holds open (the std transport holds
 /// each connection's socket under three descriptors).
@@ -29,34 +23,13 @@ fn sockets() -> usize {
 #[test]
 fn a_nodes_replicated_databases_share_one_connection_per_follower() {
     let dir = tempfile::tempdir().unwrap();
-    let (key_path, key) = cluster_key_file(dir.path());
-    let (_followers, addrs) = spawn_followers(dir.path(), 3, &key_path);
-    let mut template = PrimaryConfig::new(dir.path().join("unused"), addrs, Some(key));
-    template.backend = Backend::Std;
-    let host = Arc::new(
-        Host::open(
-            HostConfig {
-                dir: dir.path().join("dbs"),
-                max_open: 16,
-                idle_close_ms: 60_000,
-                max_hosted: 100,
-            },
-            Box::new(ReplicatedOpener::new(template, 5_000)),
-        )
-        .unwrap(),
-    );
+    let node = common::fleet::ReplicatedHost::start(dir.path(), 3, 16, 60_000);
+    let host = &node.host;
     assert!(host.replication_mux().is_none(), "made at the first open");
     let ids: Vec<DatabaseId> = (0..6).map(|i| DatabaseId(2_000 + i)).collect();
+    node.add(&ids, "m");
     let mut open = Vec::new();
     for (i, id) in ids.iter().enumerate() {
-        host.init(
-            DatabaseUuid::random(),
-            *id,
-            &AccountId::default_account(),
-            &DatabaseName::new(&format!("m{i}")).unwrap(),
-        )
-        .unwrap();
-        host.activate(*id).unwrap();
         let db = host.acquire(*id).unwrap();
         let s = db.database().session(Constraint::FirstPrimary).unwrap();
         s.prepare("CREATE TABLE t(x)").run().unwrap();

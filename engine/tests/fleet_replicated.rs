@@ -4,14 +4,8 @@
 
 mod common;
 
-use common::{cluster_key_file, spawn_followers};
-use std::sync::Arc;
-use walrelay_engine::fleet::host::{Host, HostConfig, ReplicatedOpener};
-use walrelay_engine::fleet::names::{AccountId, DatabaseName, DatabaseUuid};
-use walrelay_engine::replication::PrimaryConfig;
 use walrelay_engine::{Constraint, Value};
 use walrelay_replicator::DatabaseId;
-use walrelay_replicator::net::Backend;
 
 fn count(path: &str) -> usize {
     std::fs::read_dir(path).map_or(0, |d| d.count())
@@ -20,33 +14,10 @@ fn count(path: &str) -> usize {
 #[test]
 fn replicated_databases_reopen_with_every_write_and_a_closed_one_leaves_no_connection_or_thread() {
     let dir = tempfile::tempdir().unwrap();
-    let (key_path, key) = cluster_key_file(dir.path());
-    let (_followers, addrs) = spawn_followers(dir.path(), 3, &key_path);
-    let mut template = PrimaryConfig::new(dir.path().join("unused"), addrs, Some(key));
-    template.backend = Backend::Std;
-    let host = Arc::new(
-        Host::open(
-            HostConfig {
-                dir: dir.path().join("dbs"),
-                max_open: 2,
-                idle_close_ms: 0,
-                max_hosted: 100,
-            },
-            Box::new(ReplicatedOpener::new(template, 5_000)),
-        )
-        .unwrap(),
-    );
+    let node = common::fleet::ReplicatedHost::start(dir.path(), 3, 2, 0);
+    let host = &node.host;
     let ids: Vec<DatabaseId> = (0..3).map(|i| DatabaseId(1_000 + i)).collect();
-    for (i, id) in ids.iter().enumerate() {
-        host.init(
-            DatabaseUuid::random(),
-            *id,
-            &AccountId::default_account(),
-            &DatabaseName::new(&format!("r{i}")).unwrap(),
-        )
-        .unwrap();
-        host.activate(*id).unwrap();
-    }
+    node.add(&ids, "r");
     let write = |id: DatabaseId, round: i64| {
         let open = host.acquire(id).unwrap();
         let s = open.database().session(Constraint::FirstPrimary).unwrap();

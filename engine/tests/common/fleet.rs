@@ -431,3 +431,51 @@ impl Drop for HttpFleet {
         self.node.fleet.stop();
     }
 }
+
+/// A host whose databases replicate to `followers` real follower
+/// processes (each hosting many databases), as a fleet node's do.
+pub struct ReplicatedHost {
+    pub host: Arc<Host>,
+    _followers: Vec<super::procs::Proc>,
+}
+
+impl ReplicatedHost {
+    pub fn start(dir: &Path, followers: usize, max_open: usize, idle_close_ms: u64) -> Self {
+        let (key_path, key) = super::procs::cluster_key_file(dir);
+        let (procs, addrs) = super::procs::spawn_followers(dir, followers, &key_path);
+        let mut template =
+            walrelay_engine::replication::PrimaryConfig::new(dir.join("unused"), addrs, Some(key));
+        template.backend = walrelay_replicator::net::Backend::Std;
+        let host = Host::open(
+            HostConfig {
+                dir: dir.join("dbs"),
+                max_open,
+                idle_close_ms,
+                max_hosted: 100,
+            },
+            Box::new(walrelay_engine::fleet::host::ReplicatedOpener::new(
+                template, 5_000,
+            )),
+        )
+        .expect("host");
+        ReplicatedHost {
+            host: Arc::new(host),
+            _followers: procs,
+        }
+    }
+
+    /// Initialises and activates a database per id, named `{prefix}{i}`.
+    pub fn add(&self, ids: &[DatabaseId], prefix: &str) {
+        for (i, id) in ids.iter().enumerate() {
+            self.host
+                .init(
+                    DatabaseUuid::random(),
+                    *id,
+                    &AccountId::default_account(),
+                    &DatabaseName::new(&format!("{prefix}{i}")).expect("name"),
+                )
+                .expect("init");
+            self.host.activate(*id).expect("activate");
+        }
+    }
+}
