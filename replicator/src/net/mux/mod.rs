@@ -430,7 +430,13 @@ impl Inner {
 
     fn refused(&self, error: &MuxError) {
         self.stats.refusals.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(%error, "mux refusal");
+        match error {
+            // A channel for a database nobody here takes now (a fleet
+            // database closed while idle, its replicas still redialing):
+            // routine, and it repeats at the peers' redial rate.
+            MuxError::NoAcceptor { .. } => tracing::debug!(%error, "mux refusal"),
+            _ => tracing::warn!(%error, "mux refusal"),
+        }
     }
 
     fn send_ctl(&self, real: ConnId, channel: ChannelId, database: DatabaseId, op: MuxOp) {
