@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use walrelay_benches::cluster;
 use walrelay_benches::floor::{
     Percentiles, concurrent_durable_overwrite, durable_overwrite, loopback_round_trip, percentiles,
-    quorum_floor,
+    process_cpu_us, quorum_floor,
 };
 use walrelay_engine::{Constraint, Value};
 use walrelay_replicator::ClusterKey;
@@ -109,7 +109,10 @@ fn main() {
         .map(Duration::from_micros)
         .collect();
 
-    let throughput = |sessions: usize| -> f64 {
+    // Commits per second and CPU µs per commit (every node of this
+    // in-process cluster: the process's CPU time).
+    let throughput = |sessions: usize| -> (f64, f64) {
+        let cpu0 = process_cpu_us();
         let stop = Arc::new(AtomicBool::new(false));
         let done = Arc::new(AtomicU64::new(0));
         let threads: Vec<_> = (0..sessions)
@@ -141,10 +144,12 @@ fn main() {
         for t in threads {
             t.join().expect("writer");
         }
-        done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+        let commits = done.load(Ordering::Relaxed);
+        let cpu = (process_cpu_us() - cpu0) as f64 / commits.max(1) as f64;
+        (commits as f64 / started.elapsed().as_secs_f64(), cpu)
     };
-    let one = throughput(1);
-    let sixteen = throughput(16);
+    let (one, one_cpu_us) = throughput(1);
+    let (sixteen, sixteen_cpu_us) = throughput(16);
 
     println!("floors (same run, same disk):");
     show("  4 KiB overwrite + fdatasync", &overwrite);
@@ -168,6 +173,9 @@ fn main() {
     println!(
         "  throughput, 16 sessions          {sixteen:>10.0} commits/s   ({:.2}x one session)",
         sixteen / one.max(1.0)
+    );
+    println!(
+        "  CPU per commit (all nodes)       1 session {one_cpu_us:>8.1} us   16 sessions {sixteen_cpu_us:>8.1} us"
     );
     if lags.is_empty() {
         println!("  confirm lag: no samples");
