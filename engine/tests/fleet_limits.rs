@@ -254,3 +254,20 @@ fn a_redis_broker_size_queue_keeps_the_contract_and_redelivers_what_a_crash_left
     assert!(again.push(&[]).is_ok(), "nothing to send");
     assert!(again.len().is_err());
 }
+
+#[test]
+fn a_size_queue_spec_other_than_local_or_redis_is_a_typed_error_and_opens_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.db");
+    for spec in ["kafka://x", "", "redis", "file:///tmp/q"] {
+        let opened = walrelay_engine::fleet::size_queue::open(spec, &path);
+        assert!(
+            matches!(
+                opened,
+                Err(walrelay_engine::fleet::limits::LimitsError::QueueSpec(_))
+            ),
+            "{spec:?}"
+        );
+    }
+    assert!(!path.exists(), "nothing was created");
+}

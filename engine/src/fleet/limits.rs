@@ -80,6 +80,8 @@ pub enum LimitsError {
     Malformed(String),
     #[error("the size queue's broker: {0}")]
     Broker(#[from] redis::RedisError),
+    #[error("--size-queue must be `local` or a redis:// URL, not {0:?}")]
+    QueueSpec(String),
     #[error(transparent)]
     Catalog(#[from] CatalogError),
 }

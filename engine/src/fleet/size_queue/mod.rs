@@ -67,7 +67,5 @@ pub fn open(spec: &str, local_path: &std::path::Path) -> Result<Box<dyn SizeQueu
             redis_stream::DEFAULT_STREAM,
         )?));
     }
-    Err(LimitsError::Malformed(format!(
-        "--size-queue must be `local` or a redis:// URL, not {spec:?}"
-    )))
+    Err(LimitsError::QueueSpec(spec.chars().take(200).collect()))
 }
