@@ -176,7 +176,14 @@ impl Fleet {
     /// files).
     pub(crate) fn close_idle_replicas(&self) {
         if let Some(r) = &self.replicas {
-            r.close_idle(&|id| self.routes.has_database(id));
+            // The routed ids are gathered once, and only if some replica
+            // is idle (a scan of the whole table).
+            let routed = std::cell::OnceCell::new();
+            r.close_idle(&|id| {
+                routed
+                    .get_or_init(|| self.routes.database_ids())
+                    .contains(&id)
+            });
         }
     }
 

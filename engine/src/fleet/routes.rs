@@ -275,15 +275,6 @@ impl Routes {
             .collect()
     }
 
-    /// Whether some entry leads to database `id`.
-    pub fn has_database(&self, id: DatabaseId) -> bool {
-        self.maps
-            .read()
-            .by_uuid
-            .values()
-            .any(|r| r.database_id == id.0)
-    }
-
     pub fn len(&self) -> usize {
         self.maps.read().by_uuid.len()
     }
