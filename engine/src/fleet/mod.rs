@@ -131,6 +131,11 @@ pub struct Fleet {
     /// Rows and sizes for the limits, and the limit cache's keys.
     pub metering: metering::Metering,
     internal: link::Internal,
+    /// The same calls with shorter bounds, kept (and their connections
+    /// pooled) rather than made per call: route pushes, and a replica
+    /// node asking where a primary is.
+    routes_internal: link::Internal,
+    locate_internal: link::Internal,
     stop: Arc<AtomicBool>,
     thread: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
@@ -145,6 +150,8 @@ impl Fleet {
     ) -> Fleet {
         Fleet {
             internal: link::Internal::new(config.auth.clone(), 10_000),
+            routes_internal: link::Internal::new(config.auth.clone(), link::ROUTES_TIMEOUT_MS),
+            locate_internal: link::Internal::new(config.auth.clone(), link::LOCATE_TIMEOUT_MS),
             config,
             routes,
             host,
@@ -410,6 +417,11 @@ impl Fleet {
         &self.internal
     }
 
+    /// Internal calls bounded by [`link::LOCATE_TIMEOUT_MS`].
+    pub fn locate_internal(&self) -> &link::Internal {
+        &self.locate_internal
+    }
+
     /// Asks the control plane (here or on its node) about a database.
     pub fn heartbeat(
         &self,
@@ -458,10 +470,10 @@ impl Fleet {
         }
         // To every peer at once, each call bounded: a hung peer delays
         // this round by at most the timeout, and no other peer waits for it.
-        let internal = self.internal.with_timeout(link::ROUTES_TIMEOUT_MS);
+        let internal = &self.routes_internal;
         std::thread::scope(|scope| {
             for peer in &self.config.peers {
-                let (internal, changes) = (&internal, &changes);
+                let changes = &changes;
                 scope.spawn(move || {
                     for chunk in changes.chunks(10_000) {
                         if let Err(e) = link::send_routes(internal, peer, chunk) {

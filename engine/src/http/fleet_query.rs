@@ -379,8 +379,7 @@ impl crate::fleet::replica_host::LocateLeader for HostLocator<'_> {
             open,
         };
         self.fleet
-            .internal()
-            .with_timeout(crate::fleet::link::LOCATE_TIMEOUT_MS)
+            .locate_internal()
             .post::<_, crate::fleet::link::ReplicaSource>(
                 &self.route.node,
                 "/internal/fleet/replication",
