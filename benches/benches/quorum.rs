@@ -148,6 +148,29 @@ fn main() {
         let cpu = (process_cpu_us() - cpu0) as f64 / commits.max(1) as f64;
         (commits as f64 / started.elapsed().as_secs_f64(), cpu)
     };
+    // WALRELAY_BENCH_PROFILE=<sessions>: only that throughput phase, for
+    // 10 s, for a profiler attached to this process (see
+    // papers/performance.md).
+    if let Some(sessions) = std::env::var("WALRELAY_BENCH_PROFILE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        println!(
+            "profiling phase: {sessions} sessions, pid {}",
+            std::process::id()
+        );
+        let started = Instant::now();
+        let mut commits_per_s = Vec::new();
+        while started.elapsed() < Duration::from_secs(10) {
+            commits_per_s.push(throughput(sessions));
+        }
+        for (rate, cpu_us) in commits_per_s {
+            println!(
+                "  {sessions} sessions: {rate:>8.0} commits/s, CPU per commit {cpu_us:>7.1} us"
+            );
+        }
+        return;
+    }
     let (one, one_cpu_us) = throughput(1);
     let (sixteen, sixteen_cpu_us) = throughput(16);
 

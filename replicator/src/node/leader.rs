@@ -8,6 +8,7 @@
 //! is released only once its bookmark is confirmed by W followers.
 
 use super::NodeError;
+use super::waiters::{Waiters, park_until};
 use crate::bookmark::{Bookmark, Epoch};
 use crate::chain::ChainHash;
 use crate::history::History;
@@ -17,7 +18,7 @@ use crate::net::mux::Mux;
 use crate::net::{Backend, ClusterKey, ConnId, NetHandler, Transport};
 use crate::record::Encoded;
 use crate::wire::Message;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
@@ -93,13 +94,23 @@ struct Core {
 struct Watch {
     confirmed: Bookmark,
     fenced: Option<Epoch>,
+    /// Sessions waiting at the output gate, each woken only once its
+    /// bookmark is confirmed (or the leader is fenced or shut down).
+    waiters: Waiters<Bookmark>,
+    /// Since when records sent with [`LeaderNode::commit_deferred`] may
+    /// be held by the transport with no flush after them (None: nothing
+    /// is held). A waiter flushes once they are [`FLUSH_AFTER`] old.
+    deferred_since: Option<Instant>,
 }
+
+/// How long a deferred record may wait for the commit behind it before a
+/// waiting session flushes it itself.
+pub const FLUSH_AFTER: Duration = Duration::from_micros(200);
 
 struct State {
     config: LeaderNodeConfig,
     core: Mutex<Core>,
     watch: Mutex<Watch>,
-    changed: Condvar,
     transport: OnceLock<Arc<dyn Transport>>,
     started: Instant,
     /// [`LeaderNode::shutdown`] was called: no ticks, no dials.
@@ -150,8 +161,9 @@ impl LeaderNode {
             watch: Mutex::new(Watch {
                 confirmed: config.start,
                 fenced: None,
+                waiters: Waiters::default(),
+                deferred_since: None,
             }),
-            changed: Condvar::new(),
             transport: OnceLock::new(),
             started: Instant::now(),
             shut: std::sync::atomic::AtomicBool::new(false),
@@ -211,7 +223,8 @@ impl LeaderNode {
         if let Some(t) = self.state.transport.get() {
             t.shutdown();
         }
-        self.state.changed.notify_all();
+        let woken = self.state.watch.lock().waiters.all();
+        woken.wake();
     }
 
     /// Where replicas connect.
@@ -231,10 +244,39 @@ impl LeaderNode {
     /// Fans out the next committed record (its `previous` must be the last
     /// one's bookmark).
     pub fn commit(&self, record: Encoded) -> Result<(), LeaderError> {
+        self.fan_out(record, false)?;
+        // Sent at once, and with it whatever earlier deferred commits left
+        // in the transport (same queue, same order).
+        self.state.watch.lock().deferred_since = None;
+        Ok(())
+    }
+
+    /// Like [`LeaderNode::commit`], for a committer that knows another
+    /// commit is right behind it: the record may wait in the transport
+    /// for that commit (or a [`LeaderNode::flush`]) and go out with it,
+    /// one write per peer for both. A session waiting for a deferred
+    /// record's confirmation flushes it after [`FLUSH_AFTER`], so a
+    /// record is never held longer than that even if no commit follows.
+    pub fn commit_deferred(&self, record: Encoded) -> Result<(), LeaderError> {
+        self.fan_out(record, true)?;
+        let mut watch = self.state.watch.lock();
+        if watch.deferred_since.is_none() {
+            watch.deferred_since = Some(Instant::now());
+        }
+        Ok(())
+    }
+
+    /// Sends every record that deferred commits left in the transport.
+    pub fn flush(&self) {
+        self.state.watch.lock().deferred_since = None;
+        self.state.transport().flush();
+    }
+
+    fn fan_out(&self, record: Encoded, deferred: bool) -> Result<(), LeaderError> {
         let mut core = self.state.core.lock();
         core.leader.set_clock_us(wall_clock_us());
         let actions = core.leader.committed(record)?;
-        self.state.run(actions);
+        self.state.run_sends(actions, deferred);
         Ok(())
     }
 
@@ -286,13 +328,21 @@ impl LeaderNode {
             if watch.confirmed >= bookmark {
                 return Ok(());
             }
-            if self
-                .state
-                .changed
-                .wait_until(&mut watch, deadline)
-                .timed_out()
-                && watch.confirmed < bookmark
-            {
+            // Deferred records not yet flushed by the commit behind them
+            // are flushed by the first waiter to see them stale.
+            let stale_at = watch.deferred_since.map(|t| t + FLUSH_AFTER);
+            if stale_at.is_some_and(|t| Instant::now() >= t) {
+                drop(watch);
+                self.flush();
+                watch = self.state.watch.lock();
+                continue;
+            }
+            let ticket = watch.waiters.register(bookmark);
+            drop(watch);
+            park_until(stale_at.map_or(deadline, |t| t.min(deadline)));
+            watch = self.state.watch.lock();
+            watch.waiters.withdraw(ticket);
+            if Instant::now() >= deadline && watch.confirmed < bookmark && watch.fenced.is_none() {
                 drop(watch);
                 return Err(ConfirmError::Timeout {
                     bookmark,
@@ -366,13 +416,26 @@ impl State {
     }
 
     fn run(&self, actions: Vec<LeaderAction>) {
+        self.run_sends(actions, false);
+    }
+
+    /// Carries out `actions`, holding its sends in the transport when
+    /// `deferred` (see [`LeaderNode::commit_deferred`]).
+    fn run_sends(&self, actions: Vec<LeaderAction>, deferred: bool) {
         for action in actions {
             match action {
+                LeaderAction::Send { peer, message } if deferred => {
+                    self.transport().send_deferred(peer.0, &message)
+                }
                 LeaderAction::Send { peer, message } => self.transport().send(peer.0, &message),
                 LeaderAction::Confirmed(b) => {
-                    let mut w = self.watch.lock();
-                    w.confirmed = w.confirmed.max(b);
-                    self.changed.notify_all();
+                    let woken = {
+                        let mut w = self.watch.lock();
+                        w.confirmed = w.confirmed.max(b);
+                        let reached = w.confirmed;
+                        w.waiters.reached(reached)
+                    };
+                    woken.wake();
                 }
                 LeaderAction::Close { peer, .. } => self.transport().close(peer.0),
                 LeaderAction::Fenced(e) => {
@@ -380,9 +443,12 @@ impl State {
                         epoch = e.0,
                         "leader fenced: a follower has accepted a newer epoch"
                     );
-                    let mut w = self.watch.lock();
-                    w.fenced = Some(e);
-                    self.changed.notify_all();
+                    let woken = {
+                        let mut w = self.watch.lock();
+                        w.fenced = Some(e);
+                        w.waiters.all()
+                    };
+                    woken.wake();
                 }
             }
         }

@@ -12,6 +12,8 @@
 //!   confirm watch the engine's output gate waits on).
 //! - [`replica::ReplicaNode`]: a read replica's subscriber, driving an
 //!   [`replica::Applier`].
+//! - [`waiters::Waiters`]: threads waiting for a position, each woken only
+//!   by the advance that reaches it.
 
 pub mod candidate;
 pub mod follower;
@@ -20,6 +22,7 @@ mod follower_db_log;
 pub mod follower_host;
 pub mod leader;
 pub mod replica;
+pub mod waiters;
 
 use crate::leader::LeaderError;
 use crate::net::{self, Backend, ClusterKey, NetHandler, Transport};
