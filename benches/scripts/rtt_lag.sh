@@ -214,7 +214,7 @@ run_one() {
 }
 
 for rtt in $RTTS; do
-  echo "RTT $rtt ms: starting a cluster, then $SECONDS_EACH s of load" >&2
+  echo "RTT $rtt ms: starting a cluster, then $SECONDS_EACH s of load (load average $(cut -d" " -f1-3 /proc/loadavg))" >&2
   run_one "$rtt"
 done
 
