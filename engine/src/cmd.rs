@@ -621,6 +621,10 @@ pub struct ReplicaArgs {
     /// Injected replication delay (testing).
     #[arg(long, default_value_t = 0)]
     pub delay_ms: u64,
+    /// Append every confirm lag sample (µs, one a line) to this file, for
+    /// benchmarks that need exact percentiles over a whole run.
+    #[arg(long)]
+    pub confirm_lag_log: Option<PathBuf>,
     #[command(flatten)]
     pub auth: AuthArgs,
     #[command(flatten)]
@@ -737,6 +741,10 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
         dir.display(),
         r.replica().confirmed()
     );
+    let mut lag_log = match &a.confirm_lag_log {
+        Some(p) => Some(std::fs::File::options().create(true).append(true).open(p)?),
+        None => None,
+    };
     let mut last_report = Instant::now();
     let mut fell_behind = None;
     while !stopping() {
@@ -752,6 +760,11 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
             let mut lags = r.node().take_confirm_lags_us();
             if let Some((_, node)) = &http {
                 node.observe_confirm_lags(&lags);
+            }
+            if let Some(f) = &mut lag_log {
+                use std::io::Write;
+                let text: String = lags.iter().map(|l| format!("{l}\n")).collect();
+                f.write_all(text.as_bytes())?;
             }
             let confirmed = r.replica().confirmed();
             if lags.is_empty() {

@@ -1,0 +1,255 @@
+//! The measuring side of benches/scripts/rtt_lag.sh (confirm lag and
+//! commit latency against network distance). Each subcommand prints one
+//! line of `key=value` fields for the script to collect.
+//!
+//! ```text
+//! rtt_probe floor DIR ITERATIONS         fsync and shared-disk floors in DIR
+//! rtt_probe echo LISTEN                  echo server (measures a path)
+//! rtt_probe ping ADDR ITERATIONS         round trips to an echo server
+//! rtt_probe load HOST:PORT SECONDS LAG_LOG
+//!     one client: INSERTs of 100 bytes, one per transaction, to the
+//!     primary's HTTP API for SECONDS; reports its commit latency, the
+//!     HTTP floor (`SELECT 1` on the same connection) and the confirm
+//!     lags the replica appended to LAG_LOG while it ran
+//! ```
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use walrelay_benches::floor::{
+    Percentiles, concurrent_durable_overwrite, durable_overwrite, percentiles,
+};
+
+/// Size of one follower log write in the floor: a commit of one small
+/// INSERT is one page plus headers, well under a 4 KiB block.
+const FLOOR_WRITE_BYTES: usize = 4096;
+/// Followers and write quorum of the cluster the script starts.
+const FOLLOWERS: usize = 5;
+const QUORUM: usize = 3;
+/// Unmeasured commits first: connection, statement cache, page cache.
+const WARMUP: Duration = Duration::from_secs(1);
+/// The replica appends its lag samples about once a second: waiting this
+/// long puts every sample of a phase in the file before it is read.
+const LAG_FLUSH: Duration = Duration::from_millis(1_500);
+/// A reply slower than this fails the run rather than hanging it.
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let r = match args.as_slice() {
+        ["floor", dir, iters] => floor(Path::new(dir), iters.parse().unwrap_or(0)),
+        ["echo", listen] => echo(listen),
+        ["ping", addr, iters] => ping(addr, iters.parse().unwrap_or(0)),
+        ["load", addr, secs, lag_log] => load(addr, secs.parse().unwrap_or(0), Path::new(lag_log)),
+        _ => Err("usage: rtt_probe floor DIR N | echo LISTEN | ping ADDR N | load HOST:PORT SECONDS LAG_LOG".into()),
+    };
+    if let Err(e) = r {
+        eprintln!("rtt_probe: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn us(p: &Percentiles) -> (u64, u64) {
+    (p.p50_us.round() as u64, p.p99_us.round() as u64)
+}
+
+fn floor(dir: &Path, iters: usize) -> Result<()> {
+    if iters == 0 {
+        return Err("ITERATIONS must be > 0".into());
+    }
+    let (f50, f99) = us(&percentiles(&mut durable_overwrite(
+        dir,
+        FLOOR_WRITE_BYTES,
+        iters,
+    )?));
+    // The followers share this machine's one disk: the W-th of five
+    // concurrent flushes is what a quorum can wait for at best.
+    let (s50, s99) = us(&percentiles(&mut concurrent_durable_overwrite(
+        dir,
+        FLOOR_WRITE_BYTES,
+        FOLLOWERS,
+        QUORUM,
+        iters,
+    )?));
+    println!(
+        "fsync_p50_us={f50} fsync_p99_us={f99} shared_disk_p50_us={s50} shared_disk_p99_us={s99}"
+    );
+    Ok(())
+}
+
+fn echo(listen: &str) -> Result<()> {
+    let listener = TcpListener::bind(listen.parse::<SocketAddr>()?)?;
+    for conn in listener.incoming() {
+        let Ok(mut conn) = conn else { continue };
+        std::thread::spawn(move || {
+            let _ = conn.set_nodelay(true);
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = conn.read(&mut buf) {
+                if n == 0 || conn.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    Ok(())
+}
+
+fn ping(addr: &str, iters: usize) -> Result<()> {
+    if iters == 0 {
+        return Err("ITERATIONS must be > 0".into());
+    }
+    let mut s = TcpStream::connect(addr.parse::<SocketAddr>()?)?;
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(IO_TIMEOUT))?;
+    let msg = [7u8; 64];
+    let mut back = [0u8; 64];
+    let mut samples = Vec::with_capacity(iters);
+    for i in 0..iters + 3 {
+        let t = Instant::now();
+        s.write_all(&msg)?;
+        s.read_exact(&mut back)?;
+        // The first few include the proxy's dial to the echo server.
+        if i >= 3 {
+            samples.push(t.elapsed());
+        }
+    }
+    let (p50, p99) = us(&percentiles(&mut samples));
+    println!("path_rtt_p50_us={p50} path_rtt_p99_us={p99}");
+    Ok(())
+}
+
+/// One keep-alive HTTP/1.1 connection to a walrelay node, without auth
+/// (the script runs the primary `--insecure` on loopback).
+struct Http {
+    host: String,
+    reader: BufReader<TcpStream>,
+}
+
+impl Http {
+    fn connect(addr: &str) -> Result<Http> {
+        let s = TcpStream::connect(addr.parse::<SocketAddr>()?)?;
+        s.set_nodelay(true)?;
+        s.set_read_timeout(Some(IO_TIMEOUT))?;
+        Ok(Http {
+            host: addr.to_string(),
+            reader: BufReader::new(s),
+        })
+    }
+
+    /// POSTs a query; the status and body of the answer.
+    fn query(&mut self, json: &str) -> Result<(u16, String)> {
+        let head = format!(
+            "POST /v1/databases/main/query HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            self.host,
+            json.len()
+        );
+        let s = self.reader.get_mut();
+        s.write_all(format!("{head}{json}").as_bytes())?;
+        let mut line = String::new();
+        self.reader.read_line(&mut line)?;
+        let status: u16 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("bad status line {line:?}"))?;
+        let (mut length, mut chunked) = (None, false);
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line)?;
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            let (name, value) = l.split_once(':').unwrap_or((l, ""));
+            let value = value.trim();
+            if name.eq_ignore_ascii_case("content-length") {
+                length = Some(value.parse::<usize>()?);
+            } else if name.eq_ignore_ascii_case("transfer-encoding") {
+                chunked = value.eq_ignore_ascii_case("chunked");
+            }
+        }
+        let mut body = Vec::new();
+        if chunked {
+            loop {
+                line.clear();
+                self.reader.read_line(&mut line)?;
+                let size = usize::from_str_radix(line.trim(), 16)?;
+                let mut chunk = vec![0u8; size + 2];
+                self.reader.read_exact(&mut chunk)?;
+                if size == 0 {
+                    break;
+                }
+                body.extend_from_slice(&chunk[..size]);
+            }
+        } else {
+            body.resize(length.ok_or("no content-length")?, 0);
+            self.reader.read_exact(&mut body)?;
+        }
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    }
+
+    /// A query that must succeed.
+    fn ok(&mut self, json: &str) -> Result<()> {
+        match self.query(json)? {
+            (200, _) => Ok(()),
+            (status, body) => Err(format!("HTTP {status}: {body}").into()),
+        }
+    }
+}
+
+fn load(addr: &str, seconds: u64, lag_log: &Path) -> Result<()> {
+    if seconds == 0 {
+        return Err("SECONDS must be > 0".into());
+    }
+    let mut http = Http::connect(addr)?;
+    http.ok(r#"{"sql":"CREATE TABLE IF NOT EXISTS w(id INTEGER PRIMARY KEY, v TEXT NOT NULL)"}"#)?;
+    let value = "v".repeat(100);
+    let insert = format!(r#"{{"sql":"INSERT INTO w(v) VALUES (?1)","params":["{value}"]}}"#);
+    let select = r#"{"sql":"SELECT 1"}"#;
+    let started = Instant::now();
+    while started.elapsed() < WARMUP {
+        http.ok(&insert)?;
+    }
+    // Lag samples of the warm-up are left out: measured ones start after
+    // what the file holds once the replica has flushed the warm-up's.
+    std::thread::sleep(LAG_FLUSH);
+    let lag_from = std::fs::metadata(lag_log).map(|m| m.len()).unwrap_or(0);
+    let mut commits = Vec::new();
+    let mut floor = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(seconds) {
+        // The floor interleaved with the commits, so both see the same
+        // machine load over the run.
+        let t = Instant::now();
+        http.ok(select)?;
+        floor.push(t.elapsed());
+        let t = Instant::now();
+        http.ok(&insert)?;
+        commits.push(t.elapsed());
+    }
+    std::thread::sleep(LAG_FLUSH);
+    let mut lags: Vec<Duration> = std::fs::read_to_string(lag_log)?
+        .get(lag_from as usize..)
+        .unwrap_or("")
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .map(Duration::from_micros)
+        .collect();
+    let (c50, c99) = us(&percentiles(&mut commits));
+    let (h50, h99) = us(&percentiles(&mut floor));
+    let (l50, l99) = if lags.is_empty() {
+        return Err(format!("no confirm lag samples in {}", lag_log.display()).into());
+    } else {
+        us(&percentiles(&mut lags))
+    };
+    println!(
+        "commits={} commit_p50_us={c50} commit_p99_us={c99} http_floor_p50_us={h50} http_floor_p99_us={h99} lags={} lag_p50_us={l50} lag_p99_us={l99}",
+        commits.len(),
+        lags.len()
+    );
+    Ok(())
+}
