@@ -134,6 +134,7 @@ echo "$QUORUM"
 
 echo "== walrelay over HTTP: walrelay up --writers 0, wrk (keep-alive)"
 cargo build -q --release -p walrelay-engine --bin walrelay
+cargo build -q --release -p walrelay-benches --bin rtt_probe
 ./target/release/walrelay up --dir "$WORK/up" --base-port "$WR_PORT" --writers 0 --insecure \
   --fleet-nodes 0 --seconds $((SECONDS_EACH * 4 + 60)) >"$WORK/up.log" 2>&1 &
 PIDS+=($!)
@@ -161,6 +162,23 @@ read -r HTTP_FLOOR_P50 _ <<<"$(wrk_latency "$WORK/empty.lua")"
 read -r HTTP_P50 HTTP_P99 <<<"$(wrk_latency "$WORK/insert.lua")"
 HTTP_RPS=$(wrk -t2 -c16 -d"${SECONDS_EACH}s" -s "$WORK/insert.lua" "$URL" | awk '/^Requests\/sec/ {printf "%d", $2}')
 
+# Reads on the region-a replica: a point read by key against the same
+# server's empty request (its own HTTP floor).
+cat >"$WORK/point.lua" <<'LUA'
+wrk.method = "POST"
+wrk.headers["content-type"] = "application/json"
+wrk.body = '{"sql":"SELECT v FROM kv WHERE id = ?1","params":[1]}'
+LUA
+PRIMARY_URL=$URL
+URL="http://127.0.0.1:$((WR_PORT + 11))/v1/databases/main/query"
+read -r REPLICA_FLOOR_P50 _ <<<"$(wrk_latency "$WORK/empty.lua")"
+read -r REPLICA_READ_P50 REPLICA_READ_P99 <<<"$(wrk_latency "$WORK/point.lua")"
+URL=$PRIMARY_URL
+# Commit-ack -> visible on that replica, read with the INSERT's bookmark.
+VISIBLE=$(./target/release/rtt_probe visible "127.0.0.1:$((WR_PORT + 10))" "127.0.0.1:$((WR_PORT + 11))" "$SECONDS_EACH")
+echo "$VISIBLE"
+kv() { echo "$VISIBLE" | grep -o "$1=[0-9.]*" | cut -d= -f2; }
+
 field() { echo "$QUORUM" | grep -m1 "$1" | grep -o "$2 *[0-9.]*" | grep -o '[0-9.]*$'; }
 WR_P50=$(field "commit latency, 1 session" p50)
 WR_P99=$(field "commit latency, 1 session" p99)
@@ -174,3 +192,7 @@ printf '%-34s %14s %14s %14s\n' "1 session p99 (us)" "$PG_P99" "${WR_P99:-?}" "$
 printf '%-34s %14s %14s %14s\n' "16 sessions (commits/s)" "$PG_TPS" "${WR_TPS:-?}" "$HTTP_RPS"
 printf '%-34s %14s\n' "remote_apply 1 session p50 (us)" "$PG_RA_P50"
 printf '%-34s %14s %14s %14s\n' "HTTP floor: empty request p50 (us)" "" "" "$HTTP_FLOOR_P50"
+printf '%-34s %14s %14s %14s\n' "replica: empty request p50 (us)" "" "" "$REPLICA_FLOOR_P50"
+printf '%-34s %14s %14s %14s\n' "replica: point read p50/p99 (us)" "" "" "$REPLICA_READ_P50/$REPLICA_READ_P99"
+printf '%-34s %14s %14s %14s\n' "ack -> visible p50 (us)" "$PG_RA_P50 (ra)" "" "$(kv ack_to_visible_p50_us)"
+printf '%-34s %14s %14s %14s\n' "visible on first read (%)" "" "" "$(kv visible_pct)"

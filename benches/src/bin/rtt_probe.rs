@@ -11,6 +11,11 @@
 //!     primary's HTTP API for SECONDS; reports its commit latency, the
 //!     HTTP floor (`SELECT 1` on the same connection) and the confirm
 //!     lags the replica appended to LAG_LOG while it ran
+//! rtt_probe visible PRIMARY REPLICA SECONDS
+//!     commit-ack -> visible: INSERT on the primary, then at once read
+//!     that row on the replica with the INSERT's bookmark; reports the
+//!     share of first reads that saw it and the time from the INSERT's
+//!     answer to the replica's
 //! ```
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -45,7 +50,8 @@ fn main() {
         ["echo", listen] => echo(listen),
         ["ping", addr, iters] => ping(addr, iters.parse().unwrap_or(0)),
         ["load", addr, secs, lag_log] => load(addr, secs.parse().unwrap_or(0), Path::new(lag_log)),
-        _ => Err("usage: rtt_probe floor DIR N | echo LISTEN | ping ADDR N | load HOST:PORT SECONDS LAG_LOG".into()),
+        ["visible", primary, replica, secs] => visible(primary, replica, secs.parse().unwrap_or(0)),
+        _ => Err("usage: rtt_probe floor DIR N | echo LISTEN | ping ADDR N | load HOST:PORT SECONDS LAG_LOG | visible PRIMARY REPLICA SECONDS".into()),
     };
     if let Err(e) = r {
         eprintln!("rtt_probe: {e}");
@@ -142,8 +148,14 @@ impl Http {
 
     /// POSTs a query; the status and body of the answer.
     fn query(&mut self, json: &str) -> Result<(u16, String)> {
+        self.query_at(json, None)
+    }
+
+    /// POSTs a query in the session at `bookmark` (the D1 header), if any.
+    fn query_at(&mut self, json: &str, bookmark: Option<&str>) -> Result<(u16, String)> {
+        let session = bookmark.map_or(String::new(), |b| format!("x-d1-bookmark: {b}\r\n"));
         let head = format!(
-            "POST /v1/databases/main/query HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            "POST /v1/databases/main/query HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\n{session}content-length: {}\r\n\r\n",
             self.host,
             json.len()
         );
@@ -250,6 +262,55 @@ fn load(addr: &str, seconds: u64, lag_log: &Path) -> Result<()> {
         "commits={} commit_p50_us={c50} commit_p99_us={c99} http_floor_p50_us={h50} http_floor_p99_us={h99} lags={} lag_p50_us={l50} lag_p99_us={l99}",
         commits.len(),
         lags.len()
+    );
+    Ok(())
+}
+
+/// The string or number after `"key":` in a JSON answer (the first one).
+fn json_field<'a>(body: &'a str, key: &str) -> Option<&'a str> {
+    let at = body.find(&format!("\"{key}\":"))? + key.len() + 3;
+    let rest = body[at..].trim_start();
+    match rest.strip_prefix('"') {
+        Some(s) => s.split('"').next(),
+        None => rest.split([',', '}']).next().map(str::trim),
+    }
+}
+
+fn visible(primary: &str, replica: &str, seconds: u64) -> Result<()> {
+    if seconds == 0 {
+        return Err("SECONDS must be > 0".into());
+    }
+    let mut p = Http::connect(primary)?;
+    let mut r = Http::connect(replica)?;
+    p.ok(r#"{"sql":"CREATE TABLE IF NOT EXISTS w(id INTEGER PRIMARY KEY, v TEXT NOT NULL)"}"#)?;
+    let value = "v".repeat(100);
+    let insert = format!(r#"{{"sql":"INSERT INTO w(v) VALUES (?1)","params":["{value}"]}}"#);
+    let (mut seen, mut total) = (0u64, 0u64);
+    let mut ack_to_visible = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(seconds) {
+        let (status, body) = p.query(&insert)?;
+        let acked = Instant::now();
+        if status != 200 {
+            return Err(format!("INSERT: HTTP {status}: {body}").into());
+        }
+        let bookmark = json_field(&body, "bookmark").ok_or("no bookmark in the answer")?;
+        let id = json_field(&body, "last_row_id").ok_or("no last_row_id in the answer")?;
+        let read = format!(r#"{{"sql":"SELECT count(*) AS n FROM w WHERE id = {id}"}}"#);
+        let (status, body) = r.query_at(&read, Some(bookmark))?;
+        if status != 200 {
+            return Err(format!("replica read: HTTP {status}: {body}").into());
+        }
+        total += 1;
+        if json_field(&body, "n") == Some("1") {
+            seen += 1;
+            ack_to_visible.push(acked.elapsed());
+        }
+    }
+    let (v50, v99) = us(&percentiles(&mut ack_to_visible));
+    println!(
+        "commits={total} visible_first_read={seen} visible_pct={:.2} ack_to_visible_p50_us={v50} ack_to_visible_p99_us={v99}",
+        100.0 * seen as f64 / total.max(1) as f64
     );
     Ok(())
 }
