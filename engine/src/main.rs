@@ -4,6 +4,7 @@ mod archive_args;
 mod archive_cmd;
 mod cmd;
 mod fleet_cmd;
+mod replica_cmd;
 mod supervisor;
 mod token_cmd;
 mod up_cmd;
@@ -50,7 +51,7 @@ enum Command {
     /// Run a primary replicating to W of N followers.
     Primary(cmd::PrimaryArgs),
     /// Run a read replica streaming from a primary.
-    Replica(cmd::ReplicaArgs),
+    Replica(replica_cmd::ReplicaArgs),
     /// Run a fleet node: it hosts many databases (opened on first use,
     /// closed when idle) and, with --control-plane, the control plane.
     Node(fleet_cmd::NodeArgs),
@@ -230,7 +231,7 @@ fn main() -> Result<()> {
         Command::Up(a) => up_cmd::up(a),
         Command::Follower(a) => cmd::follower(a),
         Command::Primary(a) => cmd::primary(a),
-        Command::Replica(a) => cmd::replica(a),
+        Command::Replica(a) => replica_cmd::replica(a),
         Command::Node(a) => fleet_cmd::node(a),
         Command::Promote(a) => cmd::promote(a),
         Command::Restore(a) => archive_cmd::restore(a),
