@@ -56,6 +56,7 @@ pub mod leader;
 pub mod marker;
 pub mod net;
 pub mod node;
+mod prealloc;
 pub mod quorum;
 pub mod record;
 pub mod segments;

@@ -257,6 +257,10 @@ impl SegmentLog {
         self.base_history = history;
         self.first_index = next;
         self.durable = start;
+        // A spare prepared for `next` (the usual case: the index after the
+        // current segment) stays good: nothing but its index and size
+        // decide whether the next roll takes it.
+        self.drop_stale_spare();
         self.unlink(&old)?;
         sync_dir(self)?;
         Ok(bytes)

@@ -2,6 +2,7 @@
 use super::*;
 use crate::bookmark::{Epoch, Sequence};
 use crate::record::Record;
+use std::fs::OpenOptions;
 
 pub(super) fn b(s: u64) -> Bookmark {
     Bookmark::new(Epoch(1), Sequence(s))
