@@ -134,6 +134,38 @@ pub(crate) fn create_segment(
     })
 }
 
+/// Once the active segment is half written (`written` of `active_size`
+/// bytes), makes sure `spare` is (being) built for segment `index` of
+/// `size` bytes, to be at `path()`: the index and size the next roll would
+/// ask for. Any other spare is discarded first (joined, its file removed):
+/// never two preparations of one index at once. Cheap when nothing is to
+/// be done (called after every append).
+pub(crate) fn keep_ready(
+    spare: &mut Option<Spare>,
+    written: u64,
+    active_size: u64,
+    index: u64,
+    size: u64,
+    path: impl FnOnce() -> PathBuf,
+) {
+    if written.saturating_mul(2) < active_size
+        || spare.as_ref().is_some_and(|s| s.is_for(index, size))
+    {
+        return;
+    }
+    *spare = None;
+    *spare = Spare::start(&path(), index, size);
+}
+
+/// Discards `spare` unless it was made for segment `index`, the one the
+/// next roll creates (after a cut moved a log back, it would only sit on
+/// disk until replaced).
+pub(crate) fn keep_only_for(spare: &mut Option<Spare>, index: u64) {
+    if spare.as_ref().is_some_and(|s| s.index() != index) {
+        *spare = None;
+    }
+}
+
 /// The next segment, being built (or built) ahead of need on a thread of
 /// its own under its temporary name (see the module docs). Dropping it
 /// cancels and joins the thread and removes the file.

@@ -381,32 +381,20 @@ impl SegmentLog {
     }
 
     /// Once the current segment is half written, starts preparing the next
-    /// one (the index and size the next roll would use) on a thread of its
-    /// own, so the roll finds it ready instead of zero-filling inline on
-    /// the caller's (the transport's) thread.
+    /// one on a thread of its own (see `prealloc`), so the roll finds it
+    /// ready instead of zero-filling inline on the caller's (the
+    /// transport's) thread.
     fn prepare_next(&mut self) {
-        if self.current.is_none() || self.write_offset.saturating_mul(2) < self.current_bytes {
-            return;
-        }
-        let (index, size) = (self.next_index(), self.next_segment_bytes());
-        if self.spare.as_ref().is_some_and(|s| s.is_for(index, size)) {
-            return;
-        }
-        // Any other spare goes first (joined, its file removed): never two
-        // preparations of one index at once.
-        self.spare = None;
-        self.spare = Spare::start(&Self::segment_path(&self.dir, index), index, size);
-    }
-
-    /// Discards a spare made for an index the next roll no longer creates
-    /// (after a cut moved the log back): it would only sit on disk.
-    fn drop_stale_spare(&mut self) {
-        if self
-            .spare
-            .as_ref()
-            .is_some_and(|s| s.index() != self.next_index())
-        {
-            self.spare = None;
+        if self.current.is_some() {
+            let (index, size) = (self.next_index(), self.next_segment_bytes());
+            prealloc::keep_ready(
+                &mut self.spare,
+                self.write_offset,
+                self.current_bytes,
+                index,
+                size,
+                || Self::segment_path(&self.dir, index),
+            );
         }
     }
 

@@ -266,7 +266,10 @@ impl SegmentLog {
         self.current_bytes = file.metadata().map_err(io_at(&self.dir))?.len();
         self.current = Some((from.segment, file));
         self.write_offset = from.offset;
-        self.drop_stale_spare();
+        // Cut back into an earlier segment, the log next rolls to one
+        // after it: a spare made for the old next index goes.
+        let next = self.next_index();
+        prealloc::keep_only_for(&mut self.spare, next);
         Ok(cut)
     }
 }

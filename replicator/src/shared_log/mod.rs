@@ -327,21 +327,17 @@ impl Inner {
     /// one on a thread of its own (see `prealloc`): the roll then finds it
     /// ready instead of zero-filling inline under the log's lock.
     fn prepare_next(&mut self) {
-        if self
-            .active
-            .as_ref()
-            .is_none_or(|a| a.write_offset.saturating_mul(2) < a.size)
-        {
-            return;
+        if let Some((written, size)) = self.active.as_ref().map(|a| (a.write_offset, a.size)) {
+            let index = self.next_index();
+            prealloc::keep_ready(
+                &mut self.spare,
+                written,
+                size,
+                index,
+                self.config.segment_bytes,
+                || segment_path(&self.dir, index),
+            );
         }
-        let (index, size) = (self.next_index(), self.config.segment_bytes);
-        if self.spare.as_ref().is_some_and(|s| s.is_for(index, size)) {
-            return;
-        }
-        // Any other spare goes first (joined, its file removed): never two
-        // preparations of one index at once.
-        self.spare = None;
-        self.spare = Spare::start(&segment_path(&self.dir, index), index, size);
     }
 
     /// Stages one encoded entry (`lsn` its own); returns where it will
