@@ -22,7 +22,8 @@
 //! ```
 //!
 //! Durability is explicit: `append` checks a record and stages it (no I/O
-//! but rolling to a new segment); `sync` writes everything staged and makes
+//! but rolling to a new segment: a rename and a directory sync when the
+//! segment was prepared ahead, see `prealloc`); `sync` writes everything staged and makes
 //! it durable with one `fdatasync` per touched segment, and returns the
 //! newest durable bookmark — one sync covers every record appended before
 //! it (group commit). On Linux the writes and fdatasyncs of a sync go to
