@@ -23,10 +23,10 @@
 //!
 //! Durability is explicit: `append` checks a record and stages it (no I/O
 //! but rolling to a new segment: a rename and a directory sync when the
-//! segment was prepared ahead, see `prealloc`); `sync` writes everything staged and makes
-//! it durable with one `fdatasync` per touched segment, and returns the
-//! newest durable bookmark — one sync covers every record appended before
-//! it (group commit). On Linux the writes and fdatasyncs of a sync go to
+//! segment was prepared ahead, see `prealloc`); `sync` writes everything
+//! staged and makes it durable with one `fdatasync` per touched segment,
+//! and returns the newest durable bookmark — one sync covers every record
+//! appended before it (group commit). On Linux the writes and fdatasyncs of a sync go to
 //! the kernel in one io_uring submission, each sync linked behind its
 //! segment's writes; where io_uring is unavailable (or `WALRELAY_NO_URING`
 //! is set) plain `pwrite` + `fdatasync` do the same. Staged records are
