@@ -20,7 +20,8 @@
 //!   for lagging peers, fencing), the durability [`follower`] and the
 //!   replica [`subscriber`]. A seeded simulator and the real runtimes drive
 //!   the same cores.
-//! - Storage: the follower's [`segments`] log (preallocated segments, group
+//! - Storage: the follower's [`segments`] log (preallocated segments,
+//!   each prepared ahead of need on a thread of its own, group
 //!   fdatasync through io_uring where available, torn-tail recovery, and
 //!   retention: a prefix archived in cold storage is released, the log
 //!   then starts after it).
@@ -56,6 +57,7 @@ pub mod leader;
 pub mod marker;
 pub mod net;
 pub mod node;
+mod prealloc;
 pub mod quorum;
 pub mod record;
 pub mod segments;

@@ -13,16 +13,20 @@
 //!                           and holds records
 //!                           (see `record`) back to back from offset 0;
 //!                           the rest is zero (a zero magic ends the scan)
+//! <dir>/<index:016x>.seg.tmp the next segment while it is built (see
+//!                           `prealloc`; ahead of need, once the current
+//!                           one is half written); removed at open
 //! <dir>/released           where the log starts once a prefix archived in
 //!                           cold storage was released (see `release`)
 //! <dir>/poisoned           left by a failed sync (see `poison`)
 //! ```
 //!
 //! Durability is explicit: `append` checks a record and stages it (no I/O
-//! but rolling to a new segment); `sync` writes everything staged and makes
-//! it durable with one `fdatasync` per touched segment, and returns the
-//! newest durable bookmark — one sync covers every record appended before
-//! it (group commit). On Linux the writes and fdatasyncs of a sync go to
+//! but rolling to a new segment: a rename and a directory sync when the
+//! segment was prepared ahead, see `prealloc`); `sync` writes everything
+//! staged and makes it durable with one `fdatasync` per touched segment,
+//! and returns the newest durable bookmark — one sync covers every record
+//! appended before it (group commit). On Linux the writes and fdatasyncs of a sync go to
 //! the kernel in one io_uring submission, each sync linked behind its
 //! segment's writes; where io_uring is unavailable (or `WALRELAY_NO_URING`
 //! is set) plain `pwrite` + `fdatasync` do the same. Staged records are
@@ -45,10 +49,11 @@
 use crate::bookmark::Bookmark;
 use crate::chain::ChainHash;
 use crate::history::History;
+use crate::prealloc::{self, Spare};
 use crate::record::{Encoded, RecordError};
 use bytes::Bytes;
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -236,6 +241,10 @@ pub struct SegmentLog {
     durable: Bookmark,
     io: Io,
     failed: bool,
+    /// The next segment, prepared ahead once the current one is half
+    /// written (see `prealloc`).
+    spare: Option<Spare>,
+    spares_used: u64,
 }
 
 fn io_at(path: &Path) -> impl Fn(io::Error) -> SegmentError + '_ {
@@ -344,40 +353,24 @@ impl SegmentLog {
         !self.pending.is_empty()
     }
 
+    /// The index the next roll creates.
+    fn next_index(&self) -> u64 {
+        self.current
+            .as_ref()
+            .map_or(self.first_index, |(i, _)| i + 1)
+    }
+
     fn roll(&mut self, at_least: u64) -> Result<(), SegmentError> {
         let size = self.next_segment_bytes().max(at_least);
-        let index = self
-            .current
-            .as_ref()
-            .map_or(self.first_index, |(i, _)| i + 1);
+        let index = self.next_index();
         let path = Self::segment_path(&self.dir, index);
-        // Really preallocated: zeros written and synced once, so every later
-        // sync is a pure overwrite (no block allocation or unwritten-extent
-        // conversion for the journal to commit), about twice as fast here
-        // as a sync that allocates. Built under a temporary name so a crash
-        // mid-way never leaves a short segment behind.
-        let tmp = path.with_extension("seg.tmp");
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
-            .map_err(io_at(&tmp))?;
-        let zeros = vec![0u8; (size.min(1 << 20)) as usize];
-        let mut at = 0u64;
-        while at < size {
-            let n = (size - at).min(zeros.len() as u64) as usize;
-            file.write_all_at(&zeros[..n], at).map_err(io_at(&tmp))?;
-            at += n as u64;
-        }
-        file.sync_all().map_err(io_at(&tmp))?;
-        std::fs::rename(&tmp, &path).map_err(io_at(&path))?;
-        if let Ok(d) = File::open(&self.dir) {
-            d.sync_all().map_err(io_at(&self.dir))?;
-        }
+        // Preallocated, from the spare prepared ahead when it fits (see
+        // `prealloc` for why zeros are written and synced).
+        let created = prealloc::create_segment(&self.dir, &path, index, size, self.spare.take())?;
+        self.spares_used += u64::from(created.from_spare);
+        let size = created.size;
         self.sizes.insert(index, size);
-        if let Some((old, old_file)) = self.current.replace((index, file)) {
+        if let Some((old, old_file)) = self.current.replace((index, created.file)) {
             // Its staged records are written at the next sync.
             if self.pending.last().is_some_and(|p| p.segment == old) {
                 self.rolled.push((old, old_file));
@@ -386,6 +379,30 @@ impl SegmentLog {
         self.write_offset = 0;
         self.current_bytes = size;
         Ok(())
+    }
+
+    /// Once the current segment is half written, starts preparing the next
+    /// one on a thread of its own (see `prealloc`), so the roll finds it
+    /// ready instead of zero-filling inline on the caller's (the
+    /// transport's) thread.
+    fn prepare_next(&mut self) {
+        if self.current.is_some() {
+            let (index, size) = (self.next_index(), self.next_segment_bytes());
+            prealloc::keep_ready(
+                &mut self.spare,
+                self.write_offset,
+                self.current_bytes,
+                index,
+                size,
+                || Self::segment_path(&self.dir, index),
+            );
+        }
+    }
+
+    /// Segments created from a spare prepared ahead (the others were
+    /// zero-filled inline at their roll).
+    pub fn spares_used(&self) -> u64 {
+        self.spares_used
     }
 
     /// Appends one encoded record, staged until the next `sync` (which
@@ -442,6 +459,7 @@ impl SegmentLog {
             len,
         });
         self.write_offset += len;
+        self.prepare_next();
         Ok(())
     }
 

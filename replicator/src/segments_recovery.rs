@@ -6,6 +6,7 @@ use super::{Entry, Io, IoBackend, Recovery, SegmentError, SegmentLog, io_at, rel
 use crate::bookmark::Bookmark;
 use crate::chain::ChainHash;
 use crate::history::History;
+use crate::prealloc;
 use crate::record::Encoded;
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -36,14 +37,23 @@ impl SegmentLog {
     ) -> Result<(SegmentLog, Recovery), SegmentError> {
         std::fs::create_dir_all(dir).map_err(io_at(dir))?;
         let released = release::base::load(dir)?;
-        let mut indexes: Vec<u64> = std::fs::read_dir(dir)
-            .map_err(io_at(dir))?
-            .filter_map(|e| e.ok())
-            .filter_map(|e| {
-                let name = e.file_name().into_string().ok()?;
-                u64::from_str_radix(name.strip_suffix(".seg")?, 16).ok()
-            })
-            .collect();
+        let mut indexes: Vec<u64> = Vec::new();
+        for e in std::fs::read_dir(dir).map_err(io_at(dir))?.flatten() {
+            let Ok(name) = e.file_name().into_string() else {
+                continue;
+            };
+            if prealloc::is_tmp_name(&name) {
+                // A segment being built when the process stopped (a roll,
+                // or a spare prepared ahead): never renamed, never used.
+                let path = e.path();
+                std::fs::remove_file(&path).map_err(io_at(&path))?;
+            } else if let Some(i) = name
+                .strip_suffix(".seg")
+                .and_then(|h| u64::from_str_radix(h, 16).ok())
+            {
+                indexes.push(i);
+            }
+        }
         indexes.sort_unstable();
         let mut rec = Recovery::default();
         let first_index = released.as_ref().map_or(0, |m| m.first_kept);
@@ -79,6 +89,8 @@ impl SegmentLog {
             durable: base,
             io: Io::choose(backend),
             failed: false,
+            spare: None,
+            spares_used: 0,
         };
         let mut cut = false;
         for (n, &index) in indexes.iter().enumerate() {
@@ -254,6 +266,10 @@ impl SegmentLog {
         self.current_bytes = file.metadata().map_err(io_at(&self.dir))?.len();
         self.current = Some((from.segment, file));
         self.write_offset = from.offset;
+        // Cut back into an earlier segment, the log next rolls to one
+        // after it: a spare made for the old next index goes.
+        let next = self.next_index();
+        prealloc::keep_only_for(&mut self.spare, next);
         Ok(cut)
     }
 }

@@ -26,6 +26,7 @@ use super::{Entry, SegmentError, SegmentLog, io_at};
 use crate::bookmark::Bookmark;
 use crate::chain::ChainHash;
 use crate::history::History;
+use crate::prealloc;
 use std::fs::File;
 
 /// What [`SegmentLog::release_through`] released.
@@ -257,6 +258,10 @@ impl SegmentLog {
         self.base_history = history;
         self.first_index = next;
         self.durable = start;
+        // A spare prepared for `next` (the usual case: the index after the
+        // current segment) stays good: a spare is only zeros, and nothing
+        // but its index and size decide whether the next roll takes it.
+        prealloc::keep_only_for(&mut self.spare, next);
         self.unlink(&old)?;
         sync_dir(self)?;
         Ok(bytes)

@@ -2,6 +2,7 @@
 use super::*;
 use crate::bookmark::{Epoch, Sequence};
 use crate::record::Record;
+use std::fs::OpenOptions;
 
 pub(super) fn b(s: u64) -> Bookmark {
     Bookmark::new(Epoch(1), Sequence(s))
@@ -387,4 +388,232 @@ fn after_a_failed_sync_a_reopen_keeps_only_what_was_durable_before_it() {
         assert!(r.cut_bytes > 0);
         assert!(!dir.path().join("poisoned").exists());
     }
+}
+
+/// The `.seg.tmp` files in `dir` (segments being built).
+fn tmp_files(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .expect("ls")
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| prealloc::is_tmp_name(n))
+        .collect()
+}
+
+/// Waits for the log's spare; its index and its file's inode.
+fn ready_spare(log: &mut SegmentLog) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let dir = log.dir.clone();
+    let spare = log.spare.as_mut().expect("a spare is being prepared");
+    assert!(spare.wait(), "the spare was built");
+    let index = spare.index();
+    let tmp = prealloc::tmp_path(&SegmentLog::segment_path(&dir, index));
+    let meta = std::fs::metadata(&tmp).expect("the spare's file");
+    assert_eq!(meta.len(), SEG, "zero-filled to the segment size");
+    (index, meta.ino())
+}
+
+#[test]
+fn a_roll_after_the_half_way_point_takes_the_segment_prepared_ahead() {
+    use std::os::unix::fs::MetadataExt;
+    for backend in BACKENDS {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (mut log, _) = open(dir.path(), backend);
+        log.append(&rec(1)).expect("append");
+        assert!(log.spare.is_none(), "under half written: nothing prepared");
+        log.append(&rec(2)).expect("append");
+        let (index, inode) = ready_spare(&mut log);
+        assert_eq!(index, 1, "the next segment");
+        log.append(&rec(3)).expect("append");
+        log.append(&rec(4)).expect("rolls");
+        assert_eq!(log.spares_used(), 1);
+        assert!(tmp_files(dir.path()).is_empty(), "renamed into place");
+        let seg = SegmentLog::segment_path(dir.path(), 1);
+        assert_eq!(std::fs::metadata(&seg).expect("seg").ino(), inode);
+        assert!(log.spare.is_none(), "the new segment is not half written");
+        assert_eq!(log.sync().expect("sync"), b(4));
+        let data = std::fs::read(&seg).expect("read");
+        let r4 = rec(4);
+        assert_eq!(data.len() as u64, SEG);
+        assert_eq!(&data[..r4.len()], &r4[..]);
+        assert!(data[r4.len()..].iter().all(|&x| x == 0), "zeros after it");
+        drop(log);
+        let (log, r) = open(dir.path(), backend);
+        assert_eq!((r.records, r.cut_bytes, r.segments_removed), (4, 0, 0));
+        let want: Vec<Bytes> = (1..=4).map(rec).collect();
+        assert_eq!(log.read_after(b(0)).expect("read"), want);
+    }
+}
+
+#[test]
+fn a_record_larger_than_the_spare_still_gets_a_segment_of_its_own() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (mut log, _) = open(dir.path(), IoBackend::Std);
+    log.append(&rec(1)).expect("append");
+    log.append(&rec(2)).expect("append");
+    assert_eq!(ready_spare(&mut log).0, 1);
+    let big = crate::record::testing::chained(
+        Record {
+            bookmark: b(3),
+            previous: b(2),
+            prev_chain: crate::chain::ChainHash::GENESIS,
+            commit_us: 0,
+            page_size: 4096,
+            db_pages: 2,
+            pages: (1..=2)
+                .map(|n| (n, Bytes::from(vec![n as u8; 4096])))
+                .collect(),
+        },
+        false,
+    )
+    .bytes;
+    assert!(big.len() as u64 > SEG);
+    log.append(&big).expect("stored");
+    assert_eq!(log.spares_used(), 0, "too small: built inline");
+    assert_eq!(log.sizes.get(&1), Some(&(big.len() as u64)));
+    // Full at once: the next one (index 2) is prepared, and taken.
+    assert_eq!(ready_spare(&mut log).0, 2);
+    assert_eq!(tmp_files(dir.path()).len(), 1, "the discarded one is gone");
+    let r4 = rec(4);
+    log.append(&r4).expect("append");
+    assert_eq!(log.spares_used(), 1);
+    log.sync().expect("sync");
+    drop(log);
+    assert!(tmp_files(dir.path()).is_empty());
+    let (log, r) = open(dir.path(), IoBackend::Std);
+    assert_eq!((r.records, r.cut_bytes), (4, 0));
+    assert_eq!(
+        log.read_after(b(0)).expect("read"),
+        vec![rec(1), rec(2), big, r4]
+    );
+}
+
+#[test]
+fn a_log_dropped_while_its_spare_is_prepared_reopens_clean_with_no_leftover_tmp() {
+    // Segments of 4 MiB: the spare is still being written when the log
+    // goes (right after the append that started it), which cancels it,
+    // waits for it and removes its file.
+    const BIG_SEG: u64 = 4 << 20;
+    let dir = tempfile::tempdir().expect("tmp");
+    let open_big =
+        || SegmentLog::open_with(dir.path(), BIG_SEG, b(0), IoBackend::Std).expect("open");
+    let (mut log, _) = open_big();
+    log.append(&rec(1)).expect("append");
+    log.sync().expect("sync");
+    let big = crate::record::testing::chained(
+        Record {
+            bookmark: b(2),
+            previous: b(1),
+            prev_chain: crate::chain::ChainHash::GENESIS,
+            commit_us: 0,
+            page_size: 4096,
+            db_pages: 640,
+            pages: (1..=640)
+                .map(|n| (n, Bytes::from(vec![n as u8; 4096])))
+                .collect(),
+        },
+        false,
+    )
+    .bytes;
+    log.append(&big).expect("append");
+    assert!(log.spare.is_some(), "more than half written");
+    drop(log);
+    assert!(tmp_files(dir.path()).is_empty(), "dropping removed it");
+    let (mut log, r) = open_big();
+    assert_eq!((r.records, r.cut_bytes, r.segments_removed), (1, 0, 0));
+    log.append(&big).expect("the log goes on");
+    log.sync().expect("sync");
+    drop(log);
+    // What a crash mid-preparation leaves: a short `.seg.tmp`.
+    let leftover = prealloc::tmp_path(&SegmentLog::segment_path(dir.path(), 1));
+    std::fs::write(&leftover, vec![0u8; 1000]).expect("leftover");
+    let (mut log, r) = open_big();
+    assert_eq!((r.records, r.cut_bytes, r.segments_removed), (2, 0, 0));
+    assert!(tmp_files(dir.path()).is_empty(), "recovery removed it");
+    let r3 = rec(3);
+    log.append(&r3).expect("the log goes on");
+    log.sync().expect("sync");
+    assert_eq!(log.read_after(b(0)).expect("read"), vec![rec(1), big, r3]);
+}
+
+#[test]
+fn cuts_back_to_an_earlier_segment_drop_the_spare_and_the_log_reads_back_whole() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (mut log, _) = open(dir.path(), IoBackend::Std);
+    for s in 1..=5 {
+        log.append(&rec(s)).expect("append");
+    }
+    log.sync().expect("sync");
+    assert_eq!(ready_spare(&mut log).0, 2, "segment 1 is half written");
+    // A cut inside the current segment: the next index is still 2.
+    log.truncate_after(b(4)).expect("cut");
+    assert_eq!(log.spare.as_ref().map(|s| s.index()), Some(2));
+    // Back into segment 0: segment 2 no longer comes next.
+    log.truncate_after(b(2)).expect("cut");
+    assert!(log.spare.is_none());
+    assert!(tmp_files(dir.path()).is_empty(), "its file removed");
+    let used = log.spares_used();
+    for s in 3..=10 {
+        log.append(&rec(s)).expect("append");
+    }
+    assert!(
+        log.spares_used() >= used + 2,
+        "later rolls take spares again"
+    );
+    log.sync().expect("sync");
+    drop(log);
+    assert!(tmp_files(dir.path()).is_empty());
+    let (log, r) = open(dir.path(), IoBackend::Std);
+    assert_eq!((r.records, r.cut_bytes, r.segments_removed), (10, 0, 0));
+    let want: Vec<Bytes> = (1..=10).map(rec).collect();
+    assert_eq!(log.read_after(b(0)).expect("read"), want);
+}
+
+#[test]
+fn a_release_or_a_reset_with_a_spare_keeps_it_for_the_next_segment() {
+    use crate::history::History;
+    use crate::record::testing::chain_at;
+    let dir = tempfile::tempdir().expect("tmp");
+    let (mut log, _) = open(dir.path(), IoBackend::Std);
+    for s in 1..=8 {
+        log.append(&rec(s)).expect("append");
+    }
+    log.sync().expect("sync");
+    assert_eq!(ready_spare(&mut log).0, 3);
+    let released = log.release_through(b(6)).expect("release");
+    assert_eq!((released.segments, released.start), (2, b(6)));
+    assert_eq!(log.spare.as_ref().map(|s| s.index()), Some(3), "kept");
+    let used = log.spares_used();
+    for s in 9..=10 {
+        log.append(&rec(s)).expect("append");
+    }
+    assert_eq!(log.spares_used(), used + 1, "the roll to 3 took it");
+    log.sync().expect("sync");
+    drop(log);
+    let (mut log, r) = open(dir.path(), IoBackend::Std);
+    assert_eq!(r.records, 4);
+    let want: Vec<Bytes> = (7..=10).map(rec).collect();
+    assert_eq!(log.read_after(b(6)).expect("read"), want);
+
+    // Reset: the log starts over after a peer's start, at the index after
+    // its last segment, which is the one the spare was made for.
+    log.append(&rec(11)).expect("append");
+    assert_eq!(ready_spare(&mut log).0, 4);
+    for s in 12..=30 {
+        rec(s); // the chains, for chain_at
+    }
+    let history = History::from_runs(vec![(Epoch(1), Sequence(30))]).expect("runs");
+    log.reset_to(b(30), chain_at(b(30)), history)
+        .expect("reset");
+    assert_eq!(log.spare.as_ref().map(|s| s.index()), Some(4), "kept");
+    let used = log.spares_used();
+    let r31 = rec(31);
+    log.append(&r31).expect("the peer's next record");
+    assert_eq!(log.spares_used(), used + 1);
+    log.sync().expect("sync");
+    drop(log);
+    assert!(tmp_files(dir.path()).is_empty());
+    let (log, r) = open(dir.path(), IoBackend::Std);
+    assert_eq!((r.records, log.start(), log.last()), (1, b(30), b(31)));
+    assert_eq!(log.read_after(b(30)).expect("read"), vec![r31]);
 }

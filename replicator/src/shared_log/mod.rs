@@ -11,6 +11,10 @@
 //!                                      (zeros) to `segment_bytes` (or to
 //!                                      one larger entry) and holding
 //!                                      entries (see `format`) from 0
+//! <host dir>/shared/<index>.seg.tmp    the next segment while it is
+//!                                      built (see `prealloc`; ahead of
+//!                                      need, once the active one is half
+//!                                      written); removed at open
 //! <host dir>/shared/poisoned           left by a failed sync: where the
 //!                                      log was last known durable
 //! ```
@@ -93,13 +97,14 @@ mod migrate;
 mod recovery;
 
 use crate::ids::DatabaseId;
+use crate::prealloc::{self, Spare};
 use crate::record::Encoded;
 use crate::segments::{Io, IoBackend, SegmentError};
 use format::Kind;
 use index::{DbIndex, Loc, RecEntry};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -141,6 +146,9 @@ pub struct SharedLogStats {
     /// Segments compacted (live entries moved forward, then deleted).
     pub compactions: u64,
     pub moved_bytes: u64,
+    /// Segments created from a spare prepared ahead (the others were
+    /// zero-filled inline at their roll).
+    pub spares_used: u64,
 }
 
 fn io_at(path: &Path) -> impl Fn(io::Error) -> SegmentError + '_ {
@@ -213,6 +221,9 @@ struct Inner {
     /// Said once that live data holds the log over its bound.
     over_bound_warned: bool,
     stats: SharedLogStats,
+    /// The next segment, prepared ahead once the active one is half
+    /// written (see `prealloc`).
+    spare: Option<Spare>,
 }
 
 /// The host-wide log (see the module docs).
@@ -266,34 +277,23 @@ impl Inner {
         }
     }
 
-    /// Creates the next segment, preallocated, and makes it the active
-    /// one (see `SegmentLog::roll` for why zeros are written and synced).
-    fn roll(&mut self, at_least: u64) -> Result<(), SegmentError> {
-        let size = self.config.segment_bytes.max(at_least);
-        let index = self
-            .segments
+    /// The index the next roll creates (the newest segment is the
+    /// active one).
+    fn next_index(&self) -> u64 {
+        self.segments
             .keys()
             .next_back()
-            .map_or(0, |i| i.checked_add(1).expect("segment index overflow"));
+            .map_or(0, |i| i.checked_add(1).expect("segment index overflow"))
+    }
+
+    /// Creates the next segment, preallocated (from the spare prepared
+    /// ahead when it fits; see `prealloc`), and makes it the active one.
+    fn roll(&mut self, at_least: u64) -> Result<(), SegmentError> {
+        let size = self.config.segment_bytes.max(at_least);
+        let index = self.next_index();
         let path = segment_path(&self.dir, index);
-        let tmp = path.with_extension("seg.tmp");
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
-            .map_err(io_at(&tmp))?;
-        let zeros = vec![0u8; size.min(1 << 20) as usize];
-        let mut at = 0u64;
-        while at < size {
-            let n = (size - at).min(zeros.len() as u64) as usize;
-            file.write_all_at(&zeros[..n], at).map_err(io_at(&tmp))?;
-            at += n as u64;
-        }
-        file.sync_all().map_err(io_at(&tmp))?;
-        std::fs::rename(&tmp, &path).map_err(io_at(&path))?;
-        sync_dir(&self.dir)?;
+        let created = prealloc::create_segment(&self.dir, &path, index, size, self.spare.take())?;
+        let size = created.size;
         self.segments.insert(
             index,
             SegInfo {
@@ -302,9 +302,10 @@ impl Inner {
             },
         );
         bump(&mut self.stats.segments_created, 1);
+        bump(&mut self.stats.spares_used, u64::from(created.from_spare));
         let old = self.active.replace(Active {
             index,
-            file,
+            file: created.file,
             write_offset: 0,
             size,
         });
@@ -313,8 +314,30 @@ impl Inner {
                 self.rolled.push((old.index, old.file));
             }
         }
-        tracing::debug!(segment = index, size, "shared log rolled to a new segment");
+        tracing::debug!(
+            segment = index,
+            size,
+            prepared = created.from_spare,
+            "shared log rolled to a new segment"
+        );
         Ok(())
+    }
+
+    /// Once the active segment is half written, starts preparing the next
+    /// one on a thread of its own (see `prealloc`): the roll then finds it
+    /// ready instead of zero-filling inline under the log's lock.
+    fn prepare_next(&mut self) {
+        if let Some((written, size)) = self.active.as_ref().map(|a| (a.write_offset, a.size)) {
+            let index = self.next_index();
+            prealloc::keep_ready(
+                &mut self.spare,
+                written,
+                size,
+                index,
+                self.config.segment_bytes,
+                || segment_path(&self.dir, index),
+            );
+        }
     }
 
     /// Stages one encoded entry (`lsn` its own); returns where it will
@@ -341,6 +364,7 @@ impl Inner {
                 bytes: frame.to_vec(),
             }),
         }
+        self.prepare_next();
         Ok(Loc {
             segment,
             offset,

@@ -272,8 +272,9 @@ impl SharedLog {
             let Ok(name) = e.file_name().into_string() else {
                 continue;
             };
-            if name.ends_with(".seg.tmp") {
-                // A roll a crash interrupted: never renamed, never used.
+            if crate::prealloc::is_tmp_name(&name) {
+                // A roll or a spare a crash interrupted: never renamed,
+                // never used.
                 let _ = std::fs::remove_file(e.path());
             } else if let Some(i) = name
                 .strip_suffix(".seg")
@@ -415,6 +416,7 @@ impl SharedLog {
             durable_pos,
             over_bound_warned: false,
             stats: Default::default(),
+            spare: None,
         };
         Ok((
             Arc::new(SharedLog {

@@ -525,3 +525,184 @@ fn reading_one_database_does_not_read_the_records_of_others_far_between() {
     check(&log, DatabaseId(1), &a);
     check(&log, DatabaseId(2), &b);
 }
+
+/// The `.seg.tmp` files in `dir` (segments being built).
+fn tmp_files(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .expect("ls")
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| crate::prealloc::is_tmp_name(n))
+        .collect()
+}
+
+/// Appends records of `id` (`size` bytes of pages) until the log prepares
+/// a spare; waits for it, and returns its index and its file's inode.
+fn until_spare(log: &Arc<SharedLog>, id: DatabaseId, e: &mut Expect, size: usize) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    for fill in 0..=255u8 {
+        let mut inner = log.inner.lock();
+        if let Some(spare) = inner.spare.as_mut() {
+            assert!(spare.wait(), "the spare was built");
+            let index = spare.index();
+            let a = inner.active.as_ref().expect("active");
+            assert!(a.write_offset * 2 >= a.size, "only past half-way");
+            let tmp = crate::prealloc::tmp_path(&segment_path(log.dir(), index));
+            let meta = std::fs::metadata(tmp).expect("the spare's file");
+            assert_eq!(meta.len(), inner.config.segment_bytes);
+            return (index, meta.ino());
+        }
+        drop(inner);
+        append(log, id, e, fill, size);
+    }
+    panic!("no spare prepared");
+}
+
+#[test]
+fn a_roll_after_the_half_way_point_takes_the_segment_prepared_ahead() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().expect("dir");
+    let mut a = Expect::default();
+    {
+        let (log, _) = SharedLog::open(dir.path(), config(16 << 10, 64)).expect("open");
+        let (index, inode) = until_spare(&log, DatabaseId(1), &mut a, 700);
+        assert_eq!((index, log.stats().spares_used), (1, 0));
+        while log.stats().segments_created < 2 {
+            append(&log, DatabaseId(1), &mut a, 9, 700);
+        }
+        assert_eq!(log.stats().spares_used, 1);
+        assert!(tmp_files(dir.path()).is_empty(), "renamed into place");
+        let seg = segment_path(dir.path(), 1);
+        assert_eq!(std::fs::metadata(&seg).expect("seg").ino(), inode);
+        log.sync().expect("sync");
+        check(&log, DatabaseId(1), &a);
+    }
+    assert!(tmp_files(dir.path()).is_empty());
+    let (log, rec) = SharedLog::open(dir.path(), config(16 << 10, 64)).expect("reopen");
+    assert_eq!((rec.cut_bytes, rec.unchained), (0, 0));
+    check(&log, DatabaseId(1), &a);
+}
+
+#[test]
+fn an_entry_larger_than_the_spare_still_gets_a_segment_of_its_own() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut a = Expect::default();
+    {
+        let (log, _) = SharedLog::open(dir.path(), config(16 << 10, 64)).expect("open");
+        assert_eq!(until_spare(&log, DatabaseId(1), &mut a, 700).0, 1);
+        append(&log, DatabaseId(1), &mut a, 1, 20 << 10);
+        assert_eq!(log.stats().spares_used, 0, "too small: built inline");
+        assert!(log.inner.lock().segments[&1].size > 16 << 10);
+        // Full at once: the next one is prepared, and taken.
+        assert_eq!(until_spare(&log, DatabaseId(1), &mut a, 700).0, 2);
+        assert_eq!(tmp_files(dir.path()).len(), 1, "the discarded one is gone");
+        append(&log, DatabaseId(1), &mut a, 2, 700);
+        assert_eq!(log.stats().spares_used, 1);
+        log.sync().expect("sync");
+        check(&log, DatabaseId(1), &a);
+    }
+    let (log, _) = SharedLog::open(dir.path(), config(16 << 10, 64)).expect("reopen");
+    check(&log, DatabaseId(1), &a);
+}
+
+#[test]
+fn a_log_dropped_while_its_spare_is_prepared_reopens_clean_with_no_leftover_tmp() {
+    // Segments of 4 MiB: the spare is still being written when the log
+    // goes (right after the append that started it), which cancels it,
+    // waits for it and removes its file.
+    let dir = tempfile::tempdir().expect("dir");
+    let cfg = config(4 << 20, 64);
+    let mut a = Expect::default();
+    {
+        let (log, _) = SharedLog::open(dir.path(), cfg).expect("open");
+        for fill in 0..=255u8 {
+            let mut next = a.clone();
+            append(&log, DatabaseId(1), &mut next, fill, 256 << 10);
+            if log.inner.lock().spare.is_some() {
+                break; // that record is not synced: lost with the log
+            }
+            log.sync().expect("sync");
+            a = next;
+        }
+    }
+    assert!(tmp_files(dir.path()).is_empty(), "dropping removed it");
+    {
+        let (log, rec) = SharedLog::open(dir.path(), cfg).expect("reopen");
+        assert_eq!(rec.cut_bytes, 0);
+        check(&log, DatabaseId(1), &a);
+    }
+    // What a crash mid-preparation leaves: a short `.seg.tmp`.
+    let leftover = crate::prealloc::tmp_path(&segment_path(dir.path(), 1));
+    std::fs::write(&leftover, vec![0u8; 1000]).expect("leftover");
+    let (log, rec) = SharedLog::open(dir.path(), cfg).expect("reopen");
+    assert!(tmp_files(dir.path()).is_empty(), "recovery removed it");
+    assert_eq!((rec.segments, rec.cut_bytes), (1, 0));
+    append(&log, DatabaseId(1), &mut a, 1, 700);
+    log.sync().expect("sync");
+    check(&log, DatabaseId(1), &a);
+}
+
+#[test]
+fn cuts_resets_releases_and_compaction_with_a_spare_keep_every_database_whole() {
+    const MAX: usize = 4;
+    let dir = tempfile::tempdir().expect("dir");
+    let (ida, idb) = (DatabaseId(1), DatabaseId(2));
+    let (mut a, mut b) = (Expect::default(), Expect::default());
+    let (mut epoch_a, mut epoch_b) = (1u32, 1u32);
+    let push = |log: &Arc<SharedLog>, id, e: &mut Expect, epoch, fill| {
+        let r = next(e.end(), epoch, fill, 700);
+        log.database(id).append_encoded(&r).expect("append");
+        e.records.push(r);
+    };
+    // Operations done while a spare was prepared: cut, release, reset.
+    let mut with_spare = [0usize; 3];
+    {
+        let (log, _) = SharedLog::open(dir.path(), config(16 << 10, MAX)).expect("open");
+        for round in 0..80u32 {
+            push(&log, ida, &mut a, epoch_a, round as u8);
+            push(&log, idb, &mut b, epoch_b, round as u8);
+            log.sync().expect("sync");
+            let spare = usize::from(log.inner.lock().spare.is_some());
+            if round % 3 == 1 && a.records.len() >= 2 {
+                let keep = a.records[a.records.len() - 2].bookmark;
+                log.database(ida).truncate_after(keep).expect("cut");
+                a.records.pop();
+                epoch_a += 1;
+                with_spare[0] += spare;
+            } else if round % 4 == 2 && a.records.len() >= 2 {
+                let upto = &a.records[a.records.len() - 2];
+                let (start, chain) = (upto.bookmark, upto.chain);
+                log.database(ida).release_through(start).expect("release");
+                a.records.drain(..a.records.len() - 1);
+                (a.start, a.start_chain) = (start, Some(chain));
+                with_spare[1] += spare;
+            } else if round % 13 == 5 {
+                epoch_b += 1;
+                let start = Bookmark::new(Epoch(epoch_b), Sequence(1000 * u64::from(round)));
+                let mut history = History::new();
+                history.record(start);
+                let chain = ChainHash::from_bytes([round as u8; 16]);
+                log.database(idb)
+                    .reset_to(start, chain, history)
+                    .expect("reset");
+                b = Expect {
+                    records: Vec::new(),
+                    start,
+                    start_chain: Some(chain),
+                };
+                with_spare[2] += spare;
+            }
+        }
+        log.sync().expect("sync");
+        let stats = log.stats();
+        assert!(stats.spares_used > 0 && stats.compactions > 0, "{stats:?}");
+        assert!(with_spare.iter().all(|n| *n > 0), "{with_spare:?}");
+        check(&log, ida, &a);
+        check(&log, idb, &b);
+    }
+    assert!(tmp_files(dir.path()).is_empty());
+    let (log, rec) = SharedLog::open(dir.path(), config(16 << 10, MAX)).expect("reopen");
+    assert_eq!((rec.cut_bytes, rec.unchained), (0, 0));
+    check(&log, ida, &a);
+    check(&log, idb, &b);
+}
