@@ -8,8 +8,6 @@
 //! is released only once its bookmark is confirmed by W followers.
 
 use super::NodeError;
-use super::deferral::{Deferral, Next};
-pub use super::deferral::{FLUSH_AFTER, MAX_DEFERRED};
 use super::waiters::{Waiters, park_until};
 use crate::bookmark::{Bookmark, Epoch};
 use crate::chain::ChainHash;
@@ -99,10 +97,15 @@ struct Watch {
     /// Sessions waiting at the output gate, each woken only once its
     /// bookmark is confirmed (or the leader is fenced or shut down).
     waiters: Waiters<Bookmark>,
-    /// Records held back by [`LeaderNode::commit_deferred`] and their
-    /// flusher.
-    deferral: Deferral,
+    /// Since when records sent with [`LeaderNode::commit_deferred`] may
+    /// be held by the transport with no flush after them (None: nothing
+    /// is held). A waiter flushes once they are [`FLUSH_AFTER`] old.
+    deferred_since: Option<Instant>,
 }
+
+/// How long a deferred record may wait for the commit behind it before a
+/// waiting session flushes it itself.
+pub const FLUSH_AFTER: Duration = Duration::from_micros(200);
 
 struct State {
     config: LeaderNodeConfig,
@@ -159,7 +162,7 @@ impl LeaderNode {
                 confirmed: config.start,
                 fenced: None,
                 waiters: Waiters::default(),
-                deferral: Deferral::default(),
+                deferred_since: None,
             }),
             transport: OnceLock::new(),
             started: Instant::now(),
@@ -244,7 +247,7 @@ impl LeaderNode {
         self.fan_out(record, false)?;
         // Sent at once, and with it whatever earlier deferred commits left
         // in the transport (same queue, same order).
-        self.state.watch.lock().deferral.sent();
+        self.state.watch.lock().deferred_since = None;
         Ok(())
     }
 
@@ -253,26 +256,19 @@ impl LeaderNode {
     /// for that commit (or a [`LeaderNode::flush`]) and go out with it,
     /// one write per peer for both. A session waiting for a deferred
     /// record's confirmation flushes it after [`FLUSH_AFTER`], so a
-    /// record is never held longer than that even if no commit follows;
-    /// after [`MAX_DEFERRED`] held in a row the next is sent at once. The
-    /// caller then waits for its confirmation ([`LeaderNode::wait_confirmed`]),
-    /// which is what guarantees the flush (see [`super::deferral`]).
+    /// record is never held longer than that even if no commit follows.
     pub fn commit_deferred(&self, record: Encoded) -> Result<(), LeaderError> {
-        // Under the core lock, so records and the bookkeeping agree.
-        let mut core = self.state.core.lock();
-        let hold = self.state.watch.lock().deferral.hold(Instant::now());
-        core.leader.set_clock_us(wall_clock_us());
-        let actions = core.leader.committed(record)?;
-        self.state.run_sends(actions, hold);
-        if !hold {
-            self.state.watch.lock().deferral.sent();
+        self.fan_out(record, true)?;
+        let mut watch = self.state.watch.lock();
+        if watch.deferred_since.is_none() {
+            watch.deferred_since = Some(Instant::now());
         }
         Ok(())
     }
 
     /// Sends every record that deferred commits left in the transport.
     pub fn flush(&self) {
-        self.state.watch.lock().deferral.sent();
+        self.state.watch.lock().deferred_since = None;
         self.state.transport().flush();
     }
 
@@ -324,58 +320,37 @@ impl LeaderNode {
     ) -> Result<(), ConfirmError> {
         let started = Instant::now();
         let deadline = started + timeout;
-        // The episode of held records this waiter is the flusher of.
-        let mut flusher_of = None;
         let mut watch = self.state.watch.lock();
-        let outcome = loop {
+        loop {
             if let Some(e) = watch.fenced {
-                break Err(ConfirmError::Fenced(e));
+                return Err(ConfirmError::Fenced(e));
             }
             if watch.confirmed >= bookmark {
-                break Ok(());
+                return Ok(());
             }
-            let now = Instant::now();
-            if now >= deadline {
-                break Err(ConfirmError::Timeout {
+            // Deferred records not yet flushed by the commit behind them
+            // are flushed by the first waiter to see them stale.
+            let stale_at = watch.deferred_since.map(|t| t + FLUSH_AFTER);
+            if stale_at.is_some_and(|t| Instant::now() >= t) {
+                drop(watch);
+                self.flush();
+                watch = self.state.watch.lock();
+                continue;
+            }
+            let ticket = watch.waiters.register(bookmark);
+            drop(watch);
+            park_until(stale_at.map_or(deadline, |t| t.min(deadline)));
+            watch = self.state.watch.lock();
+            watch.waiters.withdraw(ticket);
+            if Instant::now() >= deadline && watch.confirmed < bookmark && watch.fenced.is_none() {
+                drop(watch);
+                return Err(ConfirmError::Timeout {
                     bookmark,
                     waited_ms: started.elapsed().as_millis() as u64,
                     write_quorum: self.state.config.write_quorum,
-                    streaming: 0, // filled in below, outside the lock
+                    streaming: self.status().streaming_followers,
                 });
             }
-            let until = match watch.deferral.next(now, &mut flusher_of) {
-                Next::Flush => {
-                    drop(watch);
-                    self.flush();
-                    watch = self.state.watch.lock();
-                    continue;
-                }
-                Next::ParkUntil(t) => t.map_or(deadline, |t| t.min(deadline)),
-            };
-            let ticket = watch.waiters.register(bookmark);
-            drop(watch);
-            park_until(until);
-            watch = self.state.watch.lock();
-            watch.waiters.withdraw(ticket);
-        };
-        let flush = watch.deferral.leave(flusher_of);
-        drop(watch);
-        if flush {
-            self.flush();
-        }
-        match outcome {
-            Err(ConfirmError::Timeout {
-                bookmark,
-                waited_ms,
-                write_quorum,
-                ..
-            }) => Err(ConfirmError::Timeout {
-                bookmark,
-                waited_ms,
-                write_quorum,
-                streaming: self.status().streaming_followers,
-            }),
-            other => other,
         }
     }
 }

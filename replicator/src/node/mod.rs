@@ -16,7 +16,6 @@
 //!   by the advance that reaches it.
 
 pub mod candidate;
-mod deferral;
 pub mod follower;
 pub mod follower_db;
 mod follower_db_log;
