@@ -41,9 +41,6 @@ pub fn start(dir: &Path, n: usize, key: Option<ClusterKey>) -> BenchCluster {
     let addrs: Vec<SocketAddr> = followers.iter().map(|f| f.addr()).collect();
     let mut config = PrimaryConfig::new(dir.join("primary.db"), addrs.clone(), key.clone());
     config.listen = Some("127.0.0.1:0".parse().expect("addr"));
-    // WALRELAY_BENCH_NO_BATCH=1 sends every commit at once (to measure
-    // what batching queued commits is worth).
-    config.batch_queued_commits = std::env::var_os("WALRELAY_BENCH_NO_BATCH").is_none();
     let primary = ReplicatedPrimary::start(config).expect("primary");
     let replica = ReplicatedReplica::start(ReplicaConfig {
         store: None,

@@ -9,7 +9,7 @@ use crate::meta;
 use crate::pool::{Pooled, ReaderPool};
 use crate::session::{Constraint, Meta, Session};
 use crate::value::Row;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use rusqlite::{Connection, OpenFlags, config::DbConfig, ffi};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -59,10 +59,6 @@ pub trait CommitGate: Send + Sync {
     fn admit_write(&self) -> Result<(), GateError>;
     /// Waits, bounded, until `bookmark` is confirmed.
     fn wait_confirmed(&self, bookmark: Bookmark) -> Result<(), GateError>;
-    /// A writer starts (true) or stops (false) waiting for the writer
-    /// lock: while one waits, a commit may hold its records for the next
-    /// commit and ship both together. Default: ignored.
-    fn writer_waiting(&self, _waiting: bool) {}
 }
 
 /// Why the gate did not open. Typed, because what happens next depends on
@@ -903,22 +899,6 @@ impl PrimaryRole {
                 .map_err(|reason| QueryError::WriteNotAdmitted { reason }),
             None => Ok(()),
         }
-    }
-
-    /// Takes the writer lock, waiting at most `wait`, telling the gate
-    /// while it waits (see [`CommitGate::writer_waiting`]).
-    pub(crate) fn lock_writer_for(&self, wait: Duration) -> Option<MutexGuard<'_, Pooled>> {
-        if let Some(w) = self.writer.try_lock() {
-            return Some(w);
-        }
-        if let Some(g) = &self.gate {
-            g.writer_waiting(true);
-        }
-        let w = self.writer.try_lock_for(wait);
-        if let Some(g) = &self.gate {
-            g.writer_waiting(false);
-        }
-        w
     }
 
     pub(crate) fn gate_wait(&self, bookmark: Bookmark) -> Result<(), QueryError> {

@@ -56,13 +56,6 @@ pub struct PrimaryConfig {
     /// node's): one connection per follower for all of them. None: this
     /// primary's leader has a transport of its own.
     pub mux: Option<Mux>,
-    /// A commit made while another writer waits for the writer lock
-    /// leaves its record for that writer's commit to send, so a burst of
-    /// commits goes to each peer in one write (and is synced and acked
-    /// together); a waiting session flushes it after
-    /// [`walrelay_replicator::node::leader::FLUSH_AFTER`] at most. On by
-    /// default; off sends every commit at once (the benchmarks compare).
-    pub batch_queued_commits: bool,
 }
 
 impl PrimaryConfig {
@@ -87,7 +80,6 @@ impl PrimaryConfig {
             backend: Backend::Auto,
             store: None,
             mux: None,
-            batch_queued_commits: true,
             // The quorum log is the durability; the local WAL is a cache
             // of it, so its own fsync buys nothing.
             options: Options {
@@ -110,12 +102,6 @@ struct Link {
     start: Bookmark,
     /// Set by `stop`: no write is admitted any more.
     stopping: std::sync::atomic::AtomicBool,
-    /// Writers waiting for the writer lock right now: while any is, a
-    /// commit's records wait for the next commit and go out with it
-    /// (see [`LeaderNode::commit_deferred`]).
-    writers_waiting: std::sync::atomic::AtomicUsize,
-    /// [`PrimaryConfig::batch_queued_commits`].
-    batch_queued_commits: bool,
 }
 
 impl TransactionSink for Link {
@@ -156,16 +142,6 @@ impl TransactionSink for Link {
         // One time for every chunk of the transaction.
         let commit_us = walrelay_replicator::node::leader::wall_clock_us();
         let mut in_flight = std::collections::VecDeque::new();
-        // A one-record commit with another writer queued behind it is
-        // sent with that writer's commit (batching every peer's writes,
-        // syncs and acks); a chunked transaction goes out at once, as its
-        // window waits on its own chunks' confirmations.
-        let deferred = self.batch_queued_commits
-            && parts.len() == 1
-            && self
-                .writers_waiting
-                .load(std::sync::atomic::Ordering::Relaxed)
-                > 0;
         for (i, part) in parts.iter().enumerate() {
             let at = Bookmark::new(bookmark.epoch, Sequence(first_seq + i as u64));
             if in_flight.len() >= window {
@@ -177,11 +153,7 @@ impl TransactionSink for Link {
             let continued = i + 1 < parts.len();
             let record = encode_chunk(at, *previous, &txn.pages, part, continued, commit_us)?;
             let chain = record.chain;
-            if deferred {
-                leader.commit_deferred(record)?;
-            } else {
-                leader.commit(record)?;
-            }
+            leader.commit(record)?;
             *previous = (at, chain);
             in_flight.push_back(at);
         }
@@ -251,16 +223,6 @@ pub fn decode(record: &Encoded) -> Result<PageSet, DecodeError> {
 }
 
 impl CommitGate for Link {
-    fn writer_waiting(&self, waiting: bool) {
-        use std::sync::atomic::Ordering::Relaxed;
-        if waiting {
-            self.writers_waiting.fetch_add(1, Relaxed);
-        } else {
-            let before = self.writers_waiting.fetch_sub(1, Relaxed);
-            assert!(before > 0, "a writer stopped waiting that never started");
-        }
-    }
-
     fn admit_write(&self) -> Result<(), GateError> {
         let Some(leader) = self.leader.get() else {
             return Err(GateError::NotStarted);
@@ -365,8 +327,6 @@ impl ReplicatedPrimary {
             max_unconfirmed_bytes: config.max_unconfirmed_bytes,
             start: adopted.end,
             stopping: std::sync::atomic::AtomicBool::new(false),
-            writers_waiting: std::sync::atomic::AtomicUsize::new(0),
-            batch_queued_commits: config.batch_queued_commits,
         });
         let mut options = config.options.clone();
         options.sink = Some(Arc::clone(&link) as Arc<dyn TransactionSink>);

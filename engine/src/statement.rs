@@ -239,7 +239,7 @@ impl Database {
             return Err(QueryError::ReadOnlyReplica);
         };
         p.gate_admit()?;
-        let Some(w) = p.lock_writer_for(self.pool_wait()) else {
+        let Some(w) = p.writer.try_lock_for(self.pool_wait()) else {
             return Err(QueryError::Busy {
                 resource: "the writer",
                 waited_ms: self.inner.limits.pool_wait_ms,

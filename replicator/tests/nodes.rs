@@ -188,63 +188,6 @@ fn uring_or_skip() -> bool {
     }
 }
 
-#[cfg(target_os = "linux")]
-#[test]
-fn deferred_commits_are_confirmed_in_order_with_no_commit_after_them() {
-    if !uring_or_skip() {
-        return;
-    }
-    // Heartbeats a minute apart: nothing but the waiter's own flush can
-    // send the last deferred records.
-    let (_dirs, followers, leader) = five_followers_and_a_leader(Backend::IoUring, 60_000);
-    wait_until("three followers streaming", || {
-        leader.status().streaming_followers >= 3
-    });
-    for s in 1..=40 {
-        if s % 4 == 0 {
-            leader.commit(record(s)).expect("commit");
-        } else {
-            leader.commit_deferred(record(s)).expect("deferred commit");
-        }
-    }
-    // Let the ring go idle: every follower acked, nothing in flight.
-    leader
-        .wait_confirmed(b(40), Duration::from_secs(10))
-        .expect("confirmed");
-    wait_until("every follower holds record 40", || {
-        followers.iter().all(|f| f.durable() >= b(40))
-    });
-    std::thread::sleep(Duration::from_millis(50));
-    for s in 41..=45 {
-        leader.commit_deferred(record(s)).expect("deferred commit");
-    }
-    std::thread::sleep(Duration::from_millis(50));
-    assert!(
-        followers.iter().all(|f| f.durable() == b(40)),
-        "deferred records wait in the transport"
-    );
-    let waited = std::time::Instant::now();
-    leader
-        .wait_confirmed(b(45), Duration::from_secs(10))
-        .expect("confirmed though no commit came after the deferred ones");
-    // Without the waiter's own flush the records would go out only when
-    // something else wakes the ring (a periodic check, ~0.4 s here); with
-    // it they go after FLUSH_AFTER (~1 ms here). The bound is generous.
-    assert!(
-        waited.elapsed() < Duration::from_millis(200),
-        "the waiter flushed the deferred records itself (waited {:?})",
-        waited.elapsed()
-    );
-    let holding = followers.iter().filter(|f| f.durable() >= b(45)).count();
-    assert!(holding >= 3, "confirmed but durable on {holding}");
-    // A flush alone sends deferred records, with nobody waiting.
-    leader.commit_deferred(record(46)).expect("deferred commit");
-    leader.flush();
-    wait_until("record 46 confirmed by a flush alone", || {
-        leader.confirmed() >= b(46)
-    });
-}
-
 #[test]
 fn peers_behind_the_leaders_tail_catch_up_from_followers_then_stream_skipping_a_frozen_one() {
     let backend = Backend::Auto;

@@ -83,18 +83,6 @@ pub trait Transport: Send + Sync {
     /// handler on the caller's thread, so callers may hold their own locks
     /// (which the handler also takes) while calling them.
     fn send(&self, conn: ConnId, message: &Message);
-    /// Sends one message like `send`, but may hold it until the next
-    /// `send`, `close` or [`Transport::flush`] (or until the transport
-    /// wakes for any other reason): a committer that knows another commit
-    /// is right behind it lets both go out in one write per peer. Order
-    /// with every other message to the same connection is kept. The
-    /// caller must make sure a flush follows. Default: `send`.
-    fn send_deferred(&self, conn: ConnId, message: &Message) {
-        self.send(conn, message);
-    }
-    /// Sends whatever [`Transport::send_deferred`] holds (a no-op when
-    /// nothing is held).
-    fn flush(&self) {}
     fn close(&self, conn: ConnId);
     /// "std" or "io_uring".
     fn backend(&self) -> &'static str;

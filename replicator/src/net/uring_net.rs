@@ -143,14 +143,6 @@ struct Shared {
 impl Shared {
     /// Queues `cmd` for the ring thread; `Err` (the reason) once it stopped.
     fn post(&self, cmd: Cmd) -> Result<(), String> {
-        self.post_then(Some(cmd), true)
-    }
-
-    /// Queues `cmd` (if any) and, when `wake`, makes sure the ring thread
-    /// will drain the inbox: a deferred send is queued with `wake` false
-    /// and goes out with the next command that wakes the ring (or a
-    /// flush, which is this with no command).
-    fn post_then(&self, cmd: Option<Cmd>, wake: bool) -> Result<(), String> {
         // The ring thread drains the inbox before it waits again: posting
         // from its own handler calls needs no wake-up.
         let on_ring = self.ring_thread.get() == Some(&std::thread::current().id());
@@ -159,10 +151,8 @@ impl Shared {
             if let Some(why) = &inbox.shut {
                 return Err(why.clone());
             }
-            if let Some(cmd) = cmd {
-                inbox.cmds.push(cmd);
-            }
-            let wake = wake && !on_ring && !inbox.woken && !inbox.cmds.is_empty();
+            inbox.cmds.push(cmd);
+            let wake = !on_ring && !inbox.woken;
             inbox.woken |= wake;
             wake
         };
@@ -190,15 +180,6 @@ impl Shared {
         if let Err(why) = self.post(Cmd::Start(conn)) {
             self.handler.closed(conn, Some(why));
         }
-    }
-}
-
-/// An Append's record (also inside a channel frame) is shared, not
-/// copied.
-fn send_cmd(conn: ConnId, message: &Message) -> Cmd {
-    match encode_parts(message) {
-        Ok((head, body)) => Cmd::Send(conn, head, body),
-        Err(e) => Cmd::Fail(conn, e.to_string()),
     }
 }
 
@@ -328,15 +309,13 @@ impl Transport for UringTransport {
     }
 
     fn send(&self, conn: ConnId, message: &Message) {
-        let _ = self.shared.post(send_cmd(conn, message));
-    }
-
-    fn send_deferred(&self, conn: ConnId, message: &Message) {
-        let _ = self.shared.post_then(Some(send_cmd(conn, message)), false);
-    }
-
-    fn flush(&self) {
-        let _ = self.shared.post_then(None, true);
+        // An Append's record (also inside a channel frame) is shared,
+        // not copied.
+        let cmd = match encode_parts(message) {
+            Ok((head, body)) => Cmd::Send(conn, head, body),
+            Err(e) => Cmd::Fail(conn, e.to_string()),
+        };
+        let _ = self.shared.post(cmd);
     }
 
     fn close(&self, conn: ConnId) {

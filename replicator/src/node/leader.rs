@@ -97,15 +97,7 @@ struct Watch {
     /// Sessions waiting at the output gate, each woken only once its
     /// bookmark is confirmed (or the leader is fenced or shut down).
     waiters: Waiters<Bookmark>,
-    /// Since when records sent with [`LeaderNode::commit_deferred`] may
-    /// be held by the transport with no flush after them (None: nothing
-    /// is held). A waiter flushes once they are [`FLUSH_AFTER`] old.
-    deferred_since: Option<Instant>,
 }
-
-/// How long a deferred record may wait for the commit behind it before a
-/// waiting session flushes it itself.
-pub const FLUSH_AFTER: Duration = Duration::from_micros(200);
 
 struct State {
     config: LeaderNodeConfig,
@@ -162,7 +154,6 @@ impl LeaderNode {
                 confirmed: config.start,
                 fenced: None,
                 waiters: Waiters::default(),
-                deferred_since: None,
             }),
             transport: OnceLock::new(),
             started: Instant::now(),
@@ -244,39 +235,10 @@ impl LeaderNode {
     /// Fans out the next committed record (its `previous` must be the last
     /// one's bookmark).
     pub fn commit(&self, record: Encoded) -> Result<(), LeaderError> {
-        self.fan_out(record, false)?;
-        // Sent at once, and with it whatever earlier deferred commits left
-        // in the transport (same queue, same order).
-        self.state.watch.lock().deferred_since = None;
-        Ok(())
-    }
-
-    /// Like [`LeaderNode::commit`], for a committer that knows another
-    /// commit is right behind it: the record may wait in the transport
-    /// for that commit (or a [`LeaderNode::flush`]) and go out with it,
-    /// one write per peer for both. A session waiting for a deferred
-    /// record's confirmation flushes it after [`FLUSH_AFTER`], so a
-    /// record is never held longer than that even if no commit follows.
-    pub fn commit_deferred(&self, record: Encoded) -> Result<(), LeaderError> {
-        self.fan_out(record, true)?;
-        let mut watch = self.state.watch.lock();
-        if watch.deferred_since.is_none() {
-            watch.deferred_since = Some(Instant::now());
-        }
-        Ok(())
-    }
-
-    /// Sends every record that deferred commits left in the transport.
-    pub fn flush(&self) {
-        self.state.watch.lock().deferred_since = None;
-        self.state.transport().flush();
-    }
-
-    fn fan_out(&self, record: Encoded, deferred: bool) -> Result<(), LeaderError> {
         let mut core = self.state.core.lock();
         core.leader.set_clock_us(wall_clock_us());
         let actions = core.leader.committed(record)?;
-        self.state.run_sends(actions, deferred);
+        self.state.run(actions);
         Ok(())
     }
 
@@ -328,21 +290,7 @@ impl LeaderNode {
             if watch.confirmed >= bookmark {
                 return Ok(());
             }
-            // Deferred records not yet flushed by the commit behind them
-            // are flushed by the first waiter to see them stale.
-            let stale_at = watch.deferred_since.map(|t| t + FLUSH_AFTER);
-            if stale_at.is_some_and(|t| Instant::now() >= t) {
-                drop(watch);
-                self.flush();
-                watch = self.state.watch.lock();
-                continue;
-            }
-            let ticket = watch.waiters.register(bookmark);
-            drop(watch);
-            park_until(stale_at.map_or(deadline, |t| t.min(deadline)));
-            watch = self.state.watch.lock();
-            watch.waiters.withdraw(ticket);
-            if Instant::now() >= deadline && watch.confirmed < bookmark && watch.fenced.is_none() {
+            if Instant::now() >= deadline {
                 drop(watch);
                 return Err(ConfirmError::Timeout {
                     bookmark,
@@ -351,6 +299,11 @@ impl LeaderNode {
                     streaming: self.status().streaming_followers,
                 });
             }
+            let ticket = watch.waiters.register(bookmark);
+            drop(watch);
+            park_until(deadline);
+            watch = self.state.watch.lock();
+            watch.waiters.withdraw(ticket);
         }
     }
 }
@@ -416,17 +369,8 @@ impl State {
     }
 
     fn run(&self, actions: Vec<LeaderAction>) {
-        self.run_sends(actions, false);
-    }
-
-    /// Carries out `actions`, holding its sends in the transport when
-    /// `deferred` (see [`LeaderNode::commit_deferred`]).
-    fn run_sends(&self, actions: Vec<LeaderAction>, deferred: bool) {
         for action in actions {
             match action {
-                LeaderAction::Send { peer, message } if deferred => {
-                    self.transport().send_deferred(peer.0, &message)
-                }
                 LeaderAction::Send { peer, message } => self.transport().send(peer.0, &message),
                 LeaderAction::Confirmed(b) => {
                     let woken = {
