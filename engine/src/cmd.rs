@@ -424,12 +424,7 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
     config.backend = a.net;
     config.options.region = a.region.clone();
     config.options.limits.max_transaction_bytes = a.max_transaction_bytes;
-    config.store = a
-        .store
-        .as_deref()
-        .map(walrelay_archive::Store::open)
-        .transpose()
-        .context("opening the cold store")?;
+    config.store = open_store(a.store.as_deref())?;
     let time_travel = config.store.clone().map(|store| TimeTravelConfig {
         store,
         database: DatabaseId(a.database),
@@ -579,6 +574,13 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
         Err(e) => bail!("primary could not stop cleanly: {e}"),
     }
     Ok(())
+}
+
+/// Opens the cold store named by a `--store` option, if one was given.
+pub fn open_store(spec: Option<&str>) -> Result<Option<walrelay_archive::Store>> {
+    spec.map(walrelay_archive::Store::open)
+        .transpose()
+        .context("opening the cold store")
 }
 
 /// Parses "a:1,b:2".

@@ -211,12 +211,7 @@ pub fn node(a: NodeArgs) -> Result<()> {
     }
     std::fs::create_dir_all(&a.dir)?;
     // Checked before anything starts: a bad store stops the start.
-    let store = a
-        .store
-        .as_deref()
-        .map(walrelay_archive::Store::open)
-        .transpose()
-        .context("opening the cold store")?;
+    let store = crate::cmd::open_store(a.store.as_deref())?;
     let self_url = format!("http://{}", a.http);
     let reads = Arc::new(CatalogReads::default());
     let routes = Arc::new(Routes::open(&a.dir.join("routes.db")).context("opening routes.db")?);

@@ -83,12 +83,7 @@ pub fn replica(a: ReplicaArgs) -> Result<()> {
         _ => None,
     };
     std::fs::create_dir_all(&dir)?;
-    let store = a
-        .store
-        .as_deref()
-        .map(walrelay_archive::Store::open)
-        .transpose()
-        .context("opening the cold store")?;
+    let store = crate::cmd::open_store(a.store.as_deref())?;
     let restart_marker = dir.join(REBOOTSTRAP_MARKER);
     if restart_marker.exists() {
         // The last run fell behind the followers' retained log: its

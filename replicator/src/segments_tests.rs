@@ -27,6 +27,26 @@ pub(super) fn rec(s: u64) -> Bytes {
     .bytes
 }
 
+/// Record `s`, chained after `s - 1`, of `pages` 4 KiB pages: larger
+/// than a segment of the small logs here.
+pub(super) fn big_rec(s: u64, pages: u32) -> Bytes {
+    crate::record::testing::chained(
+        Record {
+            bookmark: b(s),
+            previous: b(s - 1),
+            prev_chain: crate::chain::ChainHash::GENESIS,
+            commit_us: 0,
+            page_size: 4096,
+            db_pages: pages,
+            pages: (1..=pages)
+                .map(|n| (n, Bytes::from(vec![n as u8; 4096])))
+                .collect(),
+        },
+        false,
+    )
+    .bytes
+}
+
 pub(super) const SEG: u64 = 4 * 1024; // about three records a segment
 
 const BACKENDS: [IoBackend; 2] = [IoBackend::Auto, IoBackend::Std];
@@ -180,21 +200,7 @@ fn a_record_larger_than_a_segment_gets_a_segment_of_its_own_and_survives_reopen(
         let dir = tempfile::tempdir().expect("tmp");
         let (mut log, _) = open(dir.path(), backend);
         log.append(&rec(1)).expect("append");
-        let big = crate::record::testing::chained(
-            Record {
-                bookmark: b(2),
-                previous: b(1),
-                prev_chain: crate::chain::ChainHash::GENESIS,
-                commit_us: 0,
-                page_size: 4096,
-                db_pages: 4,
-                pages: (1..=4)
-                    .map(|n| (n, Bytes::from(vec![n as u8; 4096])))
-                    .collect(),
-            },
-            false,
-        )
-        .bytes;
+        let big = big_rec(2, 4);
         assert!(big.len() as u64 > SEG);
         log.append(&big).expect("an oversized record is stored");
         log.append(&rec(3)).expect("and the log goes on");
@@ -452,21 +458,7 @@ fn a_record_larger_than_the_spare_still_gets_a_segment_of_its_own() {
     log.append(&rec(1)).expect("append");
     log.append(&rec(2)).expect("append");
     assert_eq!(ready_spare(&mut log).0, 1);
-    let big = crate::record::testing::chained(
-        Record {
-            bookmark: b(3),
-            previous: b(2),
-            prev_chain: crate::chain::ChainHash::GENESIS,
-            commit_us: 0,
-            page_size: 4096,
-            db_pages: 2,
-            pages: (1..=2)
-                .map(|n| (n, Bytes::from(vec![n as u8; 4096])))
-                .collect(),
-        },
-        false,
-    )
-    .bytes;
+    let big = big_rec(3, 2);
     assert!(big.len() as u64 > SEG);
     log.append(&big).expect("stored");
     assert_eq!(log.spares_used(), 0, "too small: built inline");
@@ -500,21 +492,7 @@ fn a_log_dropped_while_its_spare_is_prepared_reopens_clean_with_no_leftover_tmp(
     let (mut log, _) = open_big();
     log.append(&rec(1)).expect("append");
     log.sync().expect("sync");
-    let big = crate::record::testing::chained(
-        Record {
-            bookmark: b(2),
-            previous: b(1),
-            prev_chain: crate::chain::ChainHash::GENESIS,
-            commit_us: 0,
-            page_size: 4096,
-            db_pages: 640,
-            pages: (1..=640)
-                .map(|n| (n, Bytes::from(vec![n as u8; 4096])))
-                .collect(),
-        },
-        false,
-    )
-    .bytes;
+    let big = big_rec(2, 640);
     log.append(&big).expect("append");
     assert!(log.spare.is_some(), "more than half written");
     drop(log);
