@@ -670,23 +670,25 @@ pub const RUNAWAY: &str =
 pub fn free_port_base(span: u16) -> u16 {
     let free =
         |base: u16| (0..span).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok());
+    let top = procs::ephemeral_start().saturating_sub(span);
     // Random bases first (tests running at once rarely collide), then
     // every base in order: a busy stretch of ports never fails a test.
     for attempt in 0..2_000u32 {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
-        let base = 20_000
-            + (std::process::id() as u16 % 20_000)
-            + ((nanos >> 8) as u16 ^ attempt as u16) % 5_000;
+        // Below the ephemeral ports (see `free_port`), above its range.
+        let room = top.saturating_sub(20_000).max(1);
+        let mix = (std::process::id() as u16) ^ ((nanos >> 8) as u16) ^ (attempt as u16);
+        let base = 20_000 + mix % room;
         if free(base) {
             return base;
         }
     }
-    (20_000..60_000 - span)
+    (20_000..top)
         .step_by(usize::from(span))
         .find(|b| free(*b))
-        .expect("no free port range on 127.0.0.1 between 20000 and 60000")
+        .expect("no free port range on 127.0.0.1 below the ephemeral ports")
 }
 
 /// One HTTP/1.1 query sent over a raw socket, with `bearer` as its

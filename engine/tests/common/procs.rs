@@ -10,11 +10,42 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// A loopback port nobody listens on right now (released before use, so
-/// another process could take it first; unlikely on loopback in a test).
+/// Where the kernel's ephemeral ports start (the source ports of outgoing
+/// connections, and what binding port 0 hands out).
+pub fn ephemeral_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
+}
+
+/// A loopback port nobody listens on right now, for a process to listen
+/// on (released before use, so it is probed, not held).
+///
+/// Taken from below the ephemeral range, in 10000..20000: a port from
+/// binding port 0 is an ephemeral one, and the kernel may hand it out
+/// again as the source port of any outgoing connection (a primary
+/// dialing its followers) before the process meant to listen on it
+/// binds it ("Address already in use"). Each call in a test process
+/// moves on from the last, starting at an offset of its own.
 pub fn free_port() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 10_000;
+    const SPAN: u32 = 10_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7_919) % SPAN,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..SPAN {
+        let port = (LOW + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return SocketAddr::from(([127, 0, 0, 1], port));
+        }
+    }
+    panic!("no free port on 127.0.0.1 in {LOW}..{}", LOW + SPAN)
 }
 
 /// "a:1,b:2", as the `walrelay` address-list flags take it.
