@@ -28,17 +28,8 @@ WORK=$(mktemp -d /tmp/pg_quorum.XXXXXX)
 PIDS=()    # walrelay's processes
 PG_DIRS=() # PostgreSQL data directories (their postmaster.pid names the server)
 
-# Stops each PID: TERM, at most 10 s, then KILL.
-stop_pids() {
-  for pid in "$@"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "$@"; do
-    for _ in $(seq 1 100); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    kill -KILL "$pid" 2>/dev/null || true
-  done
-}
+# stop_pids: TERM, at most 10 s, then KILL.
+source benches/scripts/lib.sh
 stop_pg() {
   local pids=()
   for d in "${PG_DIRS[@]}"; do

@@ -66,19 +66,10 @@ PIDS=()  # every process started and not yet stopped
 NSES=()  # namespaces made
 LINKS=() # root ends of the veth pairs made (deleting one deletes both)
 
-# Stops each PID: TERM, at most 15 s (a primary waits for its last commits
-# to be confirmed), then KILL.
-stop_pids() {
-  for pid in "$@"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "$@"; do
-    for _ in $(seq 1 150); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-}
+# stop_pids: TERM, at most 15 s (a primary waits for its last commits to
+# be confirmed), then KILL.
+source benches/scripts/lib.sh
+STOP_WAIT_S=15
 forget() { # removes PIDs from PIDS once stopped
   local keep=() p q
   for p in "${PIDS[@]}"; do

@@ -53,6 +53,19 @@ const BACKENDS: [IoBackend; 2] = [IoBackend::Auto, IoBackend::Std];
 
 /// Opens with `backend`, checking that `Auto` really gets io_uring
 /// wherever the kernel allows it and the environment does not forbid it.
+/// Reopens the log in `dir`: nothing cut or removed, and records 1..=`n`
+/// all read back.
+fn reopens_whole(dir: &Path, backend: IoBackend, n: u64) -> SegmentLog {
+    let (log, r) = open(dir, backend);
+    assert_eq!(
+        (r.records, r.cut_bytes, r.segments_removed),
+        (n as usize, 0, 0)
+    );
+    let want: Vec<Bytes> = (1..=n).map(rec).collect();
+    assert_eq!(log.read_after(b(0)).expect("read"), want);
+    log
+}
+
 fn open(dir: &Path, backend: IoBackend) -> (SegmentLog, Recovery) {
     let (log, r) = SegmentLog::open_with(dir, SEG, b(0), backend).expect("open");
     let want = if backend == IoBackend::Auto && !uring_forbidden() && uring_works() {
@@ -257,10 +270,7 @@ fn many_appends_then_one_sync_are_all_durable_across_rolls() {
         assert!(log.rolled.is_empty() && log.pending.is_empty());
         assert_eq!(log.read_after(b(0)).expect("read").len(), 40);
         drop(log);
-        let (log, r) = open(dir.path(), backend);
-        assert_eq!((r.records, r.cut_bytes, r.segments_removed), (40, 0, 0));
-        let want: Vec<Bytes> = (1..=40).map(rec).collect();
-        assert_eq!(log.read_after(b(0)).expect("read"), want);
+        reopens_whole(dir.path(), backend, 40);
         assert!(std::fs::read_dir(dir.path()).expect("ls").count() > 10);
     }
 }
@@ -444,10 +454,7 @@ fn a_roll_after_the_half_way_point_takes_the_segment_prepared_ahead() {
         assert_eq!(&data[..r4.len()], &r4[..]);
         assert!(data[r4.len()..].iter().all(|&x| x == 0), "zeros after it");
         drop(log);
-        let (log, r) = open(dir.path(), backend);
-        assert_eq!((r.records, r.cut_bytes, r.segments_removed), (4, 0, 0));
-        let want: Vec<Bytes> = (1..=4).map(rec).collect();
-        assert_eq!(log.read_after(b(0)).expect("read"), want);
+        reopens_whole(dir.path(), backend, 4);
     }
 }
 
@@ -541,10 +548,7 @@ fn cuts_back_to_an_earlier_segment_drop_the_spare_and_the_log_reads_back_whole()
     log.sync().expect("sync");
     drop(log);
     assert!(tmp_files(dir.path()).is_empty());
-    let (log, r) = open(dir.path(), IoBackend::Std);
-    assert_eq!((r.records, r.cut_bytes, r.segments_removed), (10, 0, 0));
-    let want: Vec<Bytes> = (1..=10).map(rec).collect();
-    assert_eq!(log.read_after(b(0)).expect("read"), want);
+    reopens_whole(dir.path(), IoBackend::Std, 10);
 }
 
 #[test]

@@ -53,10 +53,6 @@ impl Woken {
             t.unpark();
         }
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
 }
 
 impl<P: Ord + Copy> Waiters<P> {
