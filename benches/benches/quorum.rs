@@ -172,7 +172,9 @@ fn main() {
         return;
     }
     let (one, one_cpu_us) = throughput(1);
+    let groups_before = primary.database().group_commit_stats();
     let (sixteen, sixteen_cpu_us) = throughput(16);
+    let groups = primary.database().group_commit_stats();
 
     println!("floors (same run, same disk):");
     show("  4 KiB overwrite + fdatasync", &overwrite);
@@ -199,6 +201,14 @@ fn main() {
     );
     println!(
         "  CPU per commit (all nodes)       1 session {one_cpu_us:>8.1} us   16 sessions {sixteen_cpu_us:>8.1} us"
+    );
+    let grouped = groups.grouped_writes - groups_before.grouped_writes;
+    let group_txns = groups.groups - groups_before.groups;
+    println!(
+        "  group commit ({}), 16 sessions   {grouped} writes in {group_txns} group transactions ({:.1} each), {} run again alone",
+        if cluster::group_commit() { "on" } else { "off" },
+        grouped as f64 / group_txns.max(1) as f64,
+        groups.rerun_alone - groups_before.rerun_alone
     );
     if lags.is_empty() {
         println!("  confirm lag: no samples");

@@ -22,6 +22,12 @@ pub struct BenchCluster {
 
 /// Starts `n` followers, a primary and a replica under `dir`, with
 /// replication authenticated by `key` (None: open).
+/// Whether the bench primary runs with group commit: yes unless
+/// `WALRELAY_BENCH_GROUP_COMMIT=0` (for an A/B of the lever).
+pub fn group_commit() -> bool {
+    std::env::var("WALRELAY_BENCH_GROUP_COMMIT").map_or(true, |v| v != "0")
+}
+
 pub fn start(dir: &Path, n: usize, key: Option<ClusterKey>) -> BenchCluster {
     let followers: Vec<FollowerNode> = (0..n)
         .map(|i| {
@@ -41,6 +47,7 @@ pub fn start(dir: &Path, n: usize, key: Option<ClusterKey>) -> BenchCluster {
     let addrs: Vec<SocketAddr> = followers.iter().map(|f| f.addr()).collect();
     let mut config = PrimaryConfig::new(dir.join("primary.db"), addrs.clone(), key.clone());
     config.listen = Some("127.0.0.1:0".parse().expect("addr"));
+    config.options.group_commit = group_commit();
     let primary = ReplicatedPrimary::start(config).expect("primary");
     let replica = ReplicatedReplica::start(ReplicaConfig {
         store: None,

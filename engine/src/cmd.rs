@@ -320,6 +320,10 @@ pub struct PrimaryArgs {
     /// one is refused before it commits.
     #[arg(long, default_value_t = walrelay_engine::Limits::default().max_transaction_bytes)]
     pub max_transaction_bytes: u64,
+    /// Every write its own transaction: no group commit (writes that queue
+    /// behind the writer otherwise commit together and share a bookmark).
+    #[arg(long)]
+    pub no_group_commit: bool,
     /// Cold storage (as the followers' `--store`): where a rebuild starts,
     /// and what time travel reads.
     #[arg(long)]
@@ -424,6 +428,7 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
     config.backend = a.net;
     config.options.region = a.region.clone();
     config.options.limits.max_transaction_bytes = a.max_transaction_bytes;
+    config.options.group_commit = !a.no_group_commit;
     config.store = open_store(a.store.as_deref())?;
     let time_travel = config.store.clone().map(|store| TimeTravelConfig {
         store,

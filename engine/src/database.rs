@@ -174,6 +174,11 @@ pub struct Options {
     /// replicated primary wins it from its followers); it must be newer
     /// than any this database used. None: the stored epoch plus one.
     pub epoch: Option<Epoch>,
+    /// Group commit: single-statement writes (INSERT, UPDATE, DELETE,
+    /// REPLACE) that queue while the writer is busy commit together, as
+    /// one transaction whose bookmark they share; each one's outcome is
+    /// still its own. Off: every write is its own transaction.
+    pub group_commit: bool,
 }
 
 impl Default for Options {
@@ -189,6 +194,7 @@ impl Default for Options {
             gate: None,
             limits: crate::limits::Limits::default(),
             epoch: None,
+            group_commit: true,
         }
     }
 }
@@ -208,6 +214,7 @@ impl std::fmt::Debug for Options {
             .field("sink", &self.sink.is_some())
             .field("gate", &self.gate.is_some())
             .field("limits", &self.limits)
+            .field("group_commit", &self.group_commit)
             .finish()
     }
 }
@@ -301,6 +308,8 @@ pub(crate) enum Role {
 
 pub(crate) struct PrimaryRole {
     pub(crate) writer: Mutex<Pooled>,
+    /// Group commit of plain DML writes (`Options::group_commit`).
+    pub(crate) write_groups: Option<crate::group_write::WriteGroups>,
     issuer: Arc<Issuer>,
     pub(crate) attachment: Attachment,
     checkpoint_threshold_frames: u32,
@@ -575,6 +584,7 @@ impl Database {
                 classifier: Mutex::new(classifier),
                 role: Role::Primary(PrimaryRole {
                     writer: Mutex::new(writer),
+                    write_groups: options.group_commit.then(Default::default),
                     issuer,
                     attachment,
                     checkpoint_threshold_frames: options.checkpoint_threshold_frames,

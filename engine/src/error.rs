@@ -130,6 +130,11 @@ pub enum QueryError {
     Cancelled,
     #[error("the database is stopping and runs no more queries")]
     Stopping,
+    /// The write was queued for a group commit whose leader failed before
+    /// answering: whether it committed is unknown (as with a lost
+    /// connection; its bookmark, if any, was never released).
+    #[error("the write's group commit ended without an answer; whether it committed is unknown")]
+    WriteAbandoned,
     #[error("busy: waited {waited_ms} ms for {resource}; retry later")]
     Busy {
         resource: &'static str,

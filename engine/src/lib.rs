@@ -88,6 +88,8 @@ pub mod dump;
 mod error;
 mod execution;
 pub mod fleet;
+mod group_commit;
+mod group_write;
 pub mod host_archiving;
 pub mod http;
 pub mod limits;
@@ -111,6 +113,7 @@ pub use database::{
 };
 pub use error::{CheckpointError, OpenError, QueryError, SessionError};
 pub use execution::CancelToken;
+pub use group_write::GroupCommitStats;
 pub use limits::Limits;
 pub use replica::{Replica, ReplicaFeed, ReplicaOptions, pair};
 pub use sandbox::Refusal;

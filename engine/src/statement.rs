@@ -203,7 +203,7 @@ pub(crate) fn run_statement(
     Ok((columns, rows, Counts { rows_read, changes }))
 }
 
-fn tx_control_refused() -> QueryError {
+pub(crate) fn tx_control_refused() -> QueryError {
     QueryError::NotSupported(crate::error::REFUSED_STATEMENT.into())
 }
 
@@ -223,6 +223,7 @@ fn reveals_state(e: &QueryError) -> bool {
             | QueryError::Busy { .. }
             | QueryError::Cancelled
             | QueryError::Stopping
+            | QueryError::WriteAbandoned
     )
 }
 
@@ -253,7 +254,7 @@ impl Database {
     /// result would be: a read's at the latest bookmark once in-flight
     /// commits settle, a failed write's at the latest bookmark. If the
     /// gate gives up, its error replaces the original.
-    fn settle_error(&self, e: QueryError, read: bool) -> QueryError {
+    pub(crate) fn settle_error(&self, e: QueryError, read: bool) -> QueryError {
         let Some(p) = self.primary() else {
             return e;
         };
@@ -561,56 +562,6 @@ impl Database {
                 }
             })
             .collect())
-    }
-
-    fn write(
-        &self,
-        sql: &str,
-        params: &[Value],
-        access: Access,
-        started: Instant,
-        cancel: Option<&CancelToken>,
-    ) -> Result<Output, QueryError> {
-        if access == Access::ReadOnly {
-            return Err(QueryError::ReadOnlyAccess);
-        }
-        let limits = self.inner.limits;
-        let (p, w) = self.writer()?;
-        let r = {
-            let _armed = w.watch.arm(limits.query_timeout_ms, cancel);
-            run_statement(&w, sql, params, Prepare::Cached, limits.max_response_bytes)
-        };
-        if !w.conn.conn.is_autocommit() {
-            let _ = w.conn.engine_exec("ROLLBACK");
-            drop(w);
-            let e = r.err().unwrap_or_else(tx_control_refused);
-            return Err(self.settle_error(e, false));
-        }
-        let (columns, rows, counts) = match r {
-            Ok(o) => o,
-            Err(e) => {
-                // Explained while this request still holds the writer.
-                let e = self.explain(e);
-                drop(w);
-                return Err(self.settle_error(e, false));
-            }
-        };
-        self.check_capture()?;
-        let mut meta = self.meta(started, self.latest_bookmark());
-        meta.rows_read = counts.rows_read;
-        meta.rows_written = counts.changes;
-        meta.changes = counts.changes;
-        meta.last_row_id = w.conn.conn.last_insert_rowid();
-        p.maybe_checkpoint(&w.conn.conn);
-        drop(w);
-        // Later writers commit while this result waits (pipelining).
-        p.gate_wait(meta.bookmark)?;
-        meta.duration_us = started.elapsed().as_micros() as u64;
-        Ok(Output {
-            columns,
-            rows,
-            meta,
-        })
     }
 
     /// Runs statements atomically in one write transaction: all or nothing.

@@ -51,6 +51,8 @@ pub struct Plan {
     pub primary_addr: SocketAddr,
     pub writers: usize,
     pub max_transaction_bytes: u64,
+    /// False: the primary runs with `--no-group-commit`.
+    pub group_commit: bool,
     pub net: &'static str,
     pub key_file: PathBuf,
     pub auth_flags: Vec<String>,
@@ -426,6 +428,9 @@ fn primary_args(plan: &Plan, k: usize) -> Vec<String> {
         "--max-transaction-bytes".into(),
         plan.max_transaction_bytes.to_string(),
     ];
+    if !plan.group_commit {
+        args.push("--no-group-commit".into());
+    }
     if let Some(d) = plan.deadline {
         let left = d.saturating_duration_since(Instant::now()).as_secs().max(1);
         args.extend(["--seconds".into(), left.to_string()]);

@@ -41,6 +41,10 @@ pub struct UpArgs {
     /// `--max-transaction-bytes`).
     #[arg(long, default_value_t = walrelay_engine::Limits::default().max_transaction_bytes)]
     pub max_transaction_bytes: u64,
+    /// Every write its own transaction on the primary (the primary's
+    /// `--no-group-commit`).
+    #[arg(long)]
+    pub no_group_commit: bool,
 
     /// Serve the HTTP API without authentication (by default `up` keeps a
     /// token store in DIR/tokens and an admin token in DIR/token).
@@ -303,6 +307,7 @@ pub fn up(a: UpArgs) -> Result<()> {
         primary_addr,
         writers: a.writers,
         max_transaction_bytes: a.max_transaction_bytes,
+        group_commit: !a.no_group_commit,
         net: backend_name(a.net),
         key_file: key_file.clone(),
         auth_flags,

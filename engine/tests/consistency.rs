@@ -567,6 +567,18 @@ fn the_checker_reports_a_write_ordered_before_what_its_session_read() {
 }
 
 #[test]
+fn the_checker_accepts_writes_of_one_transaction_sharing_its_bookmark() {
+    let mut f = Fab::default();
+    // A group commit: three sessions' writes in one transaction.
+    f.write(0, 1, 1);
+    f.write(1, 2, 1);
+    f.write(2, 3, 1);
+    f.read(0, 3, 1);
+    f.write(1, 4, 2);
+    assert_eq!(rules_of(&f.done()), Vec::<Rule>::new());
+}
+
+#[test]
 fn the_checker_reports_writes_whose_ids_and_bookmarks_disagree() {
     let mut f = Fab::default();
     f.write(0, 1, 2);

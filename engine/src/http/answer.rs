@@ -168,7 +168,9 @@ pub(super) fn query_error(e: &QueryError) -> (u16, u32) {
         | QueryError::Cancelled
         | QueryError::Stopping => (503, codes::UNAVAILABLE),
         QueryError::TransactionTooLarge { .. } => (413, codes::TOO_LARGE),
-        QueryError::CaptureFailed(_) | QueryError::SequenceExhausted => (500, codes::INTERNAL),
+        QueryError::CaptureFailed(_)
+        | QueryError::SequenceExhausted
+        | QueryError::WriteAbandoned => (500, codes::INTERNAL),
     }
 }
 

@@ -104,7 +104,9 @@ pub enum Rule {
     MonotonicReads,
     /// A write was ordered before something its session had already seen.
     WritesFollowReads,
-    /// Ids and bookmarks disagree on the order of writes, or an id repeats.
+    /// Ids and bookmarks disagree on the order of writes (a later id has
+    /// an earlier bookmark; writes committed in one transaction share
+    /// one), or an id repeats.
     WriteOrder,
     /// An answer's bookmark is older than the request's.
     BookmarkRegressed,
@@ -268,8 +270,10 @@ impl Writes {
         }
         let mut last: Option<(i64, Bookmark)> = None;
         for (&id, w) in &by_id {
+            // Writes that one transaction committed (a group commit)
+            // share its bookmark; a later id never has an earlier one.
             if let Some((pid, pb)) = last
-                && w.bookmark <= pb
+                && w.bookmark < pb
             {
                 out.push(Violation {
                     rule: Rule::WriteOrder,

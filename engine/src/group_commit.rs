@@ -1,0 +1,353 @@
+//! The queue of group commit: writers that arrive while the writer is busy
+//! wait here, and the next writer to get it takes them all and runs them
+//! in one transaction (one WAL commit, one log record, one replication
+//! round for the whole group). What a group runs, and how one member's
+//! failure stays its own, is [`crate::group_write`]'s; this module only
+//! decides who leads and hands results back.
+//!
+//! # Contract
+//!
+//! - [`GroupQueue::submit`] either makes the caller the **leader**
+//!   ([`Turn::Lead`]) or queues its job and waits. At most one leader
+//!   exists at a time: the one between `submit` and [`Leader::take`].
+//! - The leader gets the writer, then calls [`Leader::take`]: every job
+//!   queued by then (up to a maximum), each with a [`Ticket`] to complete.
+//!   Taking ends its leadership: a writer arriving after it leads the next
+//!   group (and waits for the writer while this group runs, collecting the
+//!   jobs that queue meanwhile). Jobs left over past the maximum hand the
+//!   leadership to the oldest of them.
+//! - A queued job waits at most its `wait` to be taken; then it is removed
+//!   and comes back ([`Turn::TimedOut`]) having never run. A taken job
+//!   waits for its result without a deadline: its group is running, and
+//!   each statement in it is bounded by its own time limit.
+//! - A ticket dropped without a result (a leader that panicked) answers
+//!   its waiter [`Turn::Abandoned`]; a leader dropped without taking
+//!   hands the leadership on. No waiter waits forever.
+
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Writers queued for the next group, and whether a leader is collecting.
+pub(crate) struct GroupQueue<J, R> {
+    state: Mutex<QueueState<J, R>>,
+}
+
+struct QueueState<J, R> {
+    queue: VecDeque<Arc<Slot<J, R>>>,
+    leading: bool,
+}
+
+struct Slot<J, R> {
+    state: Mutex<SlotState<J, R>>,
+    changed: Condvar,
+}
+
+enum SlotState<J, R> {
+    Queued(J),
+    Taken,
+    Lead,
+    Done(R),
+    Abandoned,
+    /// The waiter has read its outcome.
+    Read,
+}
+
+/// What became of a submitted job.
+pub(crate) enum Turn<'q, J, R> {
+    /// The caller leads: get the writer, then [`Leader::take`].
+    Lead(Leader<'q, J, R>),
+    /// A leader ran the job in its group.
+    Done(R),
+    /// Not taken within `wait`; the job never ran.
+    TimedOut,
+    /// Its leader went away without a result (it panicked); whether the
+    /// job ran is unknown.
+    Abandoned,
+}
+
+/// The right to take the queue; see the module contract.
+pub(crate) struct Leader<'q, J, R> {
+    queue: &'q GroupQueue<J, R>,
+    taken: bool,
+}
+
+/// One taken job's way back to its waiter.
+pub(crate) struct Ticket<J, R> {
+    slot: Option<Arc<Slot<J, R>>>,
+}
+
+impl<J, R> Default for GroupQueue<J, R> {
+    fn default() -> Self {
+        GroupQueue {
+            state: Mutex::new(QueueState {
+                queue: VecDeque::new(),
+                leading: false,
+            }),
+        }
+    }
+}
+
+impl<J, R> GroupQueue<J, R> {
+    /// Leads if no one does, or queues the job `make` builds (only then is
+    /// it built) and waits: at most `wait` to be taken, then for its
+    /// result.
+    pub(crate) fn submit(&self, make: impl FnOnce() -> J, wait: Duration) -> Turn<'_, J, R> {
+        let slot = {
+            let mut st = self.state.lock();
+            if !st.leading {
+                st.leading = true;
+                return Turn::Lead(Leader {
+                    queue: self,
+                    taken: false,
+                });
+            }
+            let slot = Arc::new(Slot {
+                state: Mutex::new(SlotState::Queued(make())),
+                changed: Condvar::new(),
+            });
+            st.queue.push_back(Arc::clone(&slot));
+            slot
+        };
+        let deadline = Instant::now() + wait;
+        let mut s = slot.state.lock();
+        loop {
+            match std::mem::replace(&mut *s, SlotState::Read) {
+                SlotState::Done(r) => return Turn::Done(r),
+                SlotState::Abandoned => return Turn::Abandoned,
+                SlotState::Lead => {
+                    return Turn::Lead(Leader {
+                        queue: self,
+                        taken: false,
+                    });
+                }
+                SlotState::Read => unreachable!("a slot is read once, by its waiter"),
+                waiting @ SlotState::Taken => {
+                    *s = waiting;
+                    slot.changed.wait(&mut s);
+                }
+                queued @ SlotState::Queued(_) => {
+                    *s = queued;
+                    if slot.changed.wait_until(&mut s, deadline).timed_out()
+                        && matches!(*s, SlotState::Queued(_))
+                    {
+                        // Lock order is queue, then slot: let go of the
+                        // slot to take it out of the queue.
+                        drop(s);
+                        let mut st = self.state.lock();
+                        let before = st.queue.len();
+                        st.queue.retain(|q| !Arc::ptr_eq(q, &slot));
+                        if st.queue.len() < before {
+                            return Turn::TimedOut;
+                        }
+                        // Taken (or made leader) meanwhile: wait for that.
+                        drop(st);
+                        s = slot.state.lock();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Jobs queued now (for tests and metrics).
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        self.state.lock().queue.len()
+    }
+}
+
+impl<J, R> Leader<'_, J, R> {
+    /// Takes up to `max` queued jobs, oldest first, and ends this
+    /// leadership (see the module contract).
+    pub(crate) fn take(mut self, max: usize) -> Vec<(Ticket<J, R>, J)> {
+        let mut st = self.queue.state.lock();
+        let n = st.queue.len().min(max);
+        let mut jobs = Vec::with_capacity(n);
+        for slot in st.queue.drain(..n) {
+            let job = {
+                let mut s = slot.state.lock();
+                match std::mem::replace(&mut *s, SlotState::Taken) {
+                    SlotState::Queued(j) => j,
+                    _ => unreachable!("only queued slots are in the queue"),
+                }
+            };
+            jobs.push((Ticket { slot: Some(slot) }, job));
+        }
+        hand_on(&mut st);
+        self.taken = true;
+        jobs
+    }
+}
+
+impl<J, R> Drop for Leader<'_, J, R> {
+    fn drop(&mut self) {
+        if !self.taken {
+            hand_on(&mut self.queue.state.lock());
+        }
+    }
+}
+
+/// Ends a leadership: the oldest queued job leads next, or no one does
+/// until the next writer arrives.
+fn hand_on<J, R>(st: &mut QueueState<J, R>) {
+    match st.queue.pop_front() {
+        None => st.leading = false,
+        Some(next) => {
+            let mut s = next.state.lock();
+            // Its job stays with its waiter, who leads with it.
+            *s = SlotState::Lead;
+            next.changed.notify_one();
+        }
+    }
+}
+
+impl<J, R> Ticket<J, R> {
+    /// Hands the job's result to its waiter.
+    pub(crate) fn complete(mut self, r: R) {
+        if let Some(slot) = self.slot.take() {
+            *slot.state.lock() = SlotState::Done(r);
+            slot.changed.notify_one();
+        }
+    }
+}
+
+impl<J, R> Drop for Ticket<J, R> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            *slot.state.lock() = SlotState::Abandoned;
+            slot.changed.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    type Q = GroupQueue<u32, u32>;
+
+    fn lead(q: &Q) -> Leader<'_, u32, u32> {
+        match q.submit(
+            || unreachable!("a leader's job is not queued"),
+            Duration::ZERO,
+        ) {
+            Turn::Lead(l) => l,
+            _ => panic!("expected to lead"),
+        }
+    }
+
+    fn wait_queued(q: &Q, n: usize) {
+        let t = Instant::now();
+        while q.queued() < n {
+            assert!(t.elapsed() < Duration::from_secs(10), "jobs never queued");
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn the_first_writer_leads_and_builds_no_job() {
+        let q = Q::default();
+        let l = lead(&q);
+        assert!(l.take(8).is_empty());
+        // Leadership ended with the take: the next writer leads too.
+        drop(lead(&q));
+    }
+
+    #[test]
+    fn writers_queued_behind_a_leader_are_taken_oldest_first_and_get_their_results() {
+        let q = Arc::new(Q::default());
+        let l = lead(&q);
+        let waiters: Vec<_> = (0..3u32)
+            .map(|i| {
+                let q2 = Arc::clone(&q);
+                wait_queued(&q, i as usize);
+                let h =
+                    std::thread::spawn(move || match q2.submit(|| i, Duration::from_secs(30)) {
+                        Turn::Done(r) => r,
+                        _ => panic!("expected a result"),
+                    });
+                wait_queued(&q, i as usize + 1);
+                h
+            })
+            .collect();
+        let jobs = l.take(8);
+        assert_eq!(jobs.iter().map(|(_, j)| *j).collect::<Vec<_>>(), [0, 1, 2]);
+        for (t, j) in jobs {
+            t.complete(j * 10);
+        }
+        let got: Vec<u32> = waiters.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(got, [0, 10, 20]);
+    }
+
+    #[test]
+    fn jobs_past_the_maximum_hand_the_leadership_to_the_oldest_left() {
+        let q = Arc::new(Q::default());
+        let l = lead(&q);
+        let led = Arc::new(AtomicUsize::new(0));
+        let waiters: Vec<_> = (0..3u32)
+            .map(|i| {
+                let (q2, led) = (Arc::clone(&q), Arc::clone(&led));
+                let h = std::thread::spawn(move || {
+                    match q2.submit(|| i, Duration::from_secs(30)) {
+                        Turn::Lead(l) => {
+                            led.fetch_add(1, Ordering::SeqCst);
+                            // Leads with its own job; nothing else queued.
+                            assert!(l.take(8).is_empty());
+                        }
+                        Turn::Done(_) => {}
+                        _ => panic!("unexpected turn"),
+                    }
+                });
+                wait_queued(&q, i as usize + 1);
+                h
+            })
+            .collect();
+        let jobs = l.take(2);
+        assert_eq!(jobs.len(), 2);
+        for (t, j) in jobs {
+            t.complete(j);
+        }
+        for h in waiters {
+            h.join().unwrap();
+        }
+        assert_eq!(led.load(Ordering::SeqCst), 1, "the third job led");
+        assert_eq!(q.queued(), 0);
+    }
+
+    #[test]
+    fn a_job_not_taken_within_its_wait_times_out_and_leaves_the_queue() {
+        let q = Q::default();
+        let l = lead(&q);
+        assert!(matches!(
+            q.submit(|| 1, Duration::from_millis(20)),
+            Turn::TimedOut
+        ));
+        assert_eq!(q.queued(), 0);
+        assert!(l.take(8).is_empty());
+    }
+
+    #[test]
+    fn a_dropped_ticket_answers_abandoned_and_a_dropped_leader_hands_on() {
+        let q = Arc::new(Q::default());
+        let l = lead(&q);
+        let q2 = Arc::clone(&q);
+        let abandoned = std::thread::spawn(move || {
+            matches!(q2.submit(|| 1, Duration::from_secs(30)), Turn::Abandoned)
+        });
+        wait_queued(&q, 1);
+        drop(l.take(8)); // tickets dropped without results
+        assert!(abandoned.join().unwrap());
+
+        // A leader that never takes: the queued writer leads next.
+        let l = lead(&q);
+        let q2 = Arc::clone(&q);
+        let next = std::thread::spawn(move || {
+            matches!(q2.submit(|| 2, Duration::from_secs(30)), Turn::Lead(_))
+        });
+        wait_queued(&q, 1);
+        drop(l);
+        assert!(next.join().unwrap());
+    }
+}

@@ -1,0 +1,437 @@
+//! A primary's single-statement writes, with group commit: writes that
+//! queue while the writer is busy run together in one SQLite transaction,
+//! so one WAL commit, one log record and one quorum round serve them all.
+//! Who leads a group is [`crate::group_commit`]'s; what a group runs and
+//! how it keeps each write's outcome the same as if it had run alone is
+//! this module's.
+//!
+//! # What runs in a group
+//!
+//! Only a plain DML statement (its first word INSERT, UPDATE, DELETE or
+//! REPLACE; SQLite refuses a second statement after it at prepare): it
+//! cannot control the transaction or change a connection setting, so it
+//! cannot disturb the statements around it. Everything else a client
+//! writes takes the writer alone, as before.
+//!
+//! # Each write's outcome is its own
+//!
+//! In a group, each statement runs inside a savepoint, with its own time
+//! limit and cancel token, and is judged as follows:
+//! - **It succeeded**: it is released into the group; its result carries
+//!   the group's bookmark once the group commits.
+//! - **It was stopped** (time limit, cancelled, stopping, response too
+//!   large): it would have changed nothing alone either. Its error is its
+//!   result, and it does not run again.
+//! - **It failed otherwise**: its savepoint is rolled back and it runs
+//!   again alone after the group. That keeps SQLite's exact semantics of
+//!   a lone statement (with `OR FAIL` a failed statement keeps what it
+//!   changed before failing, and a lone statement commits that).
+//! - **The transaction itself ended** (SQLite rolled it back: an
+//!   interrupt, `RAISE(ROLLBACK)`, `OR ROLLBACK`, a full disk): the
+//!   statement is judged as above, and every other one of the group runs
+//!   again alone.
+//! - **The group's COMMIT failed** (the capture refused the combined
+//!   transaction as too large): every statement runs again alone, so a
+//!   size refusal is the statement's own.
+//!
+//! Running alone again is serially equivalent: the group's writers were
+//! concurrent, so any order among them is one a client could have seen.
+//! Every result and error, as before, waits at the output gate (the
+//! caller's thread does that, so later groups commit meanwhile).
+
+use crate::database::{Database, Output, PrimaryRole};
+use crate::error::QueryError;
+use crate::execution::CancelToken;
+use crate::group_commit::{Ticket, Turn};
+use crate::pool::Pooled;
+use crate::statement::{Prepare, run_statement};
+use crate::value::Value;
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Most writes one group commits. Bounds a group's transaction (its
+/// pages are also bounded by `max_transaction_bytes`, or it falls back).
+pub(crate) const MAX_GROUP: usize = 64;
+
+/// One write waiting for, or running in, a group.
+pub(crate) struct WriteJob<'a> {
+    sql: Cow<'a, str>,
+    params: Cow<'a, [Value]>,
+    cancel: Option<CancelToken>,
+    started: Instant,
+}
+
+impl WriteJob<'_> {
+    fn to_owned(&self) -> WriteJob<'static> {
+        WriteJob {
+            sql: Cow::Owned(self.sql.clone().into_owned()),
+            params: Cow::Owned(self.params.to_vec()),
+            cancel: self.cancel.clone(),
+            started: self.started,
+        }
+    }
+}
+
+/// A write's outcome before the output gate: a result with its bookmark,
+/// or an error not yet settled ([`Database::settle_error`]).
+pub(crate) type WriteOutcome = Result<Output, QueryError>;
+
+/// A primary's group commit: the queue groups form in, and what they did.
+#[derive(Default)]
+pub(crate) struct WriteGroups {
+    queue: crate::group_commit::GroupQueue<WriteJob<'static>, WriteOutcome>,
+    groups: AtomicU64,
+    grouped_writes: AtomicU64,
+    rerun_alone: AtomicU64,
+}
+
+/// What a primary's group commit has done since it opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupCommitStats {
+    /// Transactions that committed two or more writes.
+    pub groups: u64,
+    /// Writes those transactions committed.
+    pub grouped_writes: u64,
+    /// Writes of a group that ran again alone (see the module docs).
+    pub rerun_alone: u64,
+}
+
+/// Whether `sql` is a plain DML statement (see the module docs): its first
+/// word, after whitespace and comments, is INSERT, UPDATE, DELETE or
+/// REPLACE.
+pub(crate) fn is_plain_dml(sql: &str) -> bool {
+    let mut rest = sql.as_bytes();
+    loop {
+        match rest {
+            [c, tail @ ..] if c.is_ascii_whitespace() => rest = tail,
+            [b'-', b'-', tail @ ..] => {
+                let end = tail.iter().position(|&c| c == b'\n').unwrap_or(tail.len());
+                rest = &tail[end..];
+            }
+            [b'/', b'*', tail @ ..] => {
+                let Some(end) = tail.windows(2).position(|w| w == b"*/") else {
+                    return false;
+                };
+                rest = &tail[end + 2..];
+            }
+            _ => break,
+        }
+    }
+    let end = rest
+        .iter()
+        .position(|c| !c.is_ascii_alphabetic())
+        .unwrap_or(rest.len());
+    let word = &rest[..end];
+    ["INSERT", "UPDATE", "DELETE", "REPLACE"]
+        .iter()
+        .any(|k| word.eq_ignore_ascii_case(k.as_bytes()))
+}
+
+/// Errors after which a statement changed nothing and would fail the same
+/// way alone: it is not run again.
+fn stopped(e: &QueryError) -> bool {
+    matches!(
+        e,
+        QueryError::Timeout { .. }
+            | QueryError::Cancelled
+            | QueryError::Stopping
+            | QueryError::ResponseTooLarge { .. }
+    )
+}
+
+/// How a member of a running group fared.
+enum Member<'a> {
+    /// Released into the group's transaction; its result lacks only the
+    /// bookmark. Runs again alone if the group does not commit.
+    Ran(Output, WriteJob<'a>),
+    /// Its outcome is final.
+    Settled(WriteOutcome),
+    /// Runs again alone after the group.
+    Again(WriteJob<'a>),
+}
+
+impl Database {
+    /// What group commit has done on this primary (zero on a replica).
+    pub fn group_commit_stats(&self) -> GroupCommitStats {
+        let Some(g) = self.primary().and_then(|p| p.write_groups.as_ref()) else {
+            return GroupCommitStats::default();
+        };
+        GroupCommitStats {
+            groups: g.groups.load(Ordering::Relaxed),
+            grouped_writes: g.grouped_writes.load(Ordering::Relaxed),
+            rerun_alone: g.rerun_alone.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Runs one write statement on the primary's writer, grouped with
+    /// others when it is plain DML, and waits at the output gate.
+    pub(crate) fn write(
+        &self,
+        sql: &str,
+        params: &[Value],
+        access: crate::session::Access,
+        started: Instant,
+        cancel: Option<&CancelToken>,
+    ) -> Result<Output, QueryError> {
+        if access == crate::session::Access::ReadOnly {
+            return Err(QueryError::ReadOnlyAccess);
+        }
+        let Some(p) = self.primary() else {
+            return Err(QueryError::ReadOnlyReplica);
+        };
+        p.gate_admit()?;
+        let job = WriteJob {
+            sql: Cow::Borrowed(sql),
+            params: Cow::Borrowed(params),
+            cancel: cancel.cloned(),
+            started,
+        };
+        let outcome = match &p.write_groups {
+            Some(groups) if is_plain_dml(sql) => self.write_grouped(p, groups, job),
+            _ => self.write_alone(p, job),
+        };
+        match outcome {
+            Ok(mut o) => {
+                // Later writers commit while this result waits (pipelining).
+                p.gate_wait(o.meta.bookmark)?;
+                o.meta.duration_us = started.elapsed().as_micros() as u64;
+                Ok(o)
+            }
+            Err(e) => Err(self.settle_error(e, false)),
+        }
+    }
+
+    fn writer_wait(&self) -> Duration {
+        Duration::from_millis(self.inner.limits.pool_wait_ms)
+    }
+
+    fn writer_busy(&self) -> QueryError {
+        QueryError::Busy {
+            resource: "the writer",
+            waited_ms: self.inner.limits.pool_wait_ms,
+        }
+    }
+
+    /// One write on the writer by itself (not plain DML).
+    fn write_alone(&self, p: &PrimaryRole, job: WriteJob<'_>) -> WriteOutcome {
+        let Some(w) = p.writer.try_lock_for(self.writer_wait()) else {
+            return Err(self.writer_busy());
+        };
+        crate::sandbox::reset_if_dirty(&w.conn).map_err(QueryError::sql)?;
+        let r = self.run_alone(&w, &job);
+        p.maybe_checkpoint(&w.conn.conn);
+        r
+    }
+
+    /// Submits a plain DML write to the group queue: it runs in the group
+    /// this writer leads, or in another's.
+    fn write_grouped(
+        &self,
+        p: &PrimaryRole,
+        groups: &WriteGroups,
+        job: WriteJob<'_>,
+    ) -> WriteOutcome {
+        let wait = self.writer_wait();
+        let leader = match groups.queue.submit(|| job.to_owned(), wait) {
+            Turn::Lead(l) => l,
+            Turn::Done(outcome) => return outcome,
+            Turn::TimedOut => return Err(self.writer_busy()),
+            Turn::Abandoned => return Err(QueryError::WriteAbandoned),
+        };
+        // Giving up (no writer, or a connection that cannot be reset)
+        // drops the leadership, which hands it to the oldest queued write.
+        let Some(w) = p.writer.try_lock_for(wait) else {
+            return Err(self.writer_busy());
+        };
+        crate::sandbox::reset_if_dirty(&w.conn).map_err(QueryError::sql)?;
+        let others = leader.take(MAX_GROUP - 1);
+        if others.is_empty() {
+            let r = self.run_alone(&w, &job);
+            p.maybe_checkpoint(&w.conn.conn);
+            return r;
+        }
+        let (tickets, jobs): (Vec<Ticket<_, _>>, Vec<WriteJob<'_>>) = others.into_iter().unzip();
+        let mut all = Vec::with_capacity(jobs.len() + 1);
+        all.push(job);
+        all.extend(jobs);
+        let outcomes = self.run_group(p, groups, &w, all);
+        p.maybe_checkpoint(&w.conn.conn);
+        drop(w);
+        let mut outcomes = outcomes.into_iter();
+        let own = outcomes.next().expect("one outcome per write");
+        for (t, o) in tickets.into_iter().zip(outcomes) {
+            t.complete(o);
+        }
+        own
+    }
+
+    /// Runs a group's writes (two or more) on the held writer: one
+    /// transaction, then the ones that must run alone. One outcome per
+    /// write, in order.
+    fn run_group(
+        &self,
+        p: &PrimaryRole,
+        g: &WriteGroups,
+        w: &Pooled,
+        jobs: Vec<WriteJob<'_>>,
+    ) -> Vec<WriteOutcome> {
+        if w.conn.engine_exec("BEGIN IMMEDIATE").is_err() {
+            g.rerun_alone
+                .fetch_add(jobs.len() as u64, Ordering::Relaxed);
+            return jobs.iter().map(|j| self.run_alone(w, j)).collect();
+        }
+        let mut members: Vec<Member<'_>> = Vec::with_capacity(jobs.len());
+        let mut jobs = jobs.into_iter();
+        let mut open = true;
+        for job in jobs.by_ref() {
+            let (member, still_open) = self.run_member(w, job);
+            members.push(member);
+            open = still_open;
+            if !open {
+                break;
+            }
+        }
+        // Writes never started (the transaction ended) run alone.
+        members.extend(jobs.map(Member::Again));
+        let committed = open && w.conn.engine_exec("COMMIT").is_ok();
+        if !committed {
+            if !w.conn.conn.is_autocommit() {
+                let _ = w.conn.engine_exec("ROLLBACK");
+            }
+            // A size refusal of the combined transaction is no single
+            // write's: each one alone meets the limit on its own.
+            let _ = p.attachment.take_refused_too_large();
+        }
+        let bookmark = self.latest_bookmark();
+        if committed {
+            let ran = members
+                .iter()
+                .filter(|m| matches!(m, Member::Ran(..)))
+                .count();
+            g.groups.fetch_add(1, Ordering::Relaxed);
+            g.grouped_writes.fetch_add(ran as u64, Ordering::Relaxed);
+        }
+        members
+            .into_iter()
+            .map(|m| match m {
+                Member::Ran(mut o, _) if committed => {
+                    o.meta.bookmark = bookmark;
+                    self.check_capture().map(|()| o)
+                }
+                Member::Ran(_, job) | Member::Again(job) => {
+                    g.rerun_alone.fetch_add(1, Ordering::Relaxed);
+                    self.run_alone(w, &job)
+                }
+                Member::Settled(r) => r,
+            })
+            .collect()
+    }
+
+    /// Runs one member of an open group transaction in its own savepoint;
+    /// returns how it fared and whether the transaction is still open.
+    fn run_member<'a>(&self, w: &Pooled, job: WriteJob<'a>) -> (Member<'a>, bool) {
+        let limits = self.inner.limits;
+        if job.cancel.as_ref().is_some_and(CancelToken::is_cancelled) {
+            return (Member::Settled(Err(QueryError::Cancelled)), true);
+        }
+        if w.conn.engine_exec("SAVEPOINT walrelay_group").is_err() {
+            return (Member::Again(job), !w.conn.conn.is_autocommit());
+        }
+        let r = {
+            let _armed = w.watch.arm(limits.query_timeout_ms, job.cancel.as_ref());
+            run_statement(
+                w,
+                &job.sql,
+                &job.params,
+                Prepare::Cached,
+                limits.max_response_bytes,
+            )
+        };
+        if w.conn.conn.is_autocommit() {
+            // SQLite rolled the whole transaction back.
+            assert!(
+                r.is_err(),
+                "a DML statement ended its group's transaction without an error"
+            );
+            return match r {
+                Err(e) if stopped(&e) => (Member::Settled(Err(e)), false),
+                _ => (Member::Again(job), false),
+            };
+        }
+        let (member, undo) = match r {
+            Ok((columns, rows, counts)) => {
+                let mut meta = self.meta(job.started, crate::Bookmark::ZERO);
+                meta.rows_read = counts.rows_read;
+                meta.rows_written = counts.changes;
+                meta.changes = counts.changes;
+                meta.last_row_id = w.conn.conn.last_insert_rowid();
+                let o = Output {
+                    columns,
+                    rows,
+                    meta,
+                };
+                (Member::Ran(o, job), false)
+            }
+            Err(e) if stopped(&e) => (Member::Settled(Err(e)), true),
+            Err(_) => (Member::Again(job), true),
+        };
+        let end = if undo {
+            "ROLLBACK TO walrelay_group; RELEASE walrelay_group"
+        } else {
+            "RELEASE walrelay_group"
+        };
+        if w.conn.engine_exec(end).is_err() {
+            // The transaction is in an unknown state: end it, and run
+            // every member again alone.
+            let _ = w.conn.engine_exec("ROLLBACK");
+            let member = match member {
+                Member::Ran(_, job) => Member::Again(job),
+                m => m,
+            };
+            return (member, false);
+        }
+        (member, true)
+    }
+
+    /// One write in its own transaction on the held writer (autocommit),
+    /// as a lone write always ran: a statement that leaves a transaction
+    /// open is refused and rolled back.
+    fn run_alone(&self, w: &Pooled, job: &WriteJob<'_>) -> WriteOutcome {
+        let limits = self.inner.limits;
+        let r = {
+            let _armed = w.watch.arm(limits.query_timeout_ms, job.cancel.as_ref());
+            run_statement(
+                w,
+                &job.sql,
+                &job.params,
+                Prepare::Cached,
+                limits.max_response_bytes,
+            )
+        };
+        if !w.conn.conn.is_autocommit() {
+            let _ = w.conn.engine_exec("ROLLBACK");
+            return Err(r.err().unwrap_or_else(crate::statement::tx_control_refused));
+        }
+        let (columns, rows, counts) = match r {
+            Ok(o) => o,
+            // Explained while this write still holds the writer.
+            Err(e) => return Err(self.explain(e)),
+        };
+        self.check_capture()?;
+        let mut meta = self.meta(job.started, self.latest_bookmark());
+        meta.rows_read = counts.rows_read;
+        meta.rows_written = counts.changes;
+        meta.changes = counts.changes;
+        meta.last_row_id = w.conn.conn.last_insert_rowid();
+        Ok(Output {
+            columns,
+            rows,
+            meta,
+        })
+    }
+}
+
+#[cfg(test)]
+#[path = "group_write_tests.rs"]
+mod tests;

@@ -1,0 +1,360 @@
+//! Group commit on a primary: writes queued behind a busy writer commit
+//! together, and each one's outcome is what it would have been alone.
+
+use super::*;
+use crate::{CancelToken, Constraint, Limits, Options, QueryResult};
+use std::sync::Arc;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    db: Database,
+}
+
+fn open(limits: Limits) -> Fixture {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = Database::open(
+        dir.path().join("g.db"),
+        Options {
+            limits,
+            ..Options::default()
+        },
+    )
+    .expect("open");
+    Fixture { _dir: dir, db }
+}
+
+fn exec(db: &Database, sql: &str) -> QueryResult {
+    db.session(Constraint::FirstPrimary)
+        .expect("session")
+        .prepare(sql)
+        .run()
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+fn count(db: &Database, sql: &str) -> i64 {
+    match exec(db, sql).results[0].values()[0] {
+        Value::Integer(n) => n,
+        ref v => panic!("not a count: {v:?}"),
+    }
+}
+
+type Write = Box<dyn FnOnce(&Database) -> Result<QueryResult, QueryError> + Send>;
+
+fn write(sql: &'static str, params: Vec<Value>) -> Write {
+    Box::new(move |db| {
+        db.session(Constraint::FirstPrimary)
+            .expect("session")
+            .prepare(sql)
+            .bind(params)
+            .run()
+    })
+}
+
+/// Runs `writes` concurrently while the writer is held, so that the first
+/// waits for the writer as leader and the rest queue behind it; then lets
+/// the writer go. Outcomes in the order given.
+fn grouped(db: &Database, writes: Vec<Write>) -> Vec<Result<QueryResult, QueryError>> {
+    grouped_then(db, writes, || {})
+}
+
+/// [`grouped`], running `queued` once every write waits, before the
+/// writer goes.
+fn grouped_then(
+    db: &Database,
+    writes: Vec<Write>,
+    queued: impl FnOnce(),
+) -> Vec<Result<QueryResult, QueryError>> {
+    let p = db.primary().expect("primary");
+    let held = p.writer.lock();
+    let n = writes.len();
+    let mut handles = Vec::new();
+    for (i, w) in writes.into_iter().enumerate() {
+        let db2 = db.clone();
+        handles.push(std::thread::spawn(move || w(&db2)));
+        // The first leads (and waits for the writer); the others queue in
+        // order.
+        let t = Instant::now();
+        while p
+            .write_groups
+            .as_ref()
+            .expect("group commit")
+            .queue
+            .queued()
+            < i
+            || (i == 0 && t.elapsed().as_millis() < 50)
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "write {i} never queued"
+            );
+            std::thread::yield_now();
+        }
+    }
+    assert_eq!(
+        p.write_groups
+            .as_ref()
+            .expect("group commit")
+            .queue
+            .queued(),
+        n - 1
+    );
+    queued();
+    drop(held);
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("writer"))
+        .collect()
+}
+
+fn ints(v: impl IntoIterator<Item = i64>) -> Vec<Vec<Value>> {
+    v.into_iter().map(|i| vec![Value::Integer(i)]).collect()
+}
+
+#[test]
+fn plain_dml_is_told_by_its_first_word_after_comments() {
+    for sql in [
+        "INSERT INTO t VALUES (1)",
+        "  insert into t values (1)",
+        "-- a note\nUPDATE t SET x = 1",
+        "/* c */ DELETE FROM t",
+        "replace into t values (1)",
+    ] {
+        assert!(is_plain_dml(sql), "{sql}");
+    }
+    for sql in [
+        "BEGIN",
+        "COMMIT",
+        "SAVEPOINT a",
+        "PRAGMA foreign_keys = ON",
+        "CREATE TABLE x(a)",
+        "WITH c AS (SELECT 1) INSERT INTO t SELECT * FROM c",
+        "/* unterminated INSERT",
+        "-- INSERT\n",
+        "INSERTED",
+        "",
+    ] {
+        assert!(!is_plain_dml(sql), "{sql}");
+    }
+}
+
+#[test]
+fn writes_queued_behind_a_busy_writer_commit_as_one_transaction_with_one_bookmark() {
+    let f = open(Limits::default());
+    exec(&f.db, "CREATE TABLE t(id INTEGER PRIMARY KEY, v INTEGER)");
+    let before = f.db.latest_bookmark();
+    let writes = ints(1..=8)
+        .into_iter()
+        .map(|p| write("INSERT INTO t(v) VALUES (?1)", p))
+        .collect();
+    let outs = grouped(&f.db, writes);
+    let outs: Vec<QueryResult> = outs.into_iter().map(|o| o.expect("write")).collect();
+    let bookmark = outs[0].meta.bookmark;
+    assert!(outs.iter().all(|o| o.meta.bookmark == bookmark));
+    assert_eq!(bookmark, before.next().expect("next"), "one transaction");
+    assert_eq!(f.db.latest_bookmark(), bookmark);
+    // Each write's own row id and change count, not the group's.
+    for o in &outs {
+        assert_eq!(o.meta.changes, 1);
+        let id = o.meta.last_row_id;
+        let v = count(&f.db, &format!("SELECT v FROM t WHERE id = {id}"));
+        assert!((1..=8).contains(&v));
+    }
+    let mut ids: Vec<i64> = outs.iter().map(|o| o.meta.last_row_id).collect();
+    ids.sort();
+    assert_eq!(ids, (1..=8).collect::<Vec<_>>());
+    let stats = f.db.group_commit_stats();
+    assert_eq!(stats.groups, 1);
+    assert_eq!(stats.grouped_writes, 8);
+    assert_eq!(stats.rerun_alone, 0);
+}
+
+#[test]
+fn a_write_failing_in_a_group_fails_alone_and_the_others_commit() {
+    let f = open(Limits::default());
+    exec(&f.db, "CREATE TABLE u(k INTEGER PRIMARY KEY)");
+    exec(&f.db, "INSERT INTO u VALUES (5)");
+    let outs = grouped(
+        &f.db,
+        ints([1, 5, 2])
+            .into_iter()
+            .map(|p| write("INSERT INTO u VALUES (?1)", p))
+            .collect(),
+    );
+    assert!(outs[0].is_ok() && outs[2].is_ok());
+    let e = outs[1].as_ref().expect_err("duplicate key");
+    assert!(e.to_string().contains("UNIQUE"), "{e}");
+    assert_eq!(count(&f.db, "SELECT count(*) FROM u"), 3);
+    assert_eq!(f.db.group_commit_stats().rerun_alone, 1);
+}
+
+#[test]
+fn an_or_fail_write_in_a_group_keeps_what_it_changed_before_failing_as_it_would_alone() {
+    let f = open(Limits::default());
+    exec(&f.db, "CREATE TABLE u(k INTEGER PRIMARY KEY)");
+    exec(&f.db, "INSERT INTO u VALUES (3)");
+    let outs = grouped(
+        &f.db,
+        vec![
+            write("INSERT INTO u VALUES (100)", vec![]),
+            // Rows 1 and 2 go in, 3 conflicts: alone, 1 and 2 stay.
+            write(
+                "INSERT OR FAIL INTO u SELECT value FROM json_each('[1,2,3,4]')",
+                vec![],
+            ),
+            write("INSERT INTO u VALUES (101)", vec![]),
+        ],
+    );
+    assert!(outs[0].is_ok() && outs[2].is_ok());
+    assert!(outs[1].is_err());
+    assert_eq!(count(&f.db, "SELECT count(*) FROM u WHERE k IN (1, 2)"), 2);
+    assert_eq!(count(&f.db, "SELECT count(*) FROM u WHERE k = 4"), 0);
+    assert_eq!(count(&f.db, "SELECT count(*) FROM u"), 5);
+}
+
+#[test]
+fn a_write_that_ends_the_whole_transaction_leaves_the_rest_of_its_group_committed() {
+    let f = open(Limits::default());
+    exec(&f.db, "CREATE TABLE t(v INTEGER)");
+    exec(
+        &f.db,
+        "CREATE TRIGGER no_13 BEFORE INSERT ON t WHEN NEW.v = 13 \
+         BEGIN SELECT RAISE(ROLLBACK, 'unlucky'); END",
+    );
+    let outs = grouped(
+        &f.db,
+        ints([1, 2, 13, 4])
+            .into_iter()
+            .map(|p| write("INSERT INTO t VALUES (?1)", p))
+            .collect(),
+    );
+    let e = outs[2].as_ref().expect_err("rolled back");
+    assert!(e.to_string().contains("unlucky"), "{e}");
+    for i in [0, 1, 3] {
+        assert!(outs[i].is_ok(), "{:?}", outs[i]);
+    }
+    assert_eq!(
+        count(&f.db, "SELECT sum(v) FROM t"),
+        7,
+        "1, 2 and 4 committed"
+    );
+}
+
+#[test]
+fn a_write_over_the_response_limit_in_a_group_changes_nothing_and_is_not_run_again() {
+    let f = open(Limits {
+        max_response_bytes: 1_000,
+        ..Limits::default()
+    });
+    exec(&f.db, "CREATE TABLE t(v BLOB)");
+    let outs = grouped(
+        &f.db,
+        vec![
+            write("INSERT INTO t VALUES (x'01')", vec![]),
+            write("INSERT INTO t VALUES (zeroblob(5000)) RETURNING v", vec![]),
+            write("INSERT INTO t VALUES (x'02')", vec![]),
+        ],
+    );
+    assert!(matches!(outs[1], Err(QueryError::ResponseTooLarge { .. })));
+    assert!(outs[0].is_ok() && outs[2].is_ok());
+    assert_eq!(count(&f.db, "SELECT count(*) FROM t"), 2);
+    // The two that had to run again: the first (rolled back with the
+    // group) and the third (never started in it).
+    assert_eq!(f.db.group_commit_stats().rerun_alone, 2);
+}
+
+#[test]
+fn a_group_over_the_transaction_size_limit_commits_each_write_alone() {
+    let f = open(Limits {
+        max_transaction_bytes: 6 * 4096,
+        ..Limits::default()
+    });
+    exec(&f.db, "CREATE TABLE t(v BLOB)");
+    let before = f.db.latest_bookmark();
+    let outs = grouped(
+        &f.db,
+        (0..6)
+            .map(|_| write("INSERT INTO t VALUES (zeroblob(3000))", vec![]))
+            .collect(),
+    );
+    let mut bookmarks = Vec::new();
+    for o in outs {
+        bookmarks.push(o.expect("each fits alone").meta.bookmark);
+    }
+    bookmarks.sort();
+    bookmarks.dedup();
+    assert_eq!(bookmarks.len(), 6, "one transaction each");
+    assert!(bookmarks[0] > before);
+    assert_eq!(count(&f.db, "SELECT count(*) FROM t"), 6);
+    assert_eq!(f.db.group_commit_stats().groups, 0);
+}
+
+#[test]
+fn a_queued_write_cancelled_before_its_group_runs_changes_nothing() {
+    let f = open(Limits::default());
+    exec(&f.db, "CREATE TABLE t(v INTEGER)");
+    let token = CancelToken::new();
+    let t2 = token.clone();
+    let cancelled: Write = Box::new(move |db| {
+        db.session(Constraint::FirstPrimary)
+            .expect("session")
+            .cancel_with(t2)
+            .prepare("INSERT INTO t VALUES (2)")
+            .run()
+    });
+    let outs = grouped_then(
+        &f.db,
+        vec![
+            write("INSERT INTO t VALUES (1)", vec![]),
+            cancelled,
+            write("INSERT INTO t VALUES (3)", vec![]),
+        ],
+        || token.cancel(),
+    );
+    assert!(outs[0].is_ok() && outs[2].is_ok());
+    assert!(
+        matches!(outs[1], Err(QueryError::Cancelled)),
+        "{:?}",
+        outs[1]
+    );
+    assert_eq!(count(&f.db, "SELECT sum(v) FROM t"), 4);
+}
+
+#[test]
+fn a_queued_write_waits_for_the_writer_at_most_its_pool_wait() {
+    let f = open(Limits {
+        pool_wait_ms: 100,
+        ..Limits::default()
+    });
+    exec(&f.db, "CREATE TABLE t(v INTEGER)");
+    let p = f.db.primary().expect("primary");
+    let held = p.writer.lock();
+    let db = Arc::new(f.db.clone());
+    let writers: Vec<_> = (0..3)
+        .map(|i| {
+            let db = Arc::clone(&db);
+            std::thread::spawn(move || {
+                db.session(Constraint::FirstPrimary)
+                    .expect("session")
+                    .prepare("INSERT INTO t VALUES (?1)")
+                    .bind([i])
+                    .run()
+            })
+        })
+        .collect();
+    for w in writers {
+        let e = w.join().expect("writer").expect_err("writer held");
+        assert!(matches!(e, QueryError::Busy { .. }), "{e}");
+    }
+    drop(held);
+    assert_eq!(count(&f.db, "SELECT count(*) FROM t"), 0);
+    assert_eq!(
+        p.write_groups
+            .as_ref()
+            .expect("group commit")
+            .queue
+            .queued(),
+        0
+    );
+    // The queue is usable again.
+    exec(&f.db, "INSERT INTO t VALUES (9)");
+}
