@@ -16,6 +16,11 @@
 //!   SQLite calls read-only; any other statement is refused with
 //!   `QueryError::ReadOnlyAccess` before it runs (in a batch: the whole
 //!   batch, changing nothing).
+//! - Group commit (`Options::group_commit`, on by default): single
+//!   INSERT, UPDATE, DELETE or REPLACE statements that queue while the
+//!   writer is busy commit as one transaction, and share its bookmark;
+//!   each one's outcome (its error, row id and change count) is what it
+//!   would have been alone.
 //! - Every result carries [`Meta`], whose bookmark is at least the state
 //!   the result reflects; a session's bookmark only grows.
 //! - A bookmark beyond the latest issued is an error, never a wait.
