@@ -146,6 +146,8 @@ struct MemLog {
     start: Bookmark,
     confirmed: Bookmark,
     epoch: Epoch,
+    /// Record bytes `read_confirmed` has returned, in all.
+    read_bytes: u64,
 }
 
 impl MemSource {
@@ -170,6 +172,11 @@ impl MemSource {
     pub fn held(&self) -> usize {
         self.inner.lock().records.len()
     }
+
+    /// Record bytes read through [`Source::read_confirmed`] so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.inner.lock().read_bytes
+    }
 }
 
 impl Source for MemSource {
@@ -185,7 +192,7 @@ impl Source for MemSource {
         self.inner.lock().start
     }
     fn read_confirmed(&self, after: Bookmark, max_bytes: usize) -> Result<Vec<Bytes>, SourceError> {
-        let l = self.inner.lock();
+        let mut l = self.inner.lock();
         if after < l.start {
             return Err(format!("released: {after} < {}", l.start).into());
         }
@@ -202,6 +209,7 @@ impl Source for MemSource {
             bytes += r.bytes.len();
             out.push(r.bytes.clone());
         }
+        l.read_bytes += bytes as u64;
         Ok(out)
     }
     fn disk_bytes(&self) -> u64 {

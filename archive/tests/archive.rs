@@ -5,6 +5,7 @@
 use anyhow::Result;
 use rand::{Rng, SeedableRng};
 use std::path::Path;
+use walrelay_archive::Source as _;
 use walrelay_archive::testing::{MemSource, Workload};
 use walrelay_archive::{
     Archive, Archiver, ArchiverConfig, Flush, NoProgress, RestoreError, Store, names,
@@ -143,6 +144,37 @@ fn a_time_names_the_last_transaction_committed_by_then() {
         let first = *w.times.values().next().unwrap();
         assert_eq!(a.bookmark_at_time(&m, first - 1)?, Bookmark::ZERO);
         assert_eq!(a.bookmark_at_time(&m, u64::MAX)?, w.at());
+        Ok(())
+    });
+}
+
+#[test]
+fn a_round_that_is_not_due_reads_only_the_records_new_since_the_last_round() {
+    each_store("tail", |store, dir| {
+        let mut w = Workload::new(11, 512);
+        let source = MemSource::new(Epoch(1));
+        let mut c = config(dir);
+        c.max_lag_ms = u64::MAX / 4; // never due by age
+        c.max_lag_bytes = 1 << 20;
+        let mut up = Archiver::new(store.clone(), c);
+        run(&mut w, &source, 20);
+        assert_eq!(up.round(&source, Flush::No)?.objects, 0, "not due yet");
+        assert_eq!(source.bytes_read(), source.disk_bytes());
+        for _ in 0..4 {
+            let (read, held) = (source.bytes_read(), source.disk_bytes());
+            run(&mut w, &source, 20);
+            assert_eq!(up.round(&source, Flush::No)?.objects, 0, "not due yet");
+            assert_eq!(
+                source.bytes_read() - read,
+                source.disk_bytes() - held,
+                "only the new records were read"
+            );
+        }
+        // Past the size threshold it uploads, and starts a new scan after.
+        while source.disk_bytes() < 1 << 20 {
+            run(&mut w, &source, 20);
+        }
+        assert!(up.round(&source, Flush::No)?.objects > 0);
         Ok(())
     });
 }

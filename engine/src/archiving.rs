@@ -158,6 +158,7 @@ impl Uploader {
         let thread = std::thread::Builder::new()
             .name("walrelay-archiver".into())
             .spawn(move || {
+                walrelay_replicator::background::lower_this_thread();
                 let mut quiet = 0;
                 while !flag.load(Ordering::Relaxed) {
                     let report = archiver.round(&source, Flush::No);

@@ -114,6 +114,7 @@ impl HostArchiver {
         let thread = std::thread::Builder::new()
             .name("walrelay-host-archiver".into())
             .spawn(move || {
+                walrelay_replicator::background::lower_this_thread();
                 while !flag.load(Ordering::Relaxed) {
                     sup.tick();
                     std::thread::sleep(TICK);

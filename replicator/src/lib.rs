@@ -46,6 +46,7 @@
 //! - Decoders check every size before allocating; bad input is a typed
 //!   error or a closed connection, never a panic.
 
+pub mod background;
 pub mod bookmark;
 pub mod chain;
 pub mod election;

@@ -192,6 +192,7 @@ impl Spare {
         let spawned = std::thread::Builder::new()
             .name("walrelay-spare".into())
             .spawn(move || {
+                crate::background::lower_this_thread();
                 // The file is closed once built: a spare costs no
                 // descriptor while it waits (a host keeps many logs), and
                 // the roll reopens it by name.

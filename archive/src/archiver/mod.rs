@@ -168,6 +168,9 @@ pub struct Archiver {
     /// When garbage was last swept (µs); sweeps list whole prefixes, so
     /// they run at most once per `SWEEP_EVERY_US`.
     last_sweep_us: u64,
+    /// What earlier rounds learnt of the unarchived tail, so a round that
+    /// is not due reads only the records new since the last one.
+    tail: Option<upload::TailScan>,
 }
 
 /// The wall clock in µs since the Unix epoch.
@@ -184,6 +187,7 @@ impl Archiver {
             config,
             stats: Arc::default(),
             last_sweep_us: 0,
+            tail: None,
         }
     }
 

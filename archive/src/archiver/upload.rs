@@ -38,6 +38,11 @@ impl Archiver {
                     archived: cursor.0,
                 });
             }
+            // Due: forced, inside a giant transaction already going up, or
+            // the tail is old or large enough.
+            if !force && pending.is_empty() && !self.tail_due(source, cursor.0)? {
+                return Ok(uploaded);
+            }
             let run = self.next_run(source, cursor.0)?;
             let Some(first) = run.records.first() else {
                 return Ok(uploaded);
@@ -50,16 +55,6 @@ impl Archiver {
                     what: "local log",
                     why: "it does not chain onto the archived history",
                 }));
-            }
-            let age_ms = now_us().saturating_sub(first.commit_us()) / 1000;
-            self.stats.lag_bytes.store(run.bytes, Ordering::Relaxed);
-            self.stats.lag_ms.store(age_ms, Ordering::Relaxed);
-            let due = force
-                || !pending.is_empty()
-                || age_ms >= self.config.max_lag_ms * self.patience()
-                || run.bytes >= self.config.max_lag_bytes * self.patience();
-            if !due {
-                return Ok(uploaded);
             }
             let obj = LogObject::new(self.config.database, run.records)?;
             let key = names::log_key(self.config.database, &obj.name(source.epoch()));
@@ -97,6 +92,56 @@ impl Archiver {
                 }
             }
         }
+    }
+
+    /// Whether the unarchived tail after `after` is due for upload (old
+    /// enough or large enough), also setting the lag gauges. Reads only
+    /// what earlier rounds have not scanned, and at most up to the size
+    /// threshold: a round that is not due costs the records new since the
+    /// last round, not the whole tail again (with every follower of a
+    /// host on the same timer, whole-tail rescans came as bursts that
+    /// delayed commits).
+    fn tail_due(&mut self, source: &dyn Source, after: Bookmark) -> Result<bool, ArchiveError> {
+        let max_bytes = self.config.max_lag_bytes * self.patience();
+        let mut scan = match self.tail.take() {
+            Some(t) if t.from == after => t,
+            _ => TailScan {
+                from: after,
+                to: after,
+                bytes: 0,
+                first_commit_us: None,
+            },
+        };
+        // At least the first record (its age), then up to the threshold.
+        while scan.first_commit_us.is_none() || scan.bytes < max_bytes {
+            let want = max_bytes
+                .saturating_sub(scan.bytes)
+                .clamp(1, self.config.object_bytes.max(1));
+            let got = source
+                .read_confirmed(scan.to, want as usize)
+                .map_err(ArchiveError::Source)?;
+            if got.is_empty() {
+                break;
+            }
+            for b in got {
+                let (e, _) = Encoded::decode(&b).map_err(|source| FormatError::Record {
+                    what: "local log",
+                    source,
+                })?;
+                scan.first_commit_us.get_or_insert(e.commit_us());
+                scan.bytes += e.bytes.len() as u64;
+                scan.to = e.bookmark;
+            }
+        }
+        let age_ms = scan
+            .first_commit_us
+            .map_or(0, |us| now_us().saturating_sub(us) / 1000);
+        self.stats.lag_bytes.store(scan.bytes, Ordering::Relaxed);
+        self.stats.lag_ms.store(age_ms, Ordering::Relaxed);
+        let due = scan.first_commit_us.is_some()
+            && (age_ms >= self.config.max_lag_ms * self.patience() || scan.bytes >= max_bytes);
+        self.tail = Some(scan);
+        Ok(due)
     }
 
     /// The next object's records after `after`: about `object_bytes`,
@@ -142,4 +187,14 @@ impl Archiver {
 struct Run {
     records: Vec<Encoded>,
     bytes: u64,
+}
+
+/// The unarchived tail as far as rounds have read it: records after
+/// `from` through `to`, their size, and the first one's commit time.
+#[derive(Debug)]
+pub(super) struct TailScan {
+    from: Bookmark,
+    to: Bookmark,
+    bytes: u64,
+    first_commit_us: Option<u64>,
 }
