@@ -10,8 +10,9 @@
 //! - [`GroupQueue::submit`] either makes the caller the **leader**
 //!   ([`Turn::Lead`]) or queues its job and waits. At most one leader
 //!   exists at a time: the one between `submit` and [`Leader::take`].
-//! - The leader gets the writer, then calls [`Leader::take`]: every job
-//!   queued by then (up to a maximum), each with a [`Ticket`] to complete.
+//! - The leader gets the writer, then calls [`Leader::take`]: the jobs
+//!   queued by then, oldest first, up to a number and a total weight (the
+//!   caller's measure, such as bytes), each with a [`Ticket`] to complete.
 //!   Taking ends its leadership: a writer arriving after it leads the next
 //!   group (and waits for the writer while this group runs, collecting the
 //!   jobs that queue meanwhile). Jobs left over past the maximum hand the
@@ -158,20 +159,37 @@ impl<J, R> GroupQueue<J, R> {
 }
 
 impl<J, R> Leader<'_, J, R> {
-    /// Takes up to `max` queued jobs, oldest first, and ends this
-    /// leadership (see the module contract).
-    pub(crate) fn take(mut self, max: usize) -> Vec<(Ticket<J, R>, J)> {
+    /// Takes queued jobs, oldest first, while there are at most `max`
+    /// and their `weight`s sum to at most `budget`, and ends this
+    /// leadership (see the module contract). A job that does not fit
+    /// stops the taking: it leads the next group, so order is kept.
+    pub(crate) fn take(
+        mut self,
+        max: usize,
+        budget: u64,
+        weight: impl Fn(&J) -> u64,
+    ) -> Vec<(Ticket<J, R>, J)> {
         let mut st = self.queue.state.lock();
-        let n = st.queue.len().min(max);
-        let mut jobs = Vec::with_capacity(n);
-        for slot in st.queue.drain(..n) {
-            let job = {
-                let mut s = slot.state.lock();
-                match std::mem::replace(&mut *s, SlotState::Taken) {
-                    SlotState::Queued(j) => j,
-                    _ => unreachable!("only queued slots are in the queue"),
-                }
+        let mut jobs = Vec::new();
+        let mut used = 0u64;
+        while jobs.len() < max {
+            let Some(slot) = st.queue.front() else {
+                break;
             };
+            let mut s = slot.state.lock();
+            let SlotState::Queued(job) = &*s else {
+                unreachable!("only queued slots are in the queue");
+            };
+            let w = weight(job);
+            if used.saturating_add(w) > budget {
+                break;
+            }
+            used += w;
+            let SlotState::Queued(job) = std::mem::replace(&mut *s, SlotState::Taken) else {
+                unreachable!("checked above");
+            };
+            drop(s);
+            let slot = st.queue.pop_front().expect("the front was there");
             jobs.push((Ticket { slot: Some(slot) }, job));
         }
         hand_on(&mut st);
@@ -250,7 +268,7 @@ mod tests {
     fn the_first_writer_leads_and_builds_no_job() {
         let q = Q::default();
         let l = lead(&q);
-        assert!(l.take(8).is_empty());
+        assert!(l.take(8, u64::MAX, |_| 1).is_empty());
         // Leadership ended with the take: the next writer leads too.
         drop(lead(&q));
     }
@@ -272,7 +290,7 @@ mod tests {
                 h
             })
             .collect();
-        let jobs = l.take(8);
+        let jobs = l.take(8, u64::MAX, |_| 1);
         assert_eq!(jobs.iter().map(|(_, j)| *j).collect::<Vec<_>>(), [0, 1, 2]);
         for (t, j) in jobs {
             t.complete(j * 10);
@@ -294,7 +312,7 @@ mod tests {
                         Turn::Lead(l) => {
                             led.fetch_add(1, Ordering::SeqCst);
                             // Leads with its own job; nothing else queued.
-                            assert!(l.take(8).is_empty());
+                            assert!(l.take(8, u64::MAX, |_| 1).is_empty());
                         }
                         Turn::Done(_) => {}
                         _ => panic!("unexpected turn"),
@@ -304,7 +322,7 @@ mod tests {
                 h
             })
             .collect();
-        let jobs = l.take(2);
+        let jobs = l.take(2, u64::MAX, |_| 1);
         assert_eq!(jobs.len(), 2);
         for (t, j) in jobs {
             t.complete(j);
@@ -317,6 +335,41 @@ mod tests {
     }
 
     #[test]
+    fn a_job_over_the_weight_budget_is_left_to_lead_the_next_group() {
+        let q = Arc::new(Q::default());
+        let l = lead(&q);
+        let led = Arc::new(AtomicUsize::new(0));
+        let waiters: Vec<_> = [3u32, 4, 5]
+            .into_iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let (q2, led) = (Arc::clone(&q), Arc::clone(&led));
+                let h =
+                    std::thread::spawn(move || match q2.submit(|| w, Duration::from_secs(30)) {
+                        Turn::Lead(l) => {
+                            led.fetch_add(1, Ordering::SeqCst);
+                            assert!(l.take(8, 10, |&w| u64::from(w)).is_empty());
+                        }
+                        Turn::Done(_) => {}
+                        _ => panic!("unexpected turn"),
+                    });
+                wait_queued(&q, i + 1);
+                h
+            })
+            .collect();
+        // 3 + 4 fit in 10; 5 more would not.
+        let jobs = l.take(8, 10, |&w| u64::from(w));
+        assert_eq!(jobs.iter().map(|(_, j)| *j).collect::<Vec<_>>(), [3, 4]);
+        for (t, j) in jobs {
+            t.complete(j);
+        }
+        for h in waiters {
+            h.join().unwrap();
+        }
+        assert_eq!(led.load(Ordering::SeqCst), 1, "the job of weight 5 led");
+    }
+
+    #[test]
     fn a_job_not_taken_within_its_wait_times_out_and_leaves_the_queue() {
         let q = Q::default();
         let l = lead(&q);
@@ -325,7 +378,7 @@ mod tests {
             Turn::TimedOut
         ));
         assert_eq!(q.queued(), 0);
-        assert!(l.take(8).is_empty());
+        assert!(l.take(8, u64::MAX, |_| 1).is_empty());
     }
 
     #[test]
@@ -337,7 +390,7 @@ mod tests {
             matches!(q2.submit(|| 1, Duration::from_secs(30)), Turn::Abandoned)
         });
         wait_queued(&q, 1);
-        drop(l.take(8)); // tickets dropped without results
+        drop(l.take(8, u64::MAX, |_| 1)); // tickets dropped without results
         assert!(abandoned.join().unwrap());
 
         // A leader that never takes: the queued writer leads next.

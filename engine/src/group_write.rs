@@ -50,9 +50,12 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Most writes one group commits. Bounds a group's transaction (its
-/// pages are also bounded by `max_transaction_bytes`, or it falls back).
+/// Most writes one group commits, and most bytes of statement text and
+/// parameters they may bring together: a group's transaction stays about
+/// as large as one write's (its pages are also bounded by
+/// `max_transaction_bytes`, or it falls back to one transaction each).
 pub(crate) const MAX_GROUP: usize = 64;
+pub(crate) const MAX_GROUP_BYTES: u64 = 1 << 20;
 
 /// One write waiting for, or running in, a group.
 pub(crate) struct WriteJob<'a> {
@@ -63,6 +66,21 @@ pub(crate) struct WriteJob<'a> {
 }
 
 impl WriteJob<'_> {
+    /// What the job counts against [`MAX_GROUP_BYTES`].
+    fn weight(&self) -> u64 {
+        let params: u64 = self
+            .params
+            .iter()
+            .map(|v| match v {
+                Value::Null => 1,
+                Value::Integer(_) | Value::Real(_) => 8,
+                Value::Text(t) => t.len() as u64,
+                Value::Blob(b) => b.len() as u64,
+            })
+            .sum();
+        self.sql.len() as u64 + params
+    }
+
     fn to_owned(&self) -> WriteJob<'static> {
         WriteJob {
             sql: Cow::Owned(self.sql.clone().into_owned()),
@@ -245,7 +263,11 @@ impl Database {
             return Err(self.writer_busy());
         };
         crate::sandbox::reset_if_dirty(&w.conn).map_err(QueryError::sql)?;
-        let others = leader.take(MAX_GROUP - 1);
+        let others = leader.take(
+            MAX_GROUP - 1,
+            MAX_GROUP_BYTES.saturating_sub(job.weight()),
+            WriteJob::weight,
+        );
         if others.is_empty() {
             let r = self.run_alone(&w, &job);
             p.maybe_checkpoint(&w.conn.conn);

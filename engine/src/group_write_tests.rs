@@ -358,3 +358,27 @@ fn a_queued_write_waits_for_the_writer_at_most_its_pool_wait() {
     // The queue is usable again.
     exec(&f.db, "INSERT INTO t VALUES (9)");
 }
+
+#[test]
+fn writes_bringing_more_than_the_group_byte_budget_commit_in_several_groups() {
+    let f = open(Limits::default());
+    exec(&f.db, "CREATE TABLE t(v BLOB)");
+    let blob = || {
+        vec![Value::Blob(vec![
+            7u8;
+            (MAX_GROUP_BYTES / 2 - 1_000) as usize
+        ])]
+    };
+    let outs = grouped(
+        &f.db,
+        (0..4)
+            .map(|_| write("INSERT INTO t VALUES (?1)", blob()))
+            .collect(),
+    );
+    for o in outs {
+        o.expect("write");
+    }
+    let stats = f.db.group_commit_stats();
+    assert_eq!((stats.groups, stats.grouped_writes), (2, 4), "two of two");
+    assert_eq!(count(&f.db, "SELECT count(*) FROM t"), 4);
+}
