@@ -89,6 +89,39 @@ impl Metrics {
         }
     }
 
+    /// A primary's group commit counters, labelled as [`Metrics::render`]
+    /// labels the node.
+    pub fn render_group_commit(
+        role: &str,
+        region: &str,
+        g: &crate::group_write::GroupCommitStats,
+    ) -> String {
+        let mut out = String::new();
+        let node = format!("role=\"{role}\",node_region=\"{}\"", escape(region));
+        for (name, help, n) in [
+            (
+                "walrelay_group_commits_total",
+                "Transactions that committed two or more writes (group commit).",
+                g.groups,
+            ),
+            (
+                "walrelay_group_commit_writes_total",
+                "Writes committed in those transactions.",
+                g.grouped_writes,
+            ),
+            (
+                "walrelay_group_commit_reruns_total",
+                "Writes of a group that ran again alone (a failure, or a group that could not commit).",
+                g.rerun_alone,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} counter");
+            let _ = writeln!(out, "{name}{{{node}}} {n}");
+        }
+        out
+    }
+
     /// The text exposition. `role` and `region` label the node.
     pub fn render(&self, role: &str, region: &str, lag: Option<ReplicaLag>) -> String {
         let mut out = String::new();
@@ -231,5 +264,29 @@ mod tests {
         assert!(text.contains(
             "walrelay_replica_lag_bookmarks{role=\"replica\",node_region=\"us\\\"x\"} 3"
         ));
+    }
+
+    #[test]
+    fn a_primary_reports_its_group_commit_counters() {
+        let text = Metrics::render_group_commit(
+            "primary",
+            "eu",
+            &crate::group_write::GroupCommitStats {
+                groups: 2,
+                grouped_writes: 19,
+                rerun_alone: 1,
+            },
+        );
+        assert!(
+            text.contains("walrelay_group_commits_total{role=\"primary\",node_region=\"eu\"} 2")
+        );
+        assert!(text.contains(
+            "walrelay_group_commit_writes_total{role=\"primary\",node_region=\"eu\"} 19"
+        ));
+        assert!(
+            text.contains(
+                "walrelay_group_commit_reruns_total{role=\"primary\",node_region=\"eu\"} 1"
+            )
+        );
     }
 }

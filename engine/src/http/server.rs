@@ -789,6 +789,13 @@ impl Node {
         if let (Some(tt), Some(db)) = (&self.time_travel, self.primary_database()) {
             text.push_str(&tt.metrics_text(db.latest_bookmark()));
         }
+        if let Some(db) = self.primary_database() {
+            text.push_str(&super::metrics::Metrics::render_group_commit(
+                self.role_name(),
+                &self.config.region,
+                &db.group_commit_stats(),
+            ));
+        }
         if let Some(fleet) = &self.fleet {
             text.push_str(&fleet.metrics_text());
         }
