@@ -72,12 +72,19 @@ impl CommitGate for Gate {
 }
 
 fn open(gate: &Arc<Gate>) -> (tempfile::TempDir, Database) {
+    open_with(gate, false)
+}
+
+fn open_with(gate: &Arc<Gate>, group_commit: bool) -> (tempfile::TempDir, Database) {
     let dir = tempfile::tempdir().expect("dir");
     let db = Database::open(
         dir.path().join("g.db"),
         Options {
             sink: Some(Arc::clone(gate) as Arc<dyn TransactionSink>),
             gate: Some(Arc::clone(gate) as Arc<dyn CommitGate>),
+            // Most of these tests count transactions, one per write:
+            // group commit would merge concurrent writes into fewer.
+            group_commit,
             ..Options::default()
         },
     )
@@ -159,6 +166,67 @@ fn results_wait_for_confirmation_while_later_writes_keep_committing() {
         assert!(b <= at(4));
     }
     assert_eq!(reader.join().expect("reader").expect("read"), Some(3));
+}
+
+#[test]
+fn writes_committed_together_by_group_commit_all_wait_at_the_gate() {
+    let gate = Arc::new(Gate::default());
+    let (_dir, db) = open_with(&gate, true);
+    let epoch = db.epoch();
+    let setup = std::thread::spawn({
+        let db = db.clone();
+        move || {
+            db.session(Constraint::FirstPrimary)
+                .expect("session")
+                .prepare("CREATE TABLE t(x)")
+                .run()
+                .expect("create")
+        }
+    });
+    wait_until("create committed", || gate.committed().len() == 1);
+    gate.release(Bookmark::new(epoch, walrelay_engine::Sequence(1)));
+    setup.join().expect("create");
+
+    let writers: Vec<_> = (0..8)
+        .map(|i| {
+            let db = db.clone();
+            std::thread::spawn(move || {
+                db.session(Constraint::FirstPrimary)
+                    .expect("session")
+                    .prepare("INSERT INTO t VALUES (?1)")
+                    .bind([i])
+                    .run()
+                    .map(|r| r.meta.bookmark)
+            })
+        })
+        .collect();
+    // However they were grouped, every write commits (8 rows in at most
+    // 8 transactions) and none answers before its bookmark is confirmed.
+    wait_until("every write committed", || {
+        gate.committed().len() >= 2
+            && db.group_commit_stats().grouped_writes
+                + (gate.committed().len() as u64 - 1 - db.group_commit_stats().groups)
+                >= 8
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        writers.iter().all(|w| !w.is_finished()),
+        "a result escaped the gate"
+    );
+    let last = *gate.committed().last().expect("commits");
+    gate.release(last);
+    let mut bookmarks: Vec<Bookmark> = writers
+        .into_iter()
+        .map(|w| w.join().expect("writer").expect("confirmed write"))
+        .collect();
+    assert!(bookmarks.iter().all(|&b| b <= last));
+    bookmarks.sort();
+    bookmarks.dedup();
+    assert_eq!(
+        bookmarks.len(),
+        gate.committed().len() - 1,
+        "one per transaction"
+    );
 }
 
 #[test]
