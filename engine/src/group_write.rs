@@ -353,23 +353,13 @@ impl Database {
     /// Runs one member of an open group transaction in its own savepoint;
     /// returns how it fared and whether the transaction is still open.
     fn run_member<'a>(&self, w: &Pooled, job: WriteJob<'a>) -> (Member<'a>, bool) {
-        let limits = self.inner.limits;
         if job.cancel.as_ref().is_some_and(CancelToken::is_cancelled) {
             return (Member::Settled(Err(QueryError::Cancelled)), true);
         }
         if w.conn.engine_exec("SAVEPOINT walrelay_group").is_err() {
             return (Member::Again(job), !w.conn.conn.is_autocommit());
         }
-        let r = {
-            let _armed = w.watch.arm(limits.query_timeout_ms, job.cancel.as_ref());
-            run_statement(
-                w,
-                &job.sql,
-                &job.params,
-                Prepare::Cached,
-                limits.max_response_bytes,
-            )
-        };
+        let r = self.run_job(w, &job);
         if w.conn.conn.is_autocommit() {
             // SQLite rolled the whole transaction back.
             assert!(
@@ -416,21 +406,29 @@ impl Database {
         (member, true)
     }
 
+    /// Runs a job's statement on the held writer under its own time limit
+    /// and cancel token.
+    fn run_job(
+        &self,
+        w: &Pooled,
+        job: &WriteJob<'_>,
+    ) -> Result<crate::statement::StatementOutput, QueryError> {
+        let limits = self.inner.limits;
+        let _armed = w.watch.arm(limits.query_timeout_ms, job.cancel.as_ref());
+        run_statement(
+            w,
+            &job.sql,
+            &job.params,
+            Prepare::Cached,
+            limits.max_response_bytes,
+        )
+    }
+
     /// One write in its own transaction on the held writer (autocommit),
     /// as a lone write always ran: a statement that leaves a transaction
     /// open is refused and rolled back.
     fn run_alone(&self, w: &Pooled, job: &WriteJob<'_>) -> WriteOutcome {
-        let limits = self.inner.limits;
-        let r = {
-            let _armed = w.watch.arm(limits.query_timeout_ms, job.cancel.as_ref());
-            run_statement(
-                w,
-                &job.sql,
-                &job.params,
-                Prepare::Cached,
-                limits.max_response_bytes,
-            )
-        };
+        let r = self.run_job(w, job);
         if !w.conn.conn.is_autocommit() {
             let _ = w.conn.engine_exec("ROLLBACK");
             return Err(r.err().unwrap_or_else(crate::statement::tx_control_refused));

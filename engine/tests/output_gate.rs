@@ -100,12 +100,8 @@ fn wait_until(what: &str, f: impl Fn() -> bool) {
     }
 }
 
-#[test]
-fn results_wait_for_confirmation_while_later_writes_keep_committing() {
-    let gate = Arc::new(Gate::default());
-    let (_dir, db) = open(&gate);
-    let epoch = db.epoch();
-    let at = |s| Bookmark::new(epoch, walrelay_engine::Sequence(s));
+/// `CREATE TABLE t(x)`, committed and confirmed (the first bookmark).
+fn create_confirmed(gate: &Gate, db: &Database) {
     let setup = std::thread::spawn({
         let db = db.clone();
         move || {
@@ -117,11 +113,17 @@ fn results_wait_for_confirmation_while_later_writes_keep_committing() {
         }
     });
     wait_until("create committed", || gate.committed().len() == 1);
-    gate.release(at(1));
+    gate.release(Bookmark::new(db.epoch(), walrelay_engine::Sequence(1)));
     setup.join().expect("create");
+}
 
-    // Three writers: each commits, then its result waits at the gate.
-    let writers: Vec<_> = (0..3)
+/// One writer thread per value, each inserting it into `t`; each answers
+/// with its write's bookmark.
+fn insert_each(
+    db: &Database,
+    values: std::ops::Range<i64>,
+) -> Vec<std::thread::JoinHandle<Result<Bookmark, walrelay_engine::QueryError>>> {
+    values
         .map(|i| {
             let db = db.clone();
             std::thread::spawn(move || {
@@ -133,7 +135,19 @@ fn results_wait_for_confirmation_while_later_writes_keep_committing() {
                     .map(|r| r.meta.bookmark)
             })
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn results_wait_for_confirmation_while_later_writes_keep_committing() {
+    let gate = Arc::new(Gate::default());
+    let (_dir, db) = open(&gate);
+    let epoch = db.epoch();
+    let at = |s| Bookmark::new(epoch, walrelay_engine::Sequence(s));
+    create_confirmed(&gate, &db);
+
+    // Three writers: each commits, then its result waits at the gate.
+    let writers = insert_each(&db, 0..3);
     // All three commit although none is confirmed: pipelining.
     wait_until("three commits behind the gate", || {
         gate.committed().len() == 4
@@ -172,34 +186,9 @@ fn results_wait_for_confirmation_while_later_writes_keep_committing() {
 fn writes_committed_together_by_group_commit_all_wait_at_the_gate() {
     let gate = Arc::new(Gate::default());
     let (_dir, db) = open_with(&gate, true);
-    let epoch = db.epoch();
-    let setup = std::thread::spawn({
-        let db = db.clone();
-        move || {
-            db.session(Constraint::FirstPrimary)
-                .expect("session")
-                .prepare("CREATE TABLE t(x)")
-                .run()
-                .expect("create")
-        }
-    });
-    wait_until("create committed", || gate.committed().len() == 1);
-    gate.release(Bookmark::new(epoch, walrelay_engine::Sequence(1)));
-    setup.join().expect("create");
+    create_confirmed(&gate, &db);
 
-    let writers: Vec<_> = (0..8)
-        .map(|i| {
-            let db = db.clone();
-            std::thread::spawn(move || {
-                db.session(Constraint::FirstPrimary)
-                    .expect("session")
-                    .prepare("INSERT INTO t VALUES (?1)")
-                    .bind([i])
-                    .run()
-                    .map(|r| r.meta.bookmark)
-            })
-        })
-        .collect();
+    let writers = insert_each(&db, 0..8);
     // However they were grouped, every write commits (8 rows in at most
     // 8 transactions) and none answers before its bookmark is confirmed.
     wait_until("every write committed", || {

@@ -117,17 +117,11 @@ impl Archiver {
             let want = max_bytes
                 .saturating_sub(scan.bytes)
                 .clamp(1, self.config.object_bytes.max(1));
-            let got = source
-                .read_confirmed(scan.to, want as usize)
-                .map_err(ArchiveError::Source)?;
+            let got = read_records(source, scan.to, want)?;
             if got.is_empty() {
                 break;
             }
-            for b in got {
-                let (e, _) = Encoded::decode(&b).map_err(|source| FormatError::Record {
-                    what: "local log",
-                    source,
-                })?;
+            for e in got {
                 scan.first_commit_us.get_or_insert(e.commit_us());
                 scan.bytes += e.bytes.len() as u64;
                 scan.to = e.bookmark;
@@ -153,17 +147,11 @@ impl Archiver {
         let mut at = after;
         while run.bytes < target {
             let want = target - run.bytes;
-            let got = source
-                .read_confirmed(at, want as usize)
-                .map_err(ArchiveError::Source)?;
+            let got = read_records(source, at, want)?;
             if got.is_empty() {
                 break;
             }
-            for b in got {
-                let (e, _) = Encoded::decode(&b).map_err(|source| FormatError::Record {
-                    what: "local log",
-                    source,
-                })?;
+            for e in got {
                 run.bytes += e.bytes.len() as u64;
                 at = e.bookmark;
                 run.records.push(e);
@@ -187,6 +175,28 @@ impl Archiver {
 struct Run {
     records: Vec<Encoded>,
     bytes: u64,
+}
+
+/// Confirmed records after `after`, about `want` bytes, decoded.
+fn read_records(
+    source: &dyn Source,
+    after: Bookmark,
+    want: u64,
+) -> Result<Vec<Encoded>, ArchiveError> {
+    let got = source
+        .read_confirmed(after, want as usize)
+        .map_err(ArchiveError::Source)?;
+    got.iter()
+        .map(|b| {
+            Encoded::decode(b).map(|(e, _)| e).map_err(|source| {
+                FormatError::Record {
+                    what: "local log",
+                    source,
+                }
+                .into()
+            })
+        })
+        .collect()
 }
 
 /// The unarchived tail as far as rounds have read it: records after
