@@ -522,15 +522,24 @@ impl HttpCluster {
         h
     }
 
-    /// Waits until every replica has confirmed the primary's latest.
+    /// Waits until every replica has confirmed the primary's latest and
+    /// made it visible.
     pub fn wait_replicas(&self) {
         let latest = self.c.primary.database().latest_bookmark();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         for r in &self.c.replicas {
             assert!(
                 r.node()
                     .wait_confirmed(latest, std::time::Duration::from_secs(10)),
                 "a replica never caught up with {latest}"
             );
+            while r.replica().confirmed() < latest {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "a replica confirmed {latest} but never made it visible"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
         }
     }
 
@@ -614,6 +623,9 @@ impl HttpCluster {
     /// `message_has`) and leave every node's pages as they were.
     pub fn refuse(&self, what: &str, body: &[u8], status: u16, code: u32, message_has: &str) {
         for (node, url) in self.nodes() {
+            // A write just before (the caller's) may still be on its way
+            // to the replicas: compare from a settled state.
+            self.wait_replicas();
             let before = self.state();
             let r = self.post(&url, body);
             let what = format!("{what} (sent to the {node})");
