@@ -114,22 +114,9 @@ impl<J, R> GroupQueue<J, R> {
         let deadline = Instant::now() + wait;
         let mut s = slot.state.lock();
         loop {
-            match std::mem::replace(&mut *s, SlotState::Read) {
-                SlotState::Done(r) => return Turn::Done(r),
-                SlotState::Abandoned => return Turn::Abandoned,
-                SlotState::Lead => {
-                    return Turn::Lead(Leader {
-                        queue: self,
-                        taken: false,
-                    });
-                }
-                SlotState::Read => unreachable!("a slot is read once, by its waiter"),
-                waiting @ SlotState::Taken => {
-                    *s = waiting;
-                    slot.changed.wait(&mut s);
-                }
-                queued @ SlotState::Queued(_) => {
-                    *s = queued;
+            match &*s {
+                SlotState::Taken => slot.changed.wait(&mut s),
+                SlotState::Queued(_) => {
                     if slot.changed.wait_until(&mut s, deadline).timed_out()
                         && matches!(*s, SlotState::Queued(_))
                     {
@@ -147,7 +134,18 @@ impl<J, R> GroupQueue<J, R> {
                         s = slot.state.lock();
                     }
                 }
+                SlotState::Done(_) | SlotState::Abandoned | SlotState::Lead => break,
+                SlotState::Read => unreachable!("a slot is read once, by its waiter"),
             }
+        }
+        match std::mem::replace(&mut *s, SlotState::Read) {
+            SlotState::Done(r) => Turn::Done(r),
+            SlotState::Abandoned => Turn::Abandoned,
+            SlotState::Lead => Turn::Lead(Leader {
+                queue: self,
+                taken: false,
+            }),
+            _ => unreachable!("the loop ends only on an outcome"),
         }
     }
 

@@ -45,7 +45,7 @@ use crate::execution::CancelToken;
 use crate::group_commit::{Ticket, Turn};
 use crate::pool::Pooled;
 use crate::statement::{Prepare, run_statement};
-use crate::value::Value;
+use crate::value::{Value, value_bytes};
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -71,12 +71,7 @@ impl WriteJob<'_> {
         let params: u64 = self
             .params
             .iter()
-            .map(|v| match v {
-                Value::Null => 1,
-                Value::Integer(_) | Value::Real(_) => 8,
-                Value::Text(t) => t.len() as u64,
-                Value::Blob(b) => b.len() as u64,
-            })
+            .map(|v| value_bytes(v.as_value_ref()))
             .sum();
         self.sql.len() as u64 + params
     }
@@ -372,17 +367,9 @@ impl Database {
             };
         }
         let (member, undo) = match r {
-            Ok((columns, rows, counts)) => {
-                let mut meta = self.meta(job.started, crate::Bookmark::ZERO);
-                meta.rows_read = counts.rows_read;
-                meta.rows_written = counts.changes;
-                meta.changes = counts.changes;
-                meta.last_row_id = w.conn.conn.last_insert_rowid();
-                let o = Output {
-                    columns,
-                    rows,
-                    meta,
-                };
+            Ok(ran) => {
+                // The bookmark is the group's, set once it commits.
+                let o = self.write_output(w, job.started, crate::Bookmark::ZERO, ran);
                 (Member::Ran(o, job), false)
             }
             Err(e) if stopped(&e) => (Member::Settled(Err(e)), true),
@@ -433,22 +420,34 @@ impl Database {
             let _ = w.conn.engine_exec("ROLLBACK");
             return Err(r.err().unwrap_or_else(crate::statement::tx_control_refused));
         }
-        let (columns, rows, counts) = match r {
+        let ran = match r {
             Ok(o) => o,
             // Explained while this write still holds the writer.
             Err(e) => return Err(self.explain(e)),
         };
         self.check_capture()?;
-        let mut meta = self.meta(job.started, self.latest_bookmark());
+        Ok(self.write_output(w, job.started, self.latest_bookmark(), ran))
+    }
+
+    /// A write's result, read off the writer right after its statement
+    /// (the row id is the connection's latest).
+    fn write_output(
+        &self,
+        w: &Pooled,
+        started: Instant,
+        bookmark: crate::Bookmark,
+        (columns, rows, counts): crate::statement::StatementOutput,
+    ) -> Output {
+        let mut meta = self.meta(started, bookmark);
         meta.rows_read = counts.rows_read;
         meta.rows_written = counts.changes;
         meta.changes = counts.changes;
         meta.last_row_id = w.conn.conn.last_insert_rowid();
-        Ok(Output {
+        Output {
             columns,
             rows,
             meta,
-        })
+        }
     }
 }
 

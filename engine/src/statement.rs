@@ -21,9 +21,8 @@ use crate::execution::{CancelToken, check_start};
 use crate::pool::{Lease, Pooled};
 use crate::session::Access;
 use crate::split::Cursor;
-use crate::value::{Row, Value};
+use crate::value::{Row, Value, value_bytes};
 use parking_lot::MutexGuard;
-use rusqlite::types::ValueRef;
 use rusqlite::{Connection, StatementStatus};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -113,17 +112,6 @@ pub(crate) fn refresh_schema(conn: &Connection) -> rusqlite::Result<()> {
     let mut rows = s.raw_query();
     rows.next()?;
     Ok(())
-}
-
-/// What a value counts against the response cap: its bytes (8 for a
-/// number, 1 for NULL).
-fn value_bytes(v: ValueRef<'_>) -> u64 {
-    match v {
-        ValueRef::Null => 1,
-        ValueRef::Integer(_) | ValueRef::Real(_) => 8,
-        ValueRef::Text(t) => t.len() as u64,
-        ValueRef::Blob(b) => b.len() as u64,
-    }
 }
 
 /// Prepares, binds and runs one statement to completion on `c`, whose

@@ -15,13 +15,31 @@ pub enum Value {
 
 impl rusqlite::ToSql for Value {
     fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
-        Ok(ToSqlOutput::Borrowed(match self {
+        Ok(ToSqlOutput::Borrowed(self.as_value_ref()))
+    }
+}
+
+impl Value {
+    /// The value as SQLite's borrowed form.
+    pub(crate) fn as_value_ref(&self) -> ValueRef<'_> {
+        match self {
             Value::Null => ValueRef::Null,
             Value::Integer(i) => ValueRef::Integer(*i),
             Value::Real(r) => ValueRef::Real(*r),
             Value::Text(s) => ValueRef::Text(s.as_bytes()),
             Value::Blob(b) => ValueRef::Blob(b),
-        }))
+        }
+    }
+}
+
+/// What a value counts against a size bound (the response cap, a write
+/// group's bytes): its bytes, 8 for a number, 1 for NULL.
+pub(crate) fn value_bytes(v: ValueRef<'_>) -> u64 {
+    match v {
+        ValueRef::Null => 1,
+        ValueRef::Integer(_) | ValueRef::Real(_) => 8,
+        ValueRef::Text(t) => t.len() as u64,
+        ValueRef::Blob(b) => b.len() as u64,
     }
 }
 

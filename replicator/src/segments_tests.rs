@@ -9,38 +9,41 @@ pub(super) fn b(s: u64) -> Bookmark {
 }
 
 pub(super) fn rec(s: u64) -> Bytes {
-    crate::record::testing::chained(
-        Record {
-            bookmark: b(s),
-            previous: b(s - 1),
-            prev_chain: crate::chain::ChainHash::GENESIS,
-            commit_us: 0,
-            page_size: 512,
-            db_pages: 3,
-            pages: vec![
-                (1, Bytes::from(vec![s as u8; 512])),
-                (3, Bytes::from(vec![1u8; 512])),
-            ],
-        },
-        false,
+    record(
+        s,
+        512,
+        3,
+        vec![
+            (1, Bytes::from(vec![s as u8; 512])),
+            (3, Bytes::from(vec![1u8; 512])),
+        ],
     )
-    .bytes
 }
 
 /// Record `s`, chained after `s - 1`, of `pages` 4 KiB pages: larger
 /// than a segment of the small logs here.
 pub(super) fn big_rec(s: u64, pages: u32) -> Bytes {
+    record(
+        s,
+        4096,
+        pages,
+        (1..=pages)
+            .map(|n| (n, Bytes::from(vec![n as u8; 4096])))
+            .collect(),
+    )
+}
+
+/// Record `s`, chained after `s - 1`, with these pages.
+fn record(s: u64, page_size: u32, db_pages: u32, pages: Vec<(u32, Bytes)>) -> Bytes {
     crate::record::testing::chained(
         Record {
             bookmark: b(s),
             previous: b(s - 1),
             prev_chain: crate::chain::ChainHash::GENESIS,
             commit_us: 0,
-            page_size: 4096,
-            db_pages: pages,
-            pages: (1..=pages)
-                .map(|n| (n, Bytes::from(vec![n as u8; 4096])))
-                .collect(),
+            page_size,
+            db_pages,
+            pages,
         },
         false,
     )

@@ -97,7 +97,7 @@ impl Metrics {
         g: &crate::group_write::GroupCommitStats,
     ) -> String {
         let mut out = String::new();
-        let node = format!("role=\"{role}\",node_region=\"{}\"", escape(region));
+        let node = node_labels(role, region);
         for (name, help, n) in [
             (
                 "walrelay_group_commits_total",
@@ -115,9 +115,7 @@ impl Metrics {
                 g.rerun_alone,
             ),
         ] {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} counter");
-            let _ = writeln!(out, "{name}{{{node}}} {n}");
+            counter(&mut out, name, help, &node, n);
         }
         out
     }
@@ -125,7 +123,7 @@ impl Metrics {
     /// The text exposition. `role` and `region` label the node.
     pub fn render(&self, role: &str, region: &str, lag: Option<ReplicaLag>) -> String {
         let mut out = String::new();
-        let node = format!("role=\"{role}\",node_region=\"{}\"", escape(region));
+        let node = node_labels(role, region);
         let _ = writeln!(
             out,
             "# HELP walrelay_queries_total Queries answered, by where they were served."
@@ -173,9 +171,7 @@ impl Metrics {
                 &self.timed_out,
             ),
         ] {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} counter");
-            let _ = writeln!(out, "{name}{{{node}}} {}", n.load(Ordering::Relaxed));
+            counter(&mut out, name, help, &node, n.load(Ordering::Relaxed));
         }
         if let Some(lag) = lag {
             let _ = writeln!(
@@ -229,6 +225,18 @@ fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+/// The labels naming a node: its role and region.
+fn node_labels(role: &str, region: &str) -> String {
+    format!("role=\"{role}\",node_region=\"{}\"", escape(region))
+}
+
+/// One counter with its help and type lines.
+fn counter(out: &mut String, name: &str, help: &str, node: &str, n: u64) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} counter");
+    let _ = writeln!(out, "{name}{{{node}}} {n}");
 }
 
 #[cfg(test)]
