@@ -19,6 +19,43 @@ const MIN_SNAPSHOT_LOG_BYTES: u64 = 64 << 20;
 /// Parts encoded at once (each holds up to 16 MiB of pages in memory).
 const PARTS_AT_ONCE: usize = 2;
 
+/// Tries to publish a built snapshot, rebasing it onto the manifests that
+/// won meanwhile.
+const MAX_PUBLISH_ATTEMPTS: usize = 8;
+
+/// The manifest that adds `entry` (a snapshot at `built_from.log_end`) to
+/// `now`, the manifest that won the race, if the snapshot is still one of
+/// `now`'s history: same epoch and page size (no cut, no new generation),
+/// the same newest snapshot (none newer was published), its bookmark
+/// archived and still in the history, and this uploader not fenced. The log archived after the
+/// snapshot is what `now` added since `built_from`.
+fn rebase(
+    built_from: &Manifest,
+    now: &Manifest,
+    mine: Epoch,
+    entry: SnapshotEntry,
+    page_size: u32,
+) -> Option<Manifest> {
+    let same_history = now.epoch == built_from.epoch
+        && now.epoch <= mine
+        && now.snapshots.last() == built_from.snapshots.last()
+        && (now.page_size == 0 || now.page_size == page_size)
+        && now.log_end >= entry.bookmark
+        && now.history.holds(entry.bookmark);
+    if !same_history {
+        return None;
+    }
+    let mut next = successor(now, mine);
+    next.page_size = page_size;
+    next.snapshots.push(entry);
+    // It only grows while the newest snapshot stays; a store that says
+    // otherwise is not trusted with a rebase.
+    next.since_snapshot_bytes = now
+        .since_snapshot_bytes
+        .checked_sub(built_from.since_snapshot_bytes)?;
+    Some(next)
+}
+
 impl Archiver {
     pub(super) fn maybe_snapshot(
         &mut self,
@@ -45,23 +82,33 @@ impl Archiver {
         if !due {
             return Ok(None);
         }
+        let built_from = m.clone();
         let (entry, page_size) = self.upload_snapshot(m, mine)?;
         let mut next = successor(m, mine);
         next.page_size = page_size;
         next.snapshots.push(entry);
         next.since_snapshot_bytes = 0;
-        if self.publish(m, next)? {
-            self.stats
-                .snapshots_uploaded
-                .fetch_add(1, Ordering::Relaxed);
-            tracing::info!(database = %self.config.database, bookmark = %entry.bookmark, pages = entry.db_pages, "snapshot archived");
-            Ok(Some(entry.bookmark))
-        } else {
-            // Another uploader moved first. Its manifest may hold a newer
-            // snapshot; the parts just written are swept as garbage once
-            // one newer than them is published.
-            Ok(None)
+        for _ in 0..MAX_PUBLISH_ATTEMPTS {
+            if self.publish(m, next)? {
+                self.stats
+                    .snapshots_uploaded
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::info!(database = %self.config.database, bookmark = %entry.bookmark, pages = entry.db_pages, "snapshot archived");
+                return Ok(Some(entry.bookmark));
+            }
+            // Another uploader moved first (`m` is now what it published).
+            // Log uploads go on while a snapshot builds, so on a busy
+            // database this is the usual case: the snapshot still holds
+            // if nothing but log was added after it.
+            match rebase(&built_from, m, mine, entry, page_size) {
+                Some(n) => next = n,
+                None => break,
+            }
         }
+        // A newer snapshot, another epoch's manifest, or no luck: the
+        // parts just written are swept as garbage once a snapshot newer
+        // than them is published.
+        Ok(None)
     }
 
     /// Builds the database at `m.log_end` and uploads it as a snapshot
@@ -143,5 +190,77 @@ impl Archiver {
             }
         }
         Ok(digests)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use walrelay_replicator::{ChainHash, DatabaseId, Sequence};
+
+    fn at(e: u32, s: u64) -> Bookmark {
+        Bookmark::new(Epoch(e), Sequence(s))
+    }
+
+    fn snapshot(bookmark: Bookmark) -> SnapshotEntry {
+        SnapshotEntry {
+            bookmark,
+            chain: ChainHash::from_bytes([7; 16]),
+            commit_us: 1,
+            db_pages: 3,
+            generation: Epoch(1),
+            digest: [9; 32],
+        }
+    }
+
+    /// A manifest of epoch 1 archived to `end`, `since` bytes after a
+    /// snapshot at sequence 10.
+    fn manifest(sequence: u64, end: u64, since: u64) -> Manifest {
+        let mut m = Manifest::empty(DatabaseId(1));
+        m.sequence = sequence;
+        m.epoch = Epoch(1);
+        m.page_size = 4096;
+        m.log_end = at(1, end);
+        m.history.record(at(1, end));
+        m.since_snapshot_bytes = since;
+        m.snapshots.push(snapshot(at(1, 10)));
+        m
+    }
+
+    #[test]
+    fn a_snapshot_outrun_by_log_uploads_is_rebased_onto_the_winning_manifest() {
+        let built_from = manifest(5, 40, 1000);
+        let won = manifest(8, 70, 1600);
+        let ours = snapshot(at(1, 40));
+        let next = rebase(&built_from, &won, Epoch(1), ours, 4096).expect("rebased");
+        assert_eq!(next.sequence, 9);
+        assert_eq!(next.log_end, at(1, 70), "the log that won stays");
+        assert_eq!(next.snapshots.last(), Some(&ours));
+        assert_eq!(
+            next.since_snapshot_bytes, 600,
+            "only the log archived after the snapshot counts"
+        );
+    }
+
+    #[test]
+    fn a_snapshot_is_not_rebased_past_a_newer_snapshot_an_epoch_change_or_a_fence() {
+        let built_from = manifest(5, 40, 1000);
+        let ours = snapshot(at(1, 40));
+
+        let mut newer = manifest(8, 70, 100);
+        newer.snapshots.push(snapshot(at(1, 60)));
+        assert!(rebase(&built_from, &newer, Epoch(1), ours, 4096).is_none());
+
+        let mut next_epoch = manifest(8, 70, 1600);
+        next_epoch.epoch = Epoch(2);
+        assert!(rebase(&built_from, &next_epoch, Epoch(2), ours, 4096).is_none());
+        assert!(
+            rebase(&built_from, &manifest(8, 70, 1600), Epoch(0), ours, 4096).is_none(),
+            "an uploader the manifest's epoch fences"
+        );
+
+        let mut other_page_size = manifest(8, 70, 1600);
+        other_page_size.page_size = 1024;
+        assert!(rebase(&built_from, &other_page_size, Epoch(1), ours, 4096).is_none());
     }
 }
