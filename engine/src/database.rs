@@ -59,6 +59,16 @@ pub trait CommitGate: Send + Sync {
     fn admit_write(&self) -> Result<(), GateError>;
     /// Waits, bounded, until `bookmark` is confirmed.
     fn wait_confirmed(&self, bookmark: Bookmark) -> Result<(), GateError>;
+    /// Runs `wake` once `bookmark` is confirmed, or once it cannot be
+    /// (the gate failed for good); at once if that is already so. Quick
+    /// code only: it runs where the confirmation arrives. What it wakes
+    /// still calls [`Self::wait_confirmed`], which then does not sleep;
+    /// `wake` is a hint that saves a wake-up, never the gate itself. The
+    /// default runs it at once.
+    fn on_confirmed(&self, bookmark: Bookmark, wake: Box<dyn FnOnce() + Send>) {
+        let _ = bookmark;
+        wake();
+    }
 }
 
 /// Why the gate did not open. Typed, because what happens next depends on
@@ -917,6 +927,14 @@ impl PrimaryRole {
                 .wait_confirmed(bookmark)
                 .map_err(|reason| QueryError::NotConfirmed { bookmark, reason }),
             None => Ok(()),
+        }
+    }
+
+    /// See [`CommitGate::on_confirmed`]; at once without a gate.
+    pub(crate) fn on_confirmed(&self, bookmark: Bookmark, wake: Box<dyn FnOnce() + Send>) {
+        match &self.gate {
+            Some(g) => g.on_confirmed(bookmark, wake),
+            None => wake(),
         }
     }
 

@@ -24,11 +24,20 @@
 //! - A ticket dropped without a result (a leader that panicked) answers
 //!   its waiter [`Turn::Abandoned`]; a leader dropped without taking
 //!   hands the leadership on. No waiter waits forever.
+//! - A result may be handed back quietly ([`Ticket::complete_quietly`]):
+//!   stored, but its waiter is woken only by the returned [`Wakeup`]
+//!   (which the caller runs when the result is worth reading, such as
+//!   once it is confirmed), or by its own re-check every
+//!   [`QUIET_RECHECK`], whichever comes first.
 
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// How often a taken job's waiter looks for a result handed back quietly
+/// whose [`Wakeup`] has not come (it bounds the wait if it never does).
+pub(crate) const QUIET_RECHECK: Duration = Duration::from_millis(20);
 
 /// Writers queued for the next group, and whether a leader is collecting.
 pub(crate) struct GroupQueue<J, R> {
@@ -115,11 +124,16 @@ impl<J, R> GroupQueue<J, R> {
         let mut s = slot.state.lock();
         loop {
             match &*s {
-                SlotState::Taken => slot.changed.wait(&mut s),
+                SlotState::Taken => {
+                    let _ = slot.changed.wait_for(&mut s, QUIET_RECHECK);
+                }
                 SlotState::Queued(_) => {
-                    if slot.changed.wait_until(&mut s, deadline).timed_out()
-                        && matches!(*s, SlotState::Queued(_))
-                    {
+                    // Taking does not wake the waiter, nor may a quiet
+                    // result: look again at least every QUIET_RECHECK.
+                    let _ = slot
+                        .changed
+                        .wait_until(&mut s, deadline.min(Instant::now() + QUIET_RECHECK));
+                    if Instant::now() >= deadline && matches!(*s, SlotState::Queued(_)) {
                         // Lock order is queue, then slot: let go of the
                         // slot to take it out of the queue.
                         drop(s);
@@ -228,6 +242,27 @@ impl<J, R> Ticket<J, R> {
     }
 }
 
+/// Wakes the waiter of a result handed back quietly.
+pub(crate) struct Wakeup<J, R> {
+    slot: Arc<Slot<J, R>>,
+}
+
+impl<J, R> Wakeup<J, R> {
+    pub(crate) fn wake(self) {
+        self.slot.changed.notify_one();
+    }
+}
+
+impl<J, R> Ticket<J, R> {
+    /// Stores the job's result without waking its waiter: the returned
+    /// [`Wakeup`] does (or the waiter's own re-check).
+    pub(crate) fn complete_quietly(mut self, r: R) -> Wakeup<J, R> {
+        let slot = self.slot.take().expect("a ticket completes once");
+        *slot.state.lock() = SlotState::Done(r);
+        Wakeup { slot }
+    }
+}
+
 impl<J, R> Drop for Ticket<J, R> {
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
@@ -295,6 +330,35 @@ mod tests {
         }
         let got: Vec<u32> = waiters.into_iter().map(|h| h.join().unwrap()).collect();
         assert_eq!(got, [0, 10, 20]);
+    }
+
+    #[test]
+    fn a_result_handed_back_quietly_is_read_at_its_wakeup_or_at_the_recheck() {
+        let q = Arc::new(Q::default());
+        for wake in [true, false] {
+            let l = lead(&q);
+            let q2 = Arc::clone(&q);
+            let waiter = std::thread::spawn(move || {
+                let t = Instant::now();
+                match q2.submit(|| 7, Duration::from_secs(30)) {
+                    Turn::Done(r) => (r, t.elapsed()),
+                    _ => panic!("expected a result"),
+                }
+            });
+            wait_queued(&q, 1);
+            let mut jobs = l.take(8, u64::MAX, |_| 1);
+            let (t, j) = jobs.pop().expect("one job");
+            let wakeup = t.complete_quietly(j + 1);
+            if wake {
+                wakeup.wake();
+            }
+            let (r, waited) = waiter.join().unwrap();
+            assert_eq!(r, 8);
+            assert!(
+                waited < Duration::from_secs(10),
+                "a quiet result is found without its wakeup too"
+            );
+        }
     }
 
     #[test]

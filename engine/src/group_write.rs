@@ -37,7 +37,9 @@
 //! Running alone again is serially equivalent: the group's writers were
 //! concurrent, so any order among them is one a client could have seen.
 //! Every result and error, as before, waits at the output gate (the
-//! caller's thread does that, so later groups commit meanwhile).
+//! caller's thread does that, so later groups commit meanwhile). A
+//! member's result is handed back quietly and its thread woken by the
+//! confirmation of the group's bookmark, so it wakes once, not twice.
 
 use crate::database::{Database, Output, PrimaryRole};
 use crate::error::QueryError;
@@ -278,7 +280,17 @@ impl Database {
         let mut outcomes = outcomes.into_iter();
         let own = outcomes.next().expect("one outcome per write");
         for (t, o) in tickets.into_iter().zip(outcomes) {
-            t.complete(o);
+            // A result waits at the output gate anyway: its writer is woken
+            // once, when its bookmark is confirmed, instead of now and
+            // again then (errors are settled at once, as before).
+            match &o {
+                Ok(out) => {
+                    let bookmark = out.meta.bookmark;
+                    let wakeup = t.complete_quietly(o);
+                    p.on_confirmed(bookmark, Box::new(move || wakeup.wake()));
+                }
+                Err(_) => t.complete(o),
+            }
         }
         own
     }

@@ -266,6 +266,13 @@ impl CommitGate for Link {
             .wait_confirmed(bookmark, self.confirm_timeout)
             .map_err(GateError::from)
     }
+
+    fn on_confirmed(&self, bookmark: Bookmark, wake: Box<dyn FnOnce() + Send>) {
+        match self.leader.get() {
+            Some(leader) if bookmark.sequence.0 > 0 => leader.on_confirmed(bookmark, wake),
+            _ => wake(),
+        }
+    }
 }
 
 /// Why a replicated primary could not start or stop.

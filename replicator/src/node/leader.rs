@@ -274,6 +274,26 @@ impl LeaderNode {
         }
     }
 
+    /// Runs `call` once `bookmark` is confirmed, or once it never can be
+    /// here (fenced, shut down); at once if it already is. It runs on the
+    /// thread that moved the watermark (or this one), so it must be quick:
+    /// typically it wakes a waiter, which then checks with
+    /// [`Self::wait_confirmed`] without sleeping. Nothing withdraws it: the
+    /// caller bounds how many it leaves (the unconfirmed-bytes bound on
+    /// writes bounds the bookmarks left to confirm).
+    pub fn on_confirmed(&self, bookmark: Bookmark, call: super::waiters::Call) {
+        {
+            let mut watch = self.state.watch.lock();
+            let never =
+                watch.fenced.is_some() || self.state.shut.load(std::sync::atomic::Ordering::SeqCst);
+            if !never && watch.confirmed < bookmark {
+                watch.waiters.register_call(bookmark, call);
+                return;
+            }
+        }
+        call();
+    }
+
     /// Waits until `bookmark` is confirmed, at most `timeout`.
     pub fn wait_confirmed(
         &self,

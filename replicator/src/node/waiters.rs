@@ -1,4 +1,5 @@
-//! Threads waiting for a position, woken only once it is reached.
+//! Threads (and callbacks) waiting for a position, woken only once it is
+//! reached.
 //!
 //! A condition variable's `notify_all` on every confirmation wakes every
 //! waiting session, and all but the few whose bookmark the confirmation
@@ -13,6 +14,12 @@
 //! released ([`Woken::wake`]). A thread may be unparked spuriously (a
 //! stale token from an earlier wait); waiters re-check their condition
 //! under the lock, so that costs a loop, never a wrong answer.
+//!
+//! A waiter may also be a callback ([`Waiters::register_call`]): code that
+//! wakes someone else once the position is reached, such as a group
+//! commit's members, who then need no wake-up of their own before it.
+//! Callbacks run where threads are unparked, after the lock, and must be
+//! quick.
 
 use std::collections::BTreeMap;
 use std::thread::Thread;
@@ -21,8 +28,26 @@ use std::time::Instant;
 /// Waiting threads, ordered by the position each waits for.
 #[derive(Debug)]
 pub struct Waiters<P: Ord + Copy> {
-    waiting: BTreeMap<(P, u64), Thread>,
+    waiting: BTreeMap<(P, u64), Wake>,
     next_id: u64,
+}
+
+/// A callback a waiter leaves to be run once its position is reached.
+pub type Call = Box<dyn FnOnce() + Send>;
+
+/// How a waiter is woken.
+enum Wake {
+    Thread(Thread),
+    Call(Call),
+}
+
+impl std::fmt::Debug for Wake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Wake::Thread(t) => write!(f, "Thread({:?})", t.id()),
+            Wake::Call(_) => write!(f, "Call"),
+        }
+    }
 }
 
 impl<P: Ord + Copy> Default for Waiters<P> {
@@ -42,15 +67,18 @@ pub struct Ticket<P> {
     id: u64,
 }
 
-/// Threads taken out of the table, to unpark once the lock is released.
-#[must_use = "the threads must be unparked"]
+/// Waiters taken out of the table, to wake once the lock is released.
+#[must_use = "the waiters must be woken"]
 #[derive(Debug, Default)]
-pub struct Woken(Vec<Thread>);
+pub struct Woken(Vec<Wake>);
 
 impl Woken {
     pub fn wake(self) {
-        for t in self.0 {
-            t.unpark();
+        for w in self.0 {
+            match w {
+                Wake::Thread(t) => t.unpark(),
+                Wake::Call(f) => f(),
+            }
         }
     }
 }
@@ -58,12 +86,22 @@ impl Woken {
 impl<P: Ord + Copy> Waiters<P> {
     /// Files the calling thread as waiting for `at`.
     pub fn register(&mut self, at: P) -> Ticket<P> {
+        self.insert(at, Wake::Thread(std::thread::current()))
+    }
+
+    /// Files `call`, to be run once `at` is reached (or at [`Self::all`]).
+    /// It stays filed until then: the caller bounds how many it leaves.
+    pub fn register_call(&mut self, at: P, call: Call) {
+        self.insert(at, Wake::Call(call));
+    }
+
+    fn insert(&mut self, at: P, wake: Wake) -> Ticket<P> {
         let id = self.next_id;
         self.next_id = self
             .next_id
             .checked_add(1)
             .expect("2^64 waits cannot happen");
-        self.waiting.insert((at, id), std::thread::current());
+        self.waiting.insert((at, id), wake);
         Ticket { at, id }
     }
 
@@ -129,6 +167,26 @@ mod tests {
         w.withdraw(b);
         assert_eq!(w.len(), 1);
         assert_eq!(w.all().0.len(), 1);
+        assert!(w.is_empty());
+    }
+
+    #[test]
+    fn a_callback_runs_once_when_its_position_is_reached_and_not_before() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let runs = Arc::new(AtomicUsize::new(0));
+        let mut w = Waiters::default();
+        let r = Arc::clone(&runs);
+        w.register_call(
+            5u64,
+            Box::new(move || {
+                r.fetch_add(1, Ordering::SeqCst);
+            }),
+        );
+        w.reached(4).wake();
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+        w.reached(5).wake();
+        w.reached(9).wake();
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
         assert!(w.is_empty());
     }
 
