@@ -205,8 +205,9 @@ fn main() {
     let grouped = groups.grouped_writes - groups_before.grouped_writes;
     let group_txns = groups.groups - groups_before.groups;
     println!(
-        "  group commit ({}), 16 sessions   {grouped} writes in {group_txns} group transactions ({:.1} each), {} run again alone",
+        "  group commit ({}, delay {} us), 16 sessions   {grouped} writes in {group_txns} group transactions ({:.1} each), {} run again alone",
         if cluster::group_commit() { "on" } else { "off" },
+        cluster::group_commit_delay_us(),
         grouped as f64 / group_txns.max(1) as f64,
         groups.rerun_alone - groups_before.rerun_alone
     );

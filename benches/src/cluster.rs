@@ -20,14 +20,23 @@ pub struct BenchCluster {
     pub replica: ReplicatedReplica,
 }
 
-/// Starts `n` followers, a primary and a replica under `dir`, with
-/// replication authenticated by `key` (None: open).
 /// Whether the bench primary runs with group commit: yes unless
 /// `WALRELAY_BENCH_GROUP_COMMIT=0` (for an A/B of the lever).
 pub fn group_commit() -> bool {
     std::env::var("WALRELAY_BENCH_GROUP_COMMIT").map_or(true, |v| v != "0")
 }
 
+/// The bench primary's group commit delay: the default unless
+/// `WALRELAY_BENCH_GROUP_DELAY_US` says otherwise (for an A/B).
+pub fn group_commit_delay_us() -> u64 {
+    std::env::var("WALRELAY_BENCH_GROUP_DELAY_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(walrelay_engine::Options::default().group_commit_delay_us)
+}
+
+/// Starts `n` followers, a primary and a replica under `dir`, with
+/// replication authenticated by `key` (None: open).
 pub fn start(dir: &Path, n: usize, key: Option<ClusterKey>) -> BenchCluster {
     let followers: Vec<FollowerNode> = (0..n)
         .map(|i| {
@@ -48,6 +57,7 @@ pub fn start(dir: &Path, n: usize, key: Option<ClusterKey>) -> BenchCluster {
     let mut config = PrimaryConfig::new(dir.join("primary.db"), addrs.clone(), key.clone());
     config.listen = Some("127.0.0.1:0".parse().expect("addr"));
     config.options.group_commit = group_commit();
+    config.options.group_commit_delay_us = group_commit_delay_us();
     let primary = ReplicatedPrimary::start(config).expect("primary");
     let replica = ReplicatedReplica::start(ReplicaConfig {
         store: None,

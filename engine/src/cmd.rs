@@ -324,6 +324,11 @@ pub struct PrimaryArgs {
     /// behind the writer otherwise commit together and share a bookmark).
     #[arg(long)]
     pub no_group_commit: bool,
+    /// Under load, how long a write group's leader waits for more writes
+    /// before committing (PostgreSQL's commit_delay; only while at least
+    /// 4 writes wait for confirmation). 0: never.
+    #[arg(long, default_value_t = walrelay_engine::Options::default().group_commit_delay_us)]
+    pub group_commit_delay_us: u64,
     /// Cold storage (as the followers' `--store`): where a rebuild starts,
     /// and what time travel reads.
     #[arg(long)]
@@ -429,6 +434,7 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
     config.options.region = a.region.clone();
     config.options.limits.max_transaction_bytes = a.max_transaction_bytes;
     config.options.group_commit = !a.no_group_commit;
+    config.options.group_commit_delay_us = a.group_commit_delay_us;
     config.store = open_store(a.store.as_deref())?;
     let time_travel = config.store.clone().map(|store| TimeTravelConfig {
         store,

@@ -41,7 +41,7 @@
 //! member's result is handed back quietly and its thread woken by the
 //! confirmation of the group's bookmark, so it wakes once, not twice.
 
-use crate::database::{Database, Output, PrimaryRole};
+use crate::database::{Database, GROUP_DELAY_SIBLINGS, Output, PrimaryRole};
 use crate::error::QueryError;
 use crate::execution::CancelToken;
 use crate::group_commit::{Ticket, Turn};
@@ -49,7 +49,7 @@ use crate::pool::Pooled;
 use crate::statement::{Prepare, run_statement};
 use crate::value::{Value, value_bytes};
 use std::borrow::Cow;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Most writes one group commits, and most bytes of statement text and
@@ -93,12 +93,55 @@ impl WriteJob<'_> {
 pub(crate) type WriteOutcome = Result<Output, QueryError>;
 
 /// A primary's group commit: the queue groups form in, and what they did.
-#[derive(Default)]
 pub(crate) struct WriteGroups {
     queue: crate::group_commit::GroupQueue<WriteJob<'static>, WriteOutcome>,
+    /// `Options::group_commit_delay_us`.
+    delay: Duration,
+    /// Writes waiting at the output gate now.
+    at_gate: AtomicUsize,
     groups: AtomicU64,
     grouped_writes: AtomicU64,
     rerun_alone: AtomicU64,
+}
+
+impl WriteGroups {
+    pub(crate) fn new(delay: Duration) -> WriteGroups {
+        WriteGroups {
+            queue: Default::default(),
+            delay,
+            at_gate: AtomicUsize::new(0),
+            groups: AtomicU64::new(0),
+            grouped_writes: AtomicU64::new(0),
+            rerun_alone: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether a leader should wait for more writes to queue: enough of
+    /// them are at the gate, about to come back.
+    fn worth_waiting(&self) -> bool {
+        !self.delay.is_zero() && self.at_gate.load(Ordering::Relaxed) >= GROUP_DELAY_SIBLINGS
+    }
+}
+
+/// Counts a write at the output gate while it lives.
+struct AtGate<'a>(Option<&'a AtomicUsize>);
+
+impl<'a> AtGate<'a> {
+    fn enter(groups: Option<&'a WriteGroups>) -> AtGate<'a> {
+        let counter = groups.map(|g| &g.at_gate);
+        if let Some(c) = counter {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        AtGate(counter)
+    }
+}
+
+impl Drop for AtGate<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.0 {
+            c.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// What a primary's group commit has done since it opened.
@@ -209,7 +252,9 @@ impl Database {
         match outcome {
             Ok(mut o) => {
                 // Later writers commit while this result waits (pipelining).
+                let at_gate = AtGate::enter(p.write_groups.as_ref());
                 p.gate_wait(o.meta.bookmark)?;
+                drop(at_gate);
                 o.meta.duration_us = started.elapsed().as_micros() as u64;
                 Ok(o)
             }
@@ -260,6 +305,10 @@ impl Database {
             return Err(self.writer_busy());
         };
         crate::sandbox::reset_if_dirty(&w.conn).map_err(QueryError::sql)?;
+        if groups.worth_waiting() {
+            // Holding the writer: what queues meanwhile joins this group.
+            std::thread::sleep(groups.delay);
+        }
         let others = leader.take(
             MAX_GROUP - 1,
             MAX_GROUP_BYTES.saturating_sub(job.weight()),

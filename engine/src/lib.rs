@@ -20,7 +20,9 @@
 //!   INSERT, UPDATE, DELETE or REPLACE statements that queue while the
 //!   writer is busy commit as one transaction, and share its bookmark;
 //!   each one's outcome (its error, row id and change count) is what it
-//!   would have been alone.
+//!   would have been alone. Under load (`GROUP_DELAY_SIBLINGS` writes at
+//!   the output gate) a group's leader waits `Options::
+//!   group_commit_delay_us` for more to queue first.
 //! - Every result carries [`Meta`], whose bookmark is at least the state
 //!   the result reflects; a session's bookmark only grows.
 //! - A bookmark beyond the latest issued is an error, never a wait.
@@ -113,8 +115,8 @@ pub mod stop_marker;
 mod value;
 
 pub use database::{
-    CheckpointMode, CheckpointStats, CommitGate, Database, GateError, Options, ShipError,
-    Synchronous, TransactionSink,
+    CheckpointMode, CheckpointStats, CommitGate, Database, GROUP_DELAY_SIBLINGS, GateError,
+    Options, ShipError, Synchronous, TransactionSink,
 };
 pub use error::{CheckpointError, OpenError, QueryError, SessionError};
 pub use execution::CancelToken;

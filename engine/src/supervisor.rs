@@ -53,6 +53,7 @@ pub struct Plan {
     pub max_transaction_bytes: u64,
     /// False: the primary runs with `--no-group-commit`.
     pub group_commit: bool,
+    pub group_commit_delay_us: u64,
     pub net: &'static str,
     pub key_file: PathBuf,
     pub auth_flags: Vec<String>,
@@ -431,6 +432,10 @@ fn primary_args(plan: &Plan, k: usize) -> Vec<String> {
     if !plan.group_commit {
         args.push("--no-group-commit".into());
     }
+    args.extend([
+        "--group-commit-delay-us".into(),
+        plan.group_commit_delay_us.to_string(),
+    ]);
     if let Some(d) = plan.deadline {
         let left = d.saturating_duration_since(Instant::now()).as_secs().max(1);
         args.extend(["--seconds".into(), left.to_string()]);

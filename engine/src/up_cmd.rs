@@ -45,6 +45,9 @@ pub struct UpArgs {
     /// `--no-group-commit`).
     #[arg(long)]
     pub no_group_commit: bool,
+    /// The primary's `--group-commit-delay-us`.
+    #[arg(long, default_value_t = walrelay_engine::Options::default().group_commit_delay_us)]
+    pub group_commit_delay_us: u64,
 
     /// Serve the HTTP API without authentication (by default `up` keeps a
     /// token store in DIR/tokens and an admin token in DIR/token).
@@ -308,6 +311,7 @@ pub fn up(a: UpArgs) -> Result<()> {
         writers: a.writers,
         max_transaction_bytes: a.max_transaction_bytes,
         group_commit: !a.no_group_commit,
+        group_commit_delay_us: a.group_commit_delay_us,
         net: backend_name(a.net),
         key_file: key_file.clone(),
         auth_flags,
