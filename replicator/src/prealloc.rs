@@ -192,7 +192,11 @@ impl Spare {
         let spawned = std::thread::Builder::new()
             .name("walrelay-spare".into())
             .spawn(move || {
-                crate::background::lower_this_thread();
+                // At normal priority, unlike archive uploads: a roll waits
+                // for this thread on the follower's transport thread, so
+                // starving it (a busy host, nice 10) stalls every commit
+                // and, past the transport's write timeout, drops the
+                // follower from the quorum (a CI run lost all five so).
                 // The file is closed once built: a spare costs no
                 // descriptor while it waits (a host keeps many logs), and
                 // the roll reopens it by name.
