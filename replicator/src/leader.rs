@@ -8,8 +8,7 @@
 //! - **Quorum.** The confirmed watermark is the highest bookmark that W of
 //!   the N followers acknowledged as durable ([`QuorumTracker`]). Each
 //!   advance is reported ([`LeaderAction::Confirmed`], the output gate) and
-//!   sent to replicas at once; followers, which only keep it, get it with
-//!   their next append or heartbeat.
+//!   broadcast to replicas and followers.
 //! - **Tail.** The leader keeps the records a peer may still need: every
 //!   unconfirmed record, and confirmed ones up to `tail_limit_bytes`. A
 //!   peer that connects at a position inside the tail is streamed the rest;
@@ -160,9 +159,6 @@ enum Kind {
 struct Peer {
     kind: Kind,
     streaming: bool,
-    /// A follower's newest confirmation not yet sent: it rides with the
-    /// next append or heartbeat (see [`Leader::after_quorum_change`]).
-    confirm_due: bool,
 }
 
 /// One leader's protocol state.
@@ -286,12 +282,8 @@ impl Leader {
             });
         }
         let mut out = Vec::new();
-        let confirm = self.confirm_message();
-        for (id, p) in self.peers.iter_mut().filter(|(_, p)| p.streaming) {
-            if std::mem::take(&mut p.confirm_due) {
-                Self::send(&mut out, *id, confirm.clone());
-            }
-            Self::send(&mut out, *id, Message::Append(record.clone()));
+        for id in self.streaming_ids() {
+            Self::send(&mut out, id, Message::Append(record.clone()));
         }
         self.last = record.bookmark;
         self.last_chain = record.chain;
@@ -319,7 +311,6 @@ impl Leader {
                     Peer {
                         kind: Kind::Follower(index),
                         streaming: false,
-                        confirm_due: false,
                     },
                 );
                 Self::send(
@@ -343,7 +334,6 @@ impl Leader {
                     Peer {
                         kind: Kind::Replica,
                         streaming: false,
-                        confirm_due: false,
                     },
                 );
             }
@@ -357,10 +347,6 @@ impl Leader {
                     .is_none_or(|t| now_us.saturating_sub(t) >= self.config.heartbeat_interval_us);
                 if due {
                     self.last_heartbeat_us = Some(now_us);
-                    // A heartbeat carries the confirmation too.
-                    for p in self.peers.values_mut() {
-                        p.confirm_due = false;
-                    }
                     for id in self.streaming_ids() {
                         Self::send(
                             &mut out,
@@ -376,13 +362,6 @@ impl Leader {
             }
         }
         out
-    }
-
-    fn confirm_message(&self) -> Message {
-        Message::Confirm {
-            confirmed: self.confirmed(),
-            confirmed_us: self.clock_us,
-        }
     }
 
     fn streaming_ids(&self) -> Vec<PeerId> {
@@ -621,16 +600,15 @@ impl Leader {
                 self.last
             );
             out.push(LeaderAction::Confirmed(after));
-            // Replicas reveal at a confirmation: they hear of it at once.
-            // Followers only keep it (to archive what is confirmed), so
-            // theirs rides with the next append or heartbeat: a message
-            // and a wake-up fewer per follower per commit.
-            let confirm = self.confirm_message();
-            for (id, p) in self.peers.iter_mut().filter(|(_, p)| p.streaming) {
-                match p.kind {
-                    Kind::Replica => Self::send(out, *id, confirm.clone()),
-                    Kind::Follower(_) => p.confirm_due = true,
-                }
+            for id in self.streaming_ids() {
+                Self::send(
+                    out,
+                    id,
+                    Message::Confirm {
+                        confirmed: after,
+                        confirmed_us: self.clock_us,
+                    },
+                );
             }
             self.trim();
         }
@@ -715,85 +693,6 @@ mod tests {
         .to_encoded()
         .expect("record");
         assert!(l.committed(r).is_ok(), "the leader still takes commits");
-    }
-
-    fn record_after(seq: u64, previous: Option<&Encoded>) -> Encoded {
-        crate::record::Record {
-            bookmark: Bookmark::new(Epoch(3), Sequence(seq)),
-            previous: previous.map_or(Bookmark::ZERO, |p| p.bookmark),
-            prev_chain: previous.map_or(ChainHash::GENESIS, |p| p.chain),
-            commit_us: 0,
-            page_size: 512,
-            db_pages: 1,
-            pages: vec![(1, bytes::Bytes::from(vec![seq as u8; 512]))],
-        }
-        .to_encoded()
-        .expect("record")
-    }
-
-    /// What `actions` send to `peer`: Confirm as 'C', Append as 'A',
-    /// Heartbeat as 'H'.
-    fn sent_to(actions: &[LeaderAction], peer: PeerId) -> String {
-        actions
-            .iter()
-            .filter_map(|a| match a {
-                LeaderAction::Send { peer: p, message } if *p == peer => match message {
-                    Message::Confirm { .. } => Some('C'),
-                    Message::Append(_) => Some('A'),
-                    Message::Heartbeat { .. } => Some('H'),
-                    _ => None,
-                },
-                _ => None,
-            })
-            .collect()
-    }
-
-    fn acked_by_all(l: &mut Leader, r: &Encoded) -> Vec<LeaderAction> {
-        let mut out = Vec::new();
-        for peer in [PeerId(1), PeerId(2)] {
-            out.extend(l.handle(LeaderEvent::Received {
-                peer,
-                message: Message::Ack {
-                    durable: r.bookmark,
-                    chain: r.chain,
-                },
-            }));
-        }
-        out
-    }
-
-    #[test]
-    fn a_confirmation_reaches_replicas_at_once_and_followers_with_their_next_append_or_heartbeat() {
-        let mut l = leader();
-        for (peer, index) in [(PeerId(1), 0), (PeerId(2), 1)] {
-            l.handle(LeaderEvent::FollowerConnected { peer, index });
-            l.handle(LeaderEvent::Received {
-                peer,
-                message: handshake(Role::Follower, 3),
-            });
-        }
-        l.handle(LeaderEvent::ReplicaConnected { peer: PeerId(9) });
-        l.handle(LeaderEvent::Received {
-            peer: PeerId(9),
-            message: handshake(Role::Replica, 3),
-        });
-        let first = record_after(1, None);
-        l.committed(first.clone()).expect("commit");
-        let confirmed = acked_by_all(&mut l, &first);
-        assert!(confirmed.contains(&LeaderAction::Confirmed(first.bookmark)));
-        assert_eq!(sent_to(&confirmed, PeerId(9)), "C", "the replica at once");
-        assert_eq!(sent_to(&confirmed, PeerId(1)), "", "a follower later");
-        let second = record_after(2, Some(&first));
-        let sent = l.committed(second.clone()).expect("commit");
-        assert_eq!(sent_to(&sent, PeerId(1)), "CA", "with the next append");
-        assert_eq!(sent_to(&sent, PeerId(9)), "A", "the replica had it");
-        acked_by_all(&mut l, &second);
-        // With nothing to append, the heartbeat carries it instead...
-        let beat = l.handle(LeaderEvent::Tick { now_us: 10_000 });
-        assert_eq!(sent_to(&beat, PeerId(1)), "H");
-        // ...and it is not sent again.
-        let sent = l.committed(record_after(3, Some(&second))).expect("commit");
-        assert_eq!(sent_to(&sent, PeerId(1)), "A");
     }
 
     #[test]
