@@ -327,7 +327,11 @@ pub struct PrimaryArgs {
     /// Under load, how long a write group's leader waits for more writes
     /// before committing (PostgreSQL's commit_delay; only while at least
     /// 4 writes wait for confirmation). 0: never.
-    #[arg(long, default_value_t = walrelay_engine::Options::default().group_commit_delay_us)]
+    #[arg(
+        long,
+        default_value_t = walrelay_engine::Options::default().group_commit_delay_us,
+        value_parser = clap::value_parser!(u64).range(0..=walrelay_engine::MAX_GROUP_COMMIT_DELAY_US)
+    )]
     pub group_commit_delay_us: u64,
     /// Cold storage (as the followers' `--store`): where a rebuild starts,
     /// and what time travel reads.

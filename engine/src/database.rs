@@ -203,6 +203,10 @@ pub struct Options {
 /// [`Options::group_commit_delay_us`] for more.
 pub const GROUP_DELAY_SIBLINGS: usize = 4;
 
+/// The longest [`Options::group_commit_delay_us`]: a leader waits holding
+/// the writer, so every write behind it waits as long.
+pub const MAX_GROUP_COMMIT_DELAY_US: u64 = 100_000;
+
 impl Default for Options {
     fn default() -> Options {
         Options {
@@ -510,6 +514,11 @@ impl Database {
         let path = path.as_ref();
         if options.readers == 0 {
             return Err(OpenError::Options("readers must be at least 1".into()));
+        }
+        if options.group_commit_delay_us > MAX_GROUP_COMMIT_DELAY_US {
+            return Err(OpenError::Options(format!(
+                "group_commit_delay_us must be at most {MAX_GROUP_COMMIT_DELAY_US} (it holds the writer)"
+            )));
         }
         let meta_path = meta::sidecar_path(path);
         let previous = meta::load(&meta_path).map_err(|e| meta_error(path, e))?;

@@ -402,3 +402,16 @@ fn a_leader_waits_for_more_writes_only_while_enough_writes_wait_at_the_gate() {
         .collect();
     assert!(!off.worth_waiting(), "a delay of 0 never waits");
 }
+
+#[test]
+fn a_group_commit_delay_past_the_bound_is_refused_at_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let r = Database::open(
+        dir.path().join("d.db"),
+        Options {
+            group_commit_delay_us: crate::MAX_GROUP_COMMIT_DELAY_US + 1,
+            ..Options::default()
+        },
+    );
+    assert!(matches!(r, Err(crate::OpenError::Options(_))));
+}

@@ -116,7 +116,7 @@ mod value;
 
 pub use database::{
     CheckpointMode, CheckpointStats, CommitGate, Database, GROUP_DELAY_SIBLINGS, GateError,
-    Options, ShipError, Synchronous, TransactionSink,
+    MAX_GROUP_COMMIT_DELAY_US, Options, ShipError, Synchronous, TransactionSink,
 };
 pub use error::{CheckpointError, OpenError, QueryError, SessionError};
 pub use execution::CancelToken;

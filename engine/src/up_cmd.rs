@@ -46,7 +46,11 @@ pub struct UpArgs {
     #[arg(long)]
     pub no_group_commit: bool,
     /// The primary's `--group-commit-delay-us`.
-    #[arg(long, default_value_t = walrelay_engine::Options::default().group_commit_delay_us)]
+    #[arg(
+        long,
+        default_value_t = walrelay_engine::Options::default().group_commit_delay_us,
+        value_parser = clap::value_parser!(u64).range(0..=walrelay_engine::MAX_GROUP_COMMIT_DELAY_US)
+    )]
     pub group_commit_delay_us: u64,
 
     /// Serve the HTTP API without authentication (by default `up` keeps a
