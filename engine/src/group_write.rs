@@ -93,6 +93,7 @@ impl WriteJob<'_> {
 pub(crate) type WriteOutcome = Result<Output, QueryError>;
 
 /// A primary's group commit: the queue groups form in, and what they did.
+#[derive(Default)]
 pub(crate) struct WriteGroups {
     queue: crate::group_commit::GroupQueue<WriteJob<'static>, WriteOutcome>,
     /// `Options::group_commit_delay_us`.
@@ -107,12 +108,8 @@ pub(crate) struct WriteGroups {
 impl WriteGroups {
     pub(crate) fn new(delay: Duration) -> WriteGroups {
         WriteGroups {
-            queue: Default::default(),
             delay,
-            at_gate: AtomicUsize::new(0),
-            groups: AtomicU64::new(0),
-            grouped_writes: AtomicU64::new(0),
-            rerun_alone: AtomicU64::new(0),
+            ..WriteGroups::default()
         }
     }
 

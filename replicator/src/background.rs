@@ -2,10 +2,10 @@
 //! runs at a lower CPU priority than the commit path. Work a commit may
 //! wait for, such as preparing the next log segment (a roll waits for it),
 //! must not: a busy host would starve it and stall the commit path behind
-//! it. The bursts of upload work are short but
-//! come on a timer, at the same moment in every node of a host: at equal
-//! priority they delay whatever commit is in flight by their whole length
-//! (on the 2-core bench machine, the 1-connection HTTP p99). At nice
+//! it. The bursts of upload work are short but come on a timer, at the
+//! same moment in every node of a host: at equal priority they delay
+//! whatever commit is in flight by their whole length (on the 2-core
+//! bench machine, the 1-connection HTTP p99). At nice
 //! [`BACKGROUND_NICE`] the scheduler runs a waiting commit thread first,
 //! and the background thread still gets about a tenth of a busy core, so
 //! it never starves (an archive that stops uploading would let the

@@ -27,8 +27,8 @@ const MAX_PUBLISH_ATTEMPTS: usize = 8;
 /// `now`, the manifest that won the race, if the snapshot is still one of
 /// `now`'s history: same epoch and page size (no cut, no new generation),
 /// the same newest snapshot (none newer was published), its bookmark
-/// archived and still in the history, and this uploader not fenced. The log archived after the
-/// snapshot is what `now` added since `built_from`.
+/// archived and still in the history, and this uploader not fenced. The
+/// log archived after the snapshot is what `now` added since `built_from`.
 fn rebase(
     built_from: &Manifest,
     now: &Manifest,
