@@ -69,6 +69,17 @@ pub trait CommitGate: Send + Sync {
         let _ = bookmark;
         wake();
     }
+    /// [`Self::admit_write`] without waiting: None when it would wait (the
+    /// caller then calls it). The default always says so.
+    fn try_admit_write(&self) -> Option<Result<(), GateError>> {
+        None
+    }
+    /// [`Self::wait_confirmed`] without waiting: None while `bookmark` is
+    /// not confirmed and still may be. The default always says so.
+    fn poll_confirmed(&self, bookmark: Bookmark) -> Option<Result<(), GateError>> {
+        let _ = bookmark;
+        None
+    }
 }
 
 /// Why the gate did not open. Typed, because what happens next depends on
@@ -945,6 +956,28 @@ impl PrimaryRole {
                 .admit_write()
                 .map_err(|reason| QueryError::WriteNotAdmitted { reason }),
             None => Ok(()),
+        }
+    }
+
+    /// [`Self::gate_admit`] if it need not wait; None if it would.
+    pub(crate) fn try_gate_admit(&self) -> Option<Result<(), QueryError>> {
+        match &self.gate {
+            Some(g) => Some(
+                g.try_admit_write()?
+                    .map_err(|reason| QueryError::WriteNotAdmitted { reason }),
+            ),
+            None => Some(Ok(())),
+        }
+    }
+
+    /// [`Self::gate_wait`] if it need not wait; None if it would.
+    pub(crate) fn poll_gate(&self, bookmark: Bookmark) -> Option<Result<(), QueryError>> {
+        match &self.gate {
+            Some(g) => Some(
+                g.poll_confirmed(bookmark)?
+                    .map_err(|reason| QueryError::NotConfirmed { bookmark, reason }),
+            ),
+            None => Some(Ok(())),
         }
     }
 

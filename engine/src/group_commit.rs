@@ -29,10 +29,17 @@
 //!   (which the caller runs when the result is worth reading, such as
 //!   once it is confirmed), or by its own re-check every
 //!   [`QUIET_RECHECK`], whichever comes first.
+//! - A waiter may be a thread ([`GroupQueue::submit`]) or a task
+//!   ([`GroupQueue::enter`], then [`Queued::poll_turn`] with its own
+//!   deadline and [`Queued::withdraw`]): the queue treats both alike. A
+//!   task's waiter dropped before its turn leaves the queue, or hands on
+//!   a leadership it was given, so a client that goes away never stalls
+//!   the writers behind it.
 
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 /// How often a taken job's waiter looks for a result handed back quietly
@@ -41,7 +48,7 @@ pub(crate) const QUIET_RECHECK: Duration = Duration::from_millis(20);
 
 /// Writers queued for the next group, and whether a leader is collecting.
 pub(crate) struct GroupQueue<J, R> {
-    state: Mutex<QueueState<J, R>>,
+    state: Arc<Mutex<QueueState<J, R>>>,
 }
 
 struct QueueState<J, R> {
@@ -49,9 +56,17 @@ struct QueueState<J, R> {
     leading: bool,
 }
 
+/// One queued job's place: its state, and how to wake its waiter (a
+/// thread on the condition variable, or a task by its waker).
 struct Slot<J, R> {
-    state: Mutex<SlotState<J, R>>,
+    state: Mutex<SlotCell<J, R>>,
     changed: Condvar,
+}
+
+struct SlotCell<J, R> {
+    state: SlotState<J, R>,
+    /// The waker of an async waiter ([`Queued::poll_turn`]).
+    waker: Option<Waker>,
 }
 
 enum SlotState<J, R> {
@@ -64,10 +79,29 @@ enum SlotState<J, R> {
     Read,
 }
 
+impl<J, R> Slot<J, R> {
+    /// Sets the state and wakes the waiter, however it waits.
+    fn set(&self, state: SlotState<J, R>) {
+        let waker = {
+            let mut c = self.state.lock();
+            c.state = state;
+            c.waker.take()
+        };
+        self.wake(waker);
+    }
+
+    fn wake(&self, waker: Option<Waker>) {
+        self.changed.notify_one();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
 /// What became of a submitted job.
-pub(crate) enum Turn<'q, J, R> {
+pub(crate) enum Turn<J, R> {
     /// The caller leads: get the writer, then [`Leader::take`].
-    Lead(Leader<'q, J, R>),
+    Lead(Leader<J, R>),
     /// A leader ran the job in its group.
     Done(R),
     /// Not taken within `wait`; the job never ran.
@@ -77,10 +111,30 @@ pub(crate) enum Turn<'q, J, R> {
     Abandoned,
 }
 
-/// The right to take the queue; see the module contract.
-pub(crate) struct Leader<'q, J, R> {
-    queue: &'q GroupQueue<J, R>,
+/// Where [`GroupQueue::enter`] put the caller.
+pub(crate) enum Entered<J, R> {
+    /// No one led: the caller does.
+    Lead(Leader<J, R>),
+    /// Its job is queued: wait for its turn.
+    Queued(Queued<J, R>),
+}
+
+/// The right to take the queue; see the module contract. Owned, so a
+/// task may hand it to the thread that runs the group.
+pub(crate) struct Leader<J, R> {
+    queue: Arc<Mutex<QueueState<J, R>>>,
     taken: bool,
+}
+
+/// A queued job, waited for by its submitter: blocking
+/// ([`Queued::wait`]) or by polling ([`Queued::poll_turn`]). Dropped
+/// before its turn is read, it leaves the queue if still in it, and a
+/// leadership handed to it is handed on; a result stored for it is
+/// dropped.
+pub(crate) struct Queued<J, R> {
+    queue: Arc<Mutex<QueueState<J, R>>>,
+    slot: Arc<Slot<J, R>>,
+    read: bool,
 }
 
 /// One taken job's way back to its waiter.
@@ -91,10 +145,10 @@ pub(crate) struct Ticket<J, R> {
 impl<J, R> Default for GroupQueue<J, R> {
     fn default() -> Self {
         GroupQueue {
-            state: Mutex::new(QueueState {
+            state: Arc::new(Mutex::new(QueueState {
                 queue: VecDeque::new(),
                 leading: false,
-            }),
+            })),
         }
     }
 }
@@ -103,64 +157,37 @@ impl<J, R> GroupQueue<J, R> {
     /// Leads if no one does, or queues the job `make` builds (only then is
     /// it built) and waits: at most `wait` to be taken, then for its
     /// result.
-    pub(crate) fn submit(&self, make: impl FnOnce() -> J, wait: Duration) -> Turn<'_, J, R> {
-        let slot = {
-            let mut st = self.state.lock();
-            if !st.leading {
-                st.leading = true;
-                return Turn::Lead(Leader {
-                    queue: self,
-                    taken: false,
-                });
-            }
-            let slot = Arc::new(Slot {
-                state: Mutex::new(SlotState::Queued(make())),
-                changed: Condvar::new(),
-            });
-            st.queue.push_back(Arc::clone(&slot));
-            slot
-        };
-        let deadline = Instant::now() + wait;
-        let mut s = slot.state.lock();
-        loop {
-            match &*s {
-                SlotState::Taken => {
-                    let _ = slot.changed.wait_for(&mut s, QUIET_RECHECK);
-                }
-                SlotState::Queued(_) => {
-                    // Taking does not wake the waiter, nor may a quiet
-                    // result: look again at least every QUIET_RECHECK.
-                    let _ = slot
-                        .changed
-                        .wait_until(&mut s, deadline.min(Instant::now() + QUIET_RECHECK));
-                    if Instant::now() >= deadline && matches!(*s, SlotState::Queued(_)) {
-                        // Lock order is queue, then slot: let go of the
-                        // slot to take it out of the queue.
-                        drop(s);
-                        let mut st = self.state.lock();
-                        let before = st.queue.len();
-                        st.queue.retain(|q| !Arc::ptr_eq(q, &slot));
-                        if st.queue.len() < before {
-                            return Turn::TimedOut;
-                        }
-                        // Taken (or made leader) meanwhile: wait for that.
-                        drop(st);
-                        s = slot.state.lock();
-                    }
-                }
-                SlotState::Done(_) | SlotState::Abandoned | SlotState::Lead => break,
-                SlotState::Read => unreachable!("a slot is read once, by its waiter"),
-            }
+    pub(crate) fn submit(&self, make: impl FnOnce() -> J, wait: Duration) -> Turn<J, R> {
+        match self.enter(make) {
+            Entered::Lead(l) => Turn::Lead(l),
+            Entered::Queued(q) => q.wait(wait),
         }
-        match std::mem::replace(&mut *s, SlotState::Read) {
-            SlotState::Done(r) => Turn::Done(r),
-            SlotState::Abandoned => Turn::Abandoned,
-            SlotState::Lead => Turn::Lead(Leader {
-                queue: self,
+    }
+
+    /// Leads if no one does, or queues the job `make` builds, without
+    /// waiting: the caller waits on the [`Queued`] it gets.
+    pub(crate) fn enter(&self, make: impl FnOnce() -> J) -> Entered<J, R> {
+        let mut st = self.state.lock();
+        if !st.leading {
+            st.leading = true;
+            return Entered::Lead(Leader {
+                queue: Arc::clone(&self.state),
                 taken: false,
-            }),
-            _ => unreachable!("the loop ends only on an outcome"),
+            });
         }
+        let slot = Arc::new(Slot {
+            state: Mutex::new(SlotCell {
+                state: SlotState::Queued(make()),
+                waker: None,
+            }),
+            changed: Condvar::new(),
+        });
+        st.queue.push_back(Arc::clone(&slot));
+        Entered::Queued(Queued {
+            queue: Arc::clone(&self.state),
+            slot,
+            read: false,
+        })
     }
 
     /// Jobs queued now (for tests and metrics).
@@ -168,9 +195,122 @@ impl<J, R> GroupQueue<J, R> {
     pub(crate) fn queued(&self) -> usize {
         self.state.lock().queue.len()
     }
+
+    /// Whether a leader is collecting now (for tests).
+    #[cfg(test)]
+    pub(crate) fn leading(&self) -> bool {
+        self.state.lock().leading
+    }
 }
 
-impl<J, R> Leader<'_, J, R> {
+impl<J, R> Queued<J, R> {
+    /// Blocks for the turn: at most `wait` to be taken (then
+    /// [`Turn::TimedOut`]), then for its result.
+    pub(crate) fn wait(mut self, wait: Duration) -> Turn<J, R> {
+        let deadline = Instant::now() + wait;
+        let mut s = self.slot.state.lock();
+        loop {
+            match &s.state {
+                SlotState::Taken => {
+                    let _ = self.slot.changed.wait_for(&mut s, QUIET_RECHECK);
+                }
+                SlotState::Queued(_) => {
+                    // Taking does not wake the waiter, nor may a quiet
+                    // result: look again at least every QUIET_RECHECK.
+                    let _ = self
+                        .slot
+                        .changed
+                        .wait_until(&mut s, deadline.min(Instant::now() + QUIET_RECHECK));
+                    if Instant::now() >= deadline && matches!(s.state, SlotState::Queued(_)) {
+                        // Lock order is queue, then slot: let go of the
+                        // slot to take it out of the queue.
+                        drop(s);
+                        if self.withdraw() {
+                            return Turn::TimedOut;
+                        }
+                        // Taken (or made leader) meanwhile: wait for that.
+                        s = self.slot.state.lock();
+                    }
+                }
+                SlotState::Done(_) | SlotState::Abandoned | SlotState::Lead => break,
+                SlotState::Read => unreachable!("a slot is read once, by its waiter"),
+            }
+        }
+        let state = std::mem::replace(&mut s.state, SlotState::Read);
+        drop(s);
+        self.read(state)
+    }
+
+    /// The turn if it has come; otherwise `cx`'s waker is woken when it
+    /// does (or when a quiet result's [`Wakeup`] runs). A result handed
+    /// back quietly is ready to read: a caller that polls only when woken
+    /// also polls every [`QUIET_RECHECK`], as [`Queued::wait`] looks.
+    pub(crate) fn poll_turn(&mut self, cx: &mut Context<'_>) -> Poll<Turn<J, R>> {
+        let mut s = self.slot.state.lock();
+        match &s.state {
+            SlotState::Queued(_) | SlotState::Taken => {
+                if !s.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    s.waker = Some(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+            SlotState::Done(_) | SlotState::Abandoned | SlotState::Lead => {
+                let state = std::mem::replace(&mut s.state, SlotState::Read);
+                drop(s);
+                Poll::Ready(self.read(state))
+            }
+            SlotState::Read => unreachable!("a slot is read once, by its waiter"),
+        }
+    }
+
+    /// Takes the job out of the queue if it is still there (true: it
+    /// never ran and never will); false once it was taken or made leader.
+    pub(crate) fn withdraw(&self) -> bool {
+        let mut st = self.queue.lock();
+        let before = st.queue.len();
+        st.queue.retain(|q| !Arc::ptr_eq(q, &self.slot));
+        st.queue.len() < before
+    }
+
+    fn read(&mut self, state: SlotState<J, R>) -> Turn<J, R> {
+        self.read = true;
+        match state {
+            SlotState::Done(r) => Turn::Done(r),
+            SlotState::Abandoned => Turn::Abandoned,
+            SlotState::Lead => Turn::Lead(Leader {
+                queue: Arc::clone(&self.queue),
+                taken: false,
+            }),
+            _ => unreachable!("only an outcome is read"),
+        }
+    }
+}
+
+impl<J, R> Drop for Queued<J, R> {
+    fn drop(&mut self) {
+        if self.read || self.withdraw() {
+            return;
+        }
+        // Out of the queue, so its state changes no more but from Taken
+        // to a result: a leadership handed to it is handed on.
+        let led = {
+            let mut s = self.slot.state.lock();
+            let led = matches!(s.state, SlotState::Lead);
+            if led {
+                s.state = SlotState::Read;
+            }
+            led
+        };
+        if led {
+            drop(Leader {
+                queue: Arc::clone(&self.queue),
+                taken: false,
+            });
+        }
+    }
+}
+
+impl<J, R> Leader<J, R> {
     /// Takes queued jobs, oldest first, while there are at most `max`
     /// and their `weight`s sum to at most `budget`, and ends this
     /// leadership (see the module contract). A job that does not fit
@@ -181,7 +321,7 @@ impl<J, R> Leader<'_, J, R> {
         budget: u64,
         weight: impl Fn(&J) -> u64,
     ) -> Vec<(Ticket<J, R>, J)> {
-        let mut st = self.queue.state.lock();
+        let mut st = self.queue.lock();
         let mut jobs = Vec::new();
         let mut used = 0u64;
         while jobs.len() < max {
@@ -189,7 +329,7 @@ impl<J, R> Leader<'_, J, R> {
                 break;
             };
             let mut s = slot.state.lock();
-            let SlotState::Queued(job) = &*s else {
+            let SlotState::Queued(job) = &s.state else {
                 unreachable!("only queued slots are in the queue");
             };
             let w = weight(job);
@@ -197,7 +337,7 @@ impl<J, R> Leader<'_, J, R> {
                 break;
             }
             used += w;
-            let SlotState::Queued(job) = std::mem::replace(&mut *s, SlotState::Taken) else {
+            let SlotState::Queued(job) = std::mem::replace(&mut s.state, SlotState::Taken) else {
                 unreachable!("checked above");
             };
             drop(s);
@@ -210,10 +350,10 @@ impl<J, R> Leader<'_, J, R> {
     }
 }
 
-impl<J, R> Drop for Leader<'_, J, R> {
+impl<J, R> Drop for Leader<J, R> {
     fn drop(&mut self) {
         if !self.taken {
-            hand_on(&mut self.queue.state.lock());
+            hand_on(&mut self.queue.lock());
         }
     }
 }
@@ -223,12 +363,8 @@ impl<J, R> Drop for Leader<'_, J, R> {
 fn hand_on<J, R>(st: &mut QueueState<J, R>) {
     match st.queue.pop_front() {
         None => st.leading = false,
-        Some(next) => {
-            let mut s = next.state.lock();
-            // Its job stays with its waiter, who leads with it.
-            *s = SlotState::Lead;
-            next.changed.notify_one();
-        }
+        // Its job stays with its waiter, who leads with it.
+        Some(next) => next.set(SlotState::Lead),
     }
 }
 
@@ -236,9 +372,16 @@ impl<J, R> Ticket<J, R> {
     /// Hands the job's result to its waiter.
     pub(crate) fn complete(mut self, r: R) {
         if let Some(slot) = self.slot.take() {
-            *slot.state.lock() = SlotState::Done(r);
-            slot.changed.notify_one();
+            slot.set(SlotState::Done(r));
         }
+    }
+
+    /// Stores the job's result without waking its waiter: the returned
+    /// [`Wakeup`] does (or the waiter's own re-check).
+    pub(crate) fn complete_quietly(mut self, r: R) -> Wakeup<J, R> {
+        let slot = self.slot.take().expect("a ticket completes once");
+        slot.state.lock().state = SlotState::Done(r);
+        Wakeup { slot }
     }
 }
 
@@ -249,25 +392,15 @@ pub(crate) struct Wakeup<J, R> {
 
 impl<J, R> Wakeup<J, R> {
     pub(crate) fn wake(self) {
-        self.slot.changed.notify_one();
-    }
-}
-
-impl<J, R> Ticket<J, R> {
-    /// Stores the job's result without waking its waiter: the returned
-    /// [`Wakeup`] does (or the waiter's own re-check).
-    pub(crate) fn complete_quietly(mut self, r: R) -> Wakeup<J, R> {
-        let slot = self.slot.take().expect("a ticket completes once");
-        *slot.state.lock() = SlotState::Done(r);
-        Wakeup { slot }
+        let waker = self.slot.state.lock().waker.take();
+        self.slot.wake(waker);
     }
 }
 
 impl<J, R> Drop for Ticket<J, R> {
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
-            *slot.state.lock() = SlotState::Abandoned;
-            slot.changed.notify_one();
+            slot.set(SlotState::Abandoned);
         }
     }
 }
@@ -279,7 +412,7 @@ mod tests {
 
     type Q = GroupQueue<u32, u32>;
 
-    fn lead(q: &Q) -> Leader<'_, u32, u32> {
+    fn lead(q: &Q) -> Leader<u32, u32> {
         match q.submit(
             || unreachable!("a leader's job is not queued"),
             Duration::ZERO,
@@ -464,5 +597,80 @@ mod tests {
         wait_queued(&q, 1);
         drop(l);
         assert!(next.join().unwrap());
+    }
+
+    /// Counts its wake-ups.
+    struct CountingWaker(AtomicUsize);
+
+    impl std::task::Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn queued(q: &Q, job: u32) -> Queued<u32, u32> {
+        match q.enter(|| job) {
+            Entered::Queued(w) => w,
+            Entered::Lead(_) => panic!("expected to queue"),
+        }
+    }
+
+    #[test]
+    fn a_polling_waiter_is_woken_by_its_result_and_by_a_quiet_results_wakeup() {
+        let q = Q::default();
+        for quiet in [false, true] {
+            let l = lead(&q);
+            let mut w = queued(&q, 3);
+            let counter = Arc::new(CountingWaker(AtomicUsize::new(0)));
+            let waker = std::task::Waker::from(Arc::clone(&counter));
+            let mut cx = Context::from_waker(&waker);
+            assert!(w.poll_turn(&mut cx).is_pending(), "queued");
+            let (t, j) = l.take(8, u64::MAX, |_| 1).pop().expect("one job");
+            assert!(w.poll_turn(&mut cx).is_pending(), "taken");
+            assert_eq!(counter.0.load(Ordering::SeqCst), 0, "taking wakes no one");
+            if quiet {
+                let wakeup = t.complete_quietly(j * 2);
+                assert_eq!(counter.0.load(Ordering::SeqCst), 0);
+                wakeup.wake();
+            } else {
+                t.complete(j * 2);
+            }
+            assert_eq!(counter.0.load(Ordering::SeqCst), 1);
+            assert!(matches!(w.poll_turn(&mut cx), Poll::Ready(Turn::Done(6))));
+        }
+    }
+
+    #[test]
+    fn a_waiter_dropped_while_queued_leaves_the_queue_and_one_handed_the_lead_hands_it_on() {
+        let q = Arc::new(Q::default());
+        let l = lead(&q);
+        drop(queued(&q, 1));
+        assert_eq!(q.queued(), 0, "left the queue");
+        // Two queue; a leader that takes none hands the lead to the first,
+        // which is dropped: the second leads.
+        let first = queued(&q, 2);
+        let q2 = Arc::clone(&q);
+        let second = std::thread::spawn(move || {
+            matches!(q2.submit(|| 3, Duration::from_secs(30)), Turn::Lead(_))
+        });
+        wait_queued(&q, 2);
+        assert!(l.take(0, u64::MAX, |_| 1).is_empty());
+        drop(first);
+        assert!(second.join().unwrap(), "the lead was handed on");
+        assert!(!q.leading(), "and ended");
+    }
+
+    #[test]
+    fn a_polling_waiter_withdraws_only_while_still_queued() {
+        let q = Q::default();
+        let l = lead(&q);
+        let w = queued(&q, 1);
+        let w2 = queued(&q, 2);
+        assert!(w.withdraw(), "still queued");
+        let jobs = l.take(8, u64::MAX, |_| 1);
+        assert_eq!(jobs.len(), 1);
+        assert!(!w2.withdraw(), "taken: its result is coming");
+        drop(jobs);
+        drop((w, w2));
     }
 }

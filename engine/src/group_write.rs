@@ -44,7 +44,7 @@
 use crate::database::{Database, GROUP_DELAY_SIBLINGS, Output, PrimaryRole};
 use crate::error::QueryError;
 use crate::execution::CancelToken;
-use crate::group_commit::{Ticket, Turn};
+use crate::group_commit::{Leader, Ticket, Turn};
 use crate::pool::Pooled;
 use crate::statement::{Prepare, run_statement};
 use crate::value::{Value, value_bytes};
@@ -61,10 +61,10 @@ pub(crate) const MAX_GROUP_BYTES: u64 = 1 << 20;
 
 /// One write waiting for, or running in, a group.
 pub(crate) struct WriteJob<'a> {
-    sql: Cow<'a, str>,
-    params: Cow<'a, [Value]>,
-    cancel: Option<CancelToken>,
-    started: Instant,
+    pub(crate) sql: Cow<'a, str>,
+    pub(crate) params: Cow<'a, [Value]>,
+    pub(crate) cancel: Option<CancelToken>,
+    pub(crate) started: Instant,
 }
 
 impl WriteJob<'_> {
@@ -78,7 +78,7 @@ impl WriteJob<'_> {
         self.sql.len() as u64 + params
     }
 
-    fn to_owned(&self) -> WriteJob<'static> {
+    pub(crate) fn to_owned(&self) -> WriteJob<'static> {
         WriteJob {
             sql: Cow::Owned(self.sql.clone().into_owned()),
             params: Cow::Owned(self.params.to_vec()),
@@ -88,6 +88,9 @@ impl WriteJob<'_> {
     }
 }
 
+/// The leadership of a group of writes.
+pub(crate) type GroupLeader = Leader<WriteJob<'static>, WriteOutcome>;
+
 /// A write's outcome before the output gate: a result with its bookmark,
 /// or an error not yet settled ([`Database::settle_error`]).
 pub(crate) type WriteOutcome = Result<Output, QueryError>;
@@ -95,7 +98,7 @@ pub(crate) type WriteOutcome = Result<Output, QueryError>;
 /// A primary's group commit: the queue groups form in, and what they did.
 #[derive(Default)]
 pub(crate) struct WriteGroups {
-    queue: crate::group_commit::GroupQueue<WriteJob<'static>, WriteOutcome>,
+    pub(crate) queue: crate::group_commit::GroupQueue<WriteJob<'static>, WriteOutcome>,
     /// `Options::group_commit_delay_us`.
     delay: Duration,
     /// Writes waiting at the output gate now.
@@ -246,6 +249,17 @@ impl Database {
             Some(groups) if is_plain_dml(sql) => self.write_grouped(p, groups, job),
             _ => self.write_alone(p, job),
         };
+        self.through_gate(p, outcome, started)
+    }
+
+    /// A write's outcome once the output gate lets it out: a result waits
+    /// for its bookmark's confirmation, an error is settled.
+    pub(crate) fn through_gate(
+        &self,
+        p: &PrimaryRole,
+        outcome: WriteOutcome,
+        started: Instant,
+    ) -> Result<Output, QueryError> {
         match outcome {
             Ok(mut o) => {
                 // Later writers commit while this result waits (pipelining).
@@ -259,11 +273,11 @@ impl Database {
         }
     }
 
-    fn writer_wait(&self) -> Duration {
+    pub(crate) fn writer_wait(&self) -> Duration {
         Duration::from_millis(self.inner.limits.pool_wait_ms)
     }
 
-    fn writer_busy(&self) -> QueryError {
+    pub(crate) fn writer_busy(&self) -> QueryError {
         QueryError::Busy {
             resource: "the writer",
             waited_ms: self.inner.limits.pool_wait_ms,
@@ -289,13 +303,24 @@ impl Database {
         groups: &WriteGroups,
         job: WriteJob<'_>,
     ) -> WriteOutcome {
+        match groups.queue.submit(|| job.to_owned(), self.writer_wait()) {
+            Turn::Lead(l) => self.lead_group(p, groups, l, job),
+            Turn::Done(outcome) => outcome,
+            Turn::TimedOut => Err(self.writer_busy()),
+            Turn::Abandoned => Err(QueryError::WriteAbandoned),
+        }
+    }
+
+    /// Leads a group with `job` as its first write: gets the writer, takes
+    /// what queued, runs it all, and hands each member its outcome.
+    pub(crate) fn lead_group(
+        &self,
+        p: &PrimaryRole,
+        groups: &WriteGroups,
+        leader: GroupLeader,
+        job: WriteJob<'_>,
+    ) -> WriteOutcome {
         let wait = self.writer_wait();
-        let leader = match groups.queue.submit(|| job.to_owned(), wait) {
-            Turn::Lead(l) => l,
-            Turn::Done(outcome) => return outcome,
-            Turn::TimedOut => return Err(self.writer_busy()),
-            Turn::Abandoned => return Err(QueryError::WriteAbandoned),
-        };
         // Giving up (no writer, or a connection that cannot be reset)
         // drops the leadership, which hands it to the oldest queued write.
         let Some(w) = p.writer.try_lock_for(wait) else {
@@ -511,4 +536,4 @@ impl Database {
 
 #[cfg(test)]
 #[path = "group_write_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -1,16 +1,17 @@
 //! Group commit on a primary: writes queued behind a busy writer commit
 //! together, and each one's outcome is what it would have been alone.
+//! The harness is shared with [`crate::group_write_async`]'s tests.
 
 use super::*;
 use crate::{CancelToken, Constraint, Limits, Options, QueryResult};
 use std::sync::Arc;
 
-struct Fixture {
+pub(crate) struct Fixture {
     _dir: tempfile::TempDir,
-    db: Database,
+    pub(crate) db: Database,
 }
 
-fn open(limits: Limits) -> Fixture {
+pub(crate) fn open(limits: Limits) -> Fixture {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = Database::open(
         dir.path().join("g.db"),
@@ -23,7 +24,7 @@ fn open(limits: Limits) -> Fixture {
     Fixture { _dir: dir, db }
 }
 
-fn exec(db: &Database, sql: &str) -> QueryResult {
+pub(crate) fn exec(db: &Database, sql: &str) -> QueryResult {
     db.session(Constraint::FirstPrimary)
         .expect("session")
         .prepare(sql)
@@ -31,16 +32,16 @@ fn exec(db: &Database, sql: &str) -> QueryResult {
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
-fn count(db: &Database, sql: &str) -> i64 {
+pub(crate) fn count(db: &Database, sql: &str) -> i64 {
     match exec(db, sql).results[0].values()[0] {
         Value::Integer(n) => n,
         ref v => panic!("not a count: {v:?}"),
     }
 }
 
-type Write = Box<dyn FnOnce(&Database) -> Result<QueryResult, QueryError> + Send>;
+pub(crate) type Write = Box<dyn FnOnce(&Database) -> Result<QueryResult, QueryError> + Send>;
 
-fn write(sql: &'static str, params: Vec<Value>) -> Write {
+pub(crate) fn write(sql: &'static str, params: Vec<Value>) -> Write {
     Box::new(move |db| {
         db.session(Constraint::FirstPrimary)
             .expect("session")
@@ -53,13 +54,13 @@ fn write(sql: &'static str, params: Vec<Value>) -> Write {
 /// Runs `writes` concurrently while the writer is held, so that the first
 /// waits for the writer as leader and the rest queue behind it; then lets
 /// the writer go. Outcomes in the order given.
-fn grouped(db: &Database, writes: Vec<Write>) -> Vec<Result<QueryResult, QueryError>> {
+pub(crate) fn grouped(db: &Database, writes: Vec<Write>) -> Vec<Result<QueryResult, QueryError>> {
     grouped_then(db, writes, || {})
 }
 
 /// [`grouped`], running `queued` once every write waits, before the
 /// writer goes.
-fn grouped_then(
+pub(crate) fn grouped_then(
     db: &Database,
     writes: Vec<Write>,
     queued: impl FnOnce(),
@@ -106,7 +107,7 @@ fn grouped_then(
         .collect()
 }
 
-fn ints(v: impl IntoIterator<Item = i64>) -> Vec<Vec<Value>> {
+pub(crate) fn ints(v: impl IntoIterator<Item = i64>) -> Vec<Vec<Value>> {
     v.into_iter().map(|i| vec![Value::Integer(i)]).collect()
 }
 

@@ -97,6 +97,7 @@ mod execution;
 pub mod fleet;
 mod group_commit;
 mod group_write;
+mod group_write_async;
 pub mod host_archiving;
 pub mod http;
 pub mod limits;

@@ -224,12 +224,12 @@ pub fn decode(record: &Encoded) -> Result<PageSet, DecodeError> {
 
 impl CommitGate for Link {
     fn admit_write(&self) -> Result<(), GateError> {
+        if let Some(now) = self.try_admit_write() {
+            return now;
+        }
         let Some(leader) = self.leader.get() else {
             return Err(GateError::NotStarted);
         };
-        if self.stopping.load(std::sync::atomic::Ordering::Acquire) {
-            return Err(GateError::Stopping);
-        }
         let deadline = Instant::now() + self.confirm_timeout;
         loop {
             let status = leader.status();
@@ -272,6 +272,27 @@ impl CommitGate for Link {
             Some(leader) if bookmark.sequence.0 > 0 => leader.on_confirmed(bookmark, wake),
             _ => wake(),
         }
+    }
+
+    fn try_admit_write(&self) -> Option<Result<(), GateError>> {
+        let Some(leader) = self.leader.get() else {
+            return Some(Err(GateError::NotStarted));
+        };
+        if self.stopping.load(std::sync::atomic::Ordering::Acquire) {
+            return Some(Err(GateError::Stopping));
+        }
+        (leader.status().unconfirmed_bytes <= self.max_unconfirmed_bytes).then_some(Ok(()))
+    }
+
+    fn poll_confirmed(&self, bookmark: Bookmark) -> Option<Result<(), GateError>> {
+        if bookmark.sequence.0 == 0 {
+            // As in `wait_confirmed`: the previous epoch's state.
+            return Some(Ok(()));
+        }
+        let Some(leader) = self.leader.get() else {
+            return Some(Err(GateError::NotStarted));
+        };
+        Some(leader.poll_confirmed(bookmark)?.map_err(GateError::from))
     }
 }
 

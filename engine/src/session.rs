@@ -186,6 +186,24 @@ impl Session {
         Ok(self.raw_results(outs))
     }
 
+    /// [`Session::exec`] of one plain DML write, waited for by a task
+    /// rather than a thread ([`crate::group_write_async`]); `None`
+    /// declines, having changed nothing (run it with `exec`).
+    pub(crate) fn exec_without_thread(
+        self: std::sync::Arc<Self>,
+        sql: &str,
+        params: &[Value],
+    ) -> Option<impl std::future::Future<Output = Result<Vec<RawResult>, QueryError>> + Send + use<>>
+    {
+        let write = self
+            .db
+            .write_without_thread(sql, params, self.access, self.cancel.as_ref())?;
+        Some(async move {
+            let out = write.await?;
+            Ok(self.raw_results(vec![out]))
+        })
+    }
+
     /// [`Session::batch`] with rows as arrays and the column names. Each
     /// statement's text may hold several statements (as in
     /// [`Session::exec`]): there is one result per statement run.

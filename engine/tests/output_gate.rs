@@ -19,12 +19,27 @@ struct Gate {
     committed: Mutex<Vec<Bookmark>>,
     closed: Mutex<bool>,
     give_up: Mutex<bool>,
+    /// Callbacks left by `on_confirmed`, run by `release`.
+    calls: Mutex<Vec<(Bookmark, Box<dyn FnOnce() + Send>)>>,
+    /// How often `poll_confirmed` was asked (the async write path).
+    polls: std::sync::atomic::AtomicUsize,
 }
 
 impl Gate {
     fn release(&self, upto: Bookmark) {
         *self.confirmed.lock() = Some(upto);
         self.changed.notify_all();
+        let due: Vec<_> = {
+            let mut calls = self.calls.lock();
+            let (due, later) = std::mem::take(&mut *calls)
+                .into_iter()
+                .partition(|(b, _)| *b <= upto);
+            *calls = later;
+            due
+        };
+        for (_, call) in due {
+            call();
+        }
     }
     fn committed(&self) -> Vec<Bookmark> {
         self.committed.lock().clone()
@@ -68,6 +83,25 @@ impl CommitGate for Gate {
             }
             self.changed.wait_for(&mut c, Duration::from_millis(5));
         }
+    }
+    fn on_confirmed(&self, bookmark: Bookmark, wake: Box<dyn FnOnce() + Send>) {
+        let mut calls = self.calls.lock();
+        if self.confirmed.lock().is_some_and(|c| c >= bookmark) {
+            drop(calls);
+            wake();
+        } else {
+            calls.push((bookmark, wake));
+        }
+    }
+    fn try_admit_write(&self) -> Option<Result<(), GateError>> {
+        Some(self.admit_write())
+    }
+    fn poll_confirmed(&self, bookmark: Bookmark) -> Option<Result<(), GateError>> {
+        self.polls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.confirmed
+            .lock()
+            .is_some_and(|c| c >= bookmark)
+            .then_some(Ok(()))
     }
 }
 
@@ -115,6 +149,14 @@ fn create_confirmed(gate: &Gate, db: &Database) {
     wait_until("create committed", || gate.committed().len() == 1);
     gate.release(Bookmark::new(db.epoch(), walrelay_engine::Sequence(1)));
     setup.join().expect("create");
+}
+
+/// Writes committed after `create_confirmed`'s, however group commit
+/// merged them: each group's writes, and one per other transaction.
+fn writes_committed(gate: &Gate, db: &Database) -> u64 {
+    let transactions = gate.committed().len() as u64 - 1;
+    let stats = db.group_commit_stats();
+    stats.grouped_writes + (transactions - stats.groups)
 }
 
 /// One writer thread per value, each inserting it into `t`; each answers
@@ -192,10 +234,7 @@ fn writes_committed_together_by_group_commit_all_wait_at_the_gate() {
     // However they were grouped, every write commits (8 rows in at most
     // 8 transactions) and none answers before its bookmark is confirmed.
     wait_until("every write committed", || {
-        gate.committed().len() >= 2
-            && db.group_commit_stats().grouped_writes
-                + (gate.committed().len() as u64 - 1 - db.group_commit_stats().groups)
-                >= 8
+        writes_committed(&gate, &db) >= 8
     });
     std::thread::sleep(Duration::from_millis(50));
     assert!(
@@ -328,4 +367,59 @@ fn a_read_whose_error_is_built_from_unconfirmed_rows_answers_only_once_they_are_
     let e = read.join().expect("thread").expect_err("malformed JSON");
     assert!(e.to_string().contains("JSON"), "{e}");
     first.join().expect("thread").expect("the insert");
+}
+
+#[test]
+fn writes_over_http_waited_for_by_tasks_answer_only_once_confirmed() {
+    use walrelay_engine::http::server::{HttpConfig, Node, Role, serve};
+    let gate = Arc::new(Gate::default());
+    let (_dir, db) = open_with(&gate, true);
+    create_confirmed(&gate, &db);
+    let node = Node::new(
+        Role::Primary(db.clone()),
+        HttpConfig::default(),
+        walrelay_engine::http::auth::Auth::Insecure,
+    );
+    let server = serve(
+        Arc::new(node),
+        std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+    )
+    .expect("serve");
+    let url = format!("{}/v1/databases/main/query", server.url());
+    let writers: Vec<_> = (0..8)
+        .map(|i| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let body = format!(r#"{{"sql": "INSERT INTO t VALUES (?1)", "params": [{i}]}}"#);
+                let mut resp = ureq::post(&url)
+                    .header("content-type", "application/json")
+                    .send(body)
+                    .expect("an answer");
+                let text = resp.body_mut().read_to_string().expect("body");
+                let json: serde_json::Value = serde_json::from_str(&text).expect("json");
+                json["result"][0]["meta"]["bookmark"]
+                    .as_str()
+                    .expect("a bookmark")
+                    .parse::<Bookmark>()
+                    .expect("bookmark")
+            })
+        })
+        .collect();
+    wait_until("every write committed", || {
+        writes_committed(&gate, &db) >= 8
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        writers.iter().all(|w| !w.is_finished()),
+        "an answer escaped the gate"
+    );
+    let last = *gate.committed().last().expect("commits");
+    gate.release(last);
+    for w in writers {
+        assert!(w.join().expect("writer") <= last);
+    }
+    assert!(
+        gate.polls.load(std::sync::atomic::Ordering::SeqCst) > 0,
+        "no write was waited for by its task"
+    );
 }

@@ -134,13 +134,25 @@ pub(super) async fn read_body(
     }
 }
 
+/// Largest request body parsed on the async worker rather than the
+/// blocking pool: JSON of this size parses in microseconds, so it does not
+/// hold up the worker's other connections.
+const PARSE_ON_WORKER_BYTES: usize = 16 << 10;
+
 /// Runs `work` on the blocking pool with a cancel token that is
 /// cancelled if this future is dropped (the client went away).
 pub(super) async fn blocking<F>(node: &Arc<Node>, work: F) -> Answer
 where
     F: FnOnce(&Node, &CancelToken) -> Answer + Send + 'static,
 {
-    let token = node.request_token();
+    blocking_with(node, node.request_token(), work).await
+}
+
+/// [`blocking`] under a token the caller made.
+async fn blocking_with<F>(node: &Arc<Node>, token: CancelToken, work: F) -> Answer
+where
+    F: FnOnce(&Node, &CancelToken) -> Answer + Send + 'static,
+{
     let _cancel_on_drop = CancelOnDrop(token.clone());
     let n = Arc::clone(node);
     tokio::task::spawn_blocking(move || work(&n, &token))
@@ -187,15 +199,33 @@ pub(super) async fn query_answer(
         Ok(b) => b,
         Err(a) => return a,
     };
-    blocking(&node, move |n, token| {
-        n.query_shaped(
-            &caller,
-            &resolved.name,
-            header.as_deref(),
-            &body,
-            shape,
-            token,
-        )
+    if body.len() > PARSE_ON_WORKER_BYTES {
+        return blocking(&node, move |n, token| {
+            n.query_shaped(
+                &caller,
+                &resolved.name,
+                header.as_deref(),
+                &body,
+                shape,
+                token,
+            )
+        })
+        .await;
+    }
+    // A small body is read here, so that a single write on a primary can
+    // wait for its group commit without a blocking thread.
+    let query = match node.prepare_query(&resolved.name, header.as_deref(), &body) {
+        Ok(q) => q,
+        Err(answer) => return node.finish_query(answer),
+    };
+    let token = node.request_token();
+    if let Some(answer) = node.write_without_thread(&caller, &query, shape, &token) {
+        let _cancel_on_drop = CancelOnDrop(token);
+        return answer.await;
+    }
+    blocking_with(&node, token, move |n, token| {
+        let answer = n.dispatch(&caller, &query, header.as_deref(), &body, shape, token);
+        n.finish_query(answer)
     })
     .await
 }

@@ -99,6 +99,17 @@ struct Watch {
     waiters: Waiters<Bookmark>,
 }
 
+impl Watch {
+    /// How a wait for `bookmark` ends now: None while it may still be
+    /// confirmed.
+    fn settled(&self, bookmark: Bookmark) -> Option<Result<(), ConfirmError>> {
+        if let Some(e) = self.fenced {
+            return Some(Err(ConfirmError::Fenced(e)));
+        }
+        (self.confirmed >= bookmark).then_some(Ok(()))
+    }
+}
+
 struct State {
     config: LeaderNodeConfig,
     core: Mutex<Core>,
@@ -294,6 +305,12 @@ impl LeaderNode {
         call();
     }
 
+    /// [`Self::wait_confirmed`] without waiting: None while `bookmark` is
+    /// not confirmed and still may be.
+    pub fn poll_confirmed(&self, bookmark: Bookmark) -> Option<Result<(), ConfirmError>> {
+        self.state.watch.lock().settled(bookmark)
+    }
+
     /// Waits until `bookmark` is confirmed, at most `timeout`.
     pub fn wait_confirmed(
         &self,
@@ -304,11 +321,8 @@ impl LeaderNode {
         let deadline = started + timeout;
         let mut watch = self.state.watch.lock();
         loop {
-            if let Some(e) = watch.fenced {
-                return Err(ConfirmError::Fenced(e));
-            }
-            if watch.confirmed >= bookmark {
-                return Ok(());
+            if let Some(settled) = watch.settled(bookmark) {
+                return settled;
             }
             if Instant::now() >= deadline {
                 drop(watch);

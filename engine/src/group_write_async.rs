@@ -1,0 +1,149 @@
+//! A primary's plain DML write waited for by a task instead of a thread.
+//!
+//! Over HTTP a request otherwise runs on the blocking pool: a hop there
+//! and back, and a blocked thread for as long as its group and the output
+//! gate take. Most writes under load are group members (see
+//! [`crate::group_write`]): they need a thread only to wait. Here such a
+//! write is queued from the task, and the task sleeps until its result is
+//! handed back and its bookmark confirmed (the confirmation wakes it).
+//! Only a write that leads a group, or one whose wait cannot be answered
+//! at once, takes a blocking thread.
+//!
+//! # Same outcome as the threaded path
+//!
+//! [`Database::write_without_thread`] takes a write only when the threaded
+//! path would run it in a group straight away: read-write access, one
+//! plain DML statement, a primary with group commit, not stopping or
+//! cancelled, no refused capture, and the gate admitting it without a
+//! wait. Otherwise it declines (`None`) and changes nothing: the caller
+//! runs the write as before, which also gives any error. Once taken, the
+//! write meets the same queue, group, savepoint and gate as a threaded
+//! one; an error is settled on a blocking thread, as there.
+
+use crate::database::{Database, Output};
+use crate::error::QueryError;
+use crate::execution::{CancelToken, check_start};
+use crate::group_commit::{Entered, QUIET_RECHECK, Queued, Turn};
+use crate::group_write::{WriteJob, WriteOutcome, is_plain_dml};
+use crate::session::Access;
+use crate::value::Value;
+use std::borrow::Cow;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+impl Database {
+    /// A write to be waited for by a task, if it can be taken now (see
+    /// the module docs); `None` declines, and nothing changed.
+    pub(crate) fn write_without_thread(
+        &self,
+        sql: &str,
+        params: &[Value],
+        access: Access,
+        cancel: Option<&CancelToken>,
+    ) -> Option<impl Future<Output = Result<Output, QueryError>> + Send + use<>> {
+        let started = Instant::now();
+        if access != Access::ReadWrite || sql.contains(';') || !is_plain_dml(sql) {
+            return None;
+        }
+        let p = self.primary()?;
+        let groups = p.write_groups.as_ref()?;
+        if check_start(&self.inner.stopping, cancel).is_err()
+            || self.check_capture().is_err()
+            || !matches!(p.try_gate_admit(), Some(Ok(())))
+        {
+            return None;
+        }
+        let job = WriteJob {
+            sql: Cow::Owned(sql.to_owned()),
+            params: Cow::Owned(params.to_vec()),
+            cancel: cancel.cloned(),
+            started,
+        };
+        let entered = groups.queue.enter(|| job.to_owned());
+        let db = self.clone();
+        Some(async move { db.await_write(entered, job).await })
+    }
+
+    async fn await_write(
+        self,
+        entered: Entered<WriteJob<'static>, WriteOutcome>,
+        job: WriteJob<'static>,
+    ) -> Result<Output, QueryError> {
+        let started = job.started;
+        let turn = match entered {
+            Entered::Lead(l) => Turn::Lead(l),
+            Entered::Queued(q) => wait_turn(q, self.writer_wait()).await,
+        };
+        let outcome = match turn {
+            Turn::Lead(leader) => {
+                return self
+                    .on_blocking_thread(move |db| {
+                        let p = db.primary().expect("a primary's role does not change");
+                        let groups = p.write_groups.as_ref().expect("group commit is on");
+                        let outcome = db.lead_group(p, groups, leader, job);
+                        db.through_gate(p, outcome, started)
+                    })
+                    .await;
+            }
+            Turn::Done(outcome) => outcome,
+            Turn::TimedOut => Err(self.writer_busy()),
+            Turn::Abandoned => Err(QueryError::WriteAbandoned),
+        };
+        let p = self.primary().expect("a primary's role does not change");
+        match outcome {
+            Ok(mut o) => match p.poll_gate(o.meta.bookmark) {
+                Some(Ok(())) => {
+                    o.meta.duration_us = started.elapsed().as_micros() as u64;
+                    Ok(o)
+                }
+                Some(Err(e)) => Err(e),
+                // Woken by the re-check before the confirmation: wait for
+                // it as the threaded path does, bounded by the gate.
+                None => {
+                    self.on_blocking_thread(move |db| {
+                        let p = db.primary().expect("a primary's role does not change");
+                        db.through_gate(p, Ok(o), started)
+                    })
+                    .await
+                }
+            },
+            Err(e) => {
+                self.on_blocking_thread(move |db| Err(db.settle_error(e, false)))
+                    .await
+            }
+        }
+    }
+
+    /// Runs `work` on the blocking pool; a panic there answers
+    /// [`QueryError::WriteAbandoned`] (whether the write committed is
+    /// unknown, as when a group's leader goes away).
+    async fn on_blocking_thread(
+        self,
+        work: impl FnOnce(&Database) -> Result<Output, QueryError> + Send + 'static,
+    ) -> Result<Output, QueryError> {
+        tokio::task::spawn_blocking(move || work(&self))
+            .await
+            .unwrap_or(Err(QueryError::WriteAbandoned))
+    }
+}
+
+/// Waits for a queued write's turn: at most `wait` to be taken (then it
+/// leaves the queue, [`Turn::TimedOut`]), then for its result, looking at
+/// least every [`QUIET_RECHECK`] for one handed back quietly.
+async fn wait_turn<J, R>(mut q: Queued<J, R>, wait: Duration) -> Turn<J, R> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let turn = std::future::poll_fn(|cx| q.poll_turn(cx));
+        let tick = tokio::time::Instant::now() + QUIET_RECHECK;
+        if let Ok(turn) = tokio::time::timeout_at(tick, turn).await {
+            return turn;
+        }
+        if tokio::time::Instant::now() >= deadline && q.withdraw() {
+            return Turn::TimedOut;
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "group_write_async_tests.rs"]
+mod tests;
