@@ -64,16 +64,10 @@ fn up_runs_an_authenticated_cluster_reports_latency_and_lag_and_restarts_after_c
         "{lines:#?}"
     );
     for node in 0..=2 {
-        assert_eq!(
-            up.query_as(node, "first-unconstrained", &select_one(), None)
-                .status,
-            401
-        );
-        assert_eq!(
-            up.query_as(node, "first-unconstrained", &select_one(), Some("wrt_0_0"))
-                .status,
-            401
-        );
+        let r = up.query_as(node, "first-unconstrained", &select_one(), None);
+        assert_eq!(r.status, 401, "node {node}: {r:?}");
+        let r = up.query_as(node, "first-unconstrained", &select_one(), Some("wrt_0_0"));
+        assert_eq!(r.status, 401, "node {node}: {r:?}");
         assert_eq!(
             up.query(node, "first-unconstrained", &select_one()).status,
             200

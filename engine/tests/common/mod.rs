@@ -678,13 +678,27 @@ pub const RUNAWAY: &str =
     "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c";
 
 /// A base port with `span` consecutive ports free on 127.0.0.1 (best
-/// effort: they are only probed, then released).
+/// effort: they are only probed, then released). Ranges handed out in
+/// this process are never handed out again, so tests running at once in
+/// one binary cannot be given overlapping ranges before either binds.
 pub fn free_port_base(span: u16) -> u16 {
-    let free =
-        |base: u16| (0..span).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok());
+    static GIVEN: std::sync::Mutex<Vec<std::ops::Range<u16>>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let free = |given: &[std::ops::Range<u16>], base: u16| {
+        let range = base..base + span;
+        given
+            .iter()
+            .all(|g| range.end <= g.start || g.end <= range.start)
+            && range
+                .clone()
+                .all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+    };
     let top = procs::ephemeral_start().saturating_sub(span);
     // Random bases first (tests running at once rarely collide), then
     // every base in order: a busy stretch of ports never fails a test.
+    let mut chosen = None;
     for attempt in 0..2_000u32 {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -693,14 +707,19 @@ pub fn free_port_base(span: u16) -> u16 {
         let room = top.saturating_sub(20_000).max(1);
         let mix = (std::process::id() as u16) ^ ((nanos >> 8) as u16) ^ (attempt as u16);
         let base = 20_000 + mix % room;
-        if free(base) {
-            return base;
+        if free(&given, base) {
+            chosen = Some(base);
+            break;
         }
     }
-    (20_000..top)
-        .step_by(usize::from(span))
-        .find(|b| free(*b))
-        .expect("no free port range on 127.0.0.1 below the ephemeral ports")
+    let base = chosen.unwrap_or_else(|| {
+        (20_000..top)
+            .step_by(usize::from(span))
+            .find(|b| free(&given, *b))
+            .expect("no free port range on 127.0.0.1 below the ephemeral ports")
+    });
+    given.push(base..base + span);
+    base
 }
 
 /// One HTTP/1.1 query sent over a raw socket, with `bearer` as its
