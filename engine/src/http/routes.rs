@@ -15,6 +15,7 @@ use axum::http::header::AUTHORIZATION;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -349,6 +350,14 @@ pub fn serve(node: Arc<Node>, addr: SocketAddr) -> io::Result<HttpServer> {
             let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
                 let _ = rx.wait_for(|s| *s).await;
             };
+            // Answers go out at once: without TCP_NODELAY a response
+            // written in two parts waits for the client's delayed ACK
+            // (tens of milliseconds) whenever Nagle holds the second.
+            let listener = listener.tap_io(|tcp| {
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::debug!(error = %e, "TCP_NODELAY not set on an HTTP connection");
+                }
+            });
             let serving = axum::serve(listener, app).with_graceful_shutdown(stopped(rx.clone()));
             runtime.block_on(async move {
                 // Graceful: no new connections, in-flight requests finish
