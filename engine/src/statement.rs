@@ -361,6 +361,11 @@ impl Database {
         // A refused capture left a transaction in the local WAL that has no
         // bookmark and never will: serve nothing that could show it.
         self.check_capture()?;
+        if self.primary().is_some() && crate::group_write::is_plain_dml(sql) {
+            // A write by its first word: no need to ask SQLite (on a
+            // reader) whether it is read-only before the writer runs it.
+            return self.write(sql, params, access, started, cancel);
+        }
         let (mut reader, mut readonly) = self.classify(sql)?;
         if let (Role::Replica(r), Some(b)) = (&self.inner.role, at_least)
             && r.visible() < b
