@@ -11,6 +11,9 @@ use walrelay_engine::{
     QueryError, TransactionSink,
 };
 
+/// A callback left with the gate until a bookmark is confirmed.
+type Wake = Box<dyn FnOnce() + Send>;
+
 /// Confirms only what the test releases; refuses writes while `closed`.
 #[derive(Default)]
 struct Gate {
@@ -20,7 +23,7 @@ struct Gate {
     closed: Mutex<bool>,
     give_up: Mutex<bool>,
     /// Callbacks left by `on_confirmed`, run by `release`.
-    calls: Mutex<Vec<(Bookmark, Box<dyn FnOnce() + Send>)>>,
+    calls: Mutex<Vec<(Bookmark, Wake)>>,
     /// How often `poll_confirmed` was asked (the async write path).
     polls: std::sync::atomic::AtomicUsize,
 }
