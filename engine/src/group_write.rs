@@ -485,6 +485,9 @@ impl Database {
     ) -> Result<crate::statement::StatementOutput, QueryError> {
         let limits = self.inner.limits;
         let _armed = w.watch.arm(limits.query_timeout_ms, job.cancel.as_ref());
+        // The row id reported is this statement's insert, never an
+        // earlier writer's (the writer connection is shared).
+        crate::statement::forget_last_row_id(&w.conn.conn);
         run_statement(
             w,
             &job.sql,

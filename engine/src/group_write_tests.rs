@@ -416,3 +416,30 @@ fn a_group_commit_delay_past_the_bound_is_refused_at_open() {
     );
     assert!(matches!(r, Err(crate::OpenError::Options(_))));
 }
+
+#[test]
+fn a_write_reports_its_own_inserted_row_id_and_zero_when_it_inserted_none() {
+    let f = open(Limits::default());
+    exec(&f.db, "CREATE TABLE t(id INTEGER PRIMARY KEY, v INTEGER)");
+    let inserted = exec(&f.db, "INSERT INTO t(v) VALUES (7)");
+    assert_eq!(inserted.meta.last_row_id, 1);
+    // Another writer's insert is not reported by a later statement of the
+    // shared writer connection that inserted nothing.
+    for sql in [
+        "UPDATE t SET v = 8",
+        "DELETE FROM t WHERE v = 99",
+        "CREATE TABLE u(a)",
+    ] {
+        assert_eq!(exec(&f.db, sql).meta.last_row_id, 0, "{sql}");
+    }
+    let batch =
+        f.db.session(Constraint::FirstPrimary)
+            .expect("session")
+            .exec("UPDATE t SET v = 9; UPDATE t SET v = 10", [])
+            .expect("batch");
+    assert!(batch.iter().all(|r| r.meta.last_row_id == 0));
+    assert_eq!(
+        exec(&f.db, "INSERT INTO t(v) VALUES (8)").meta.last_row_id,
+        2
+    );
+}

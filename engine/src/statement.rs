@@ -118,6 +118,17 @@ pub(crate) fn refresh_schema(conn: &Connection) -> rusqlite::Result<()> {
 /// watch the caller has armed. A result past `max_response_bytes` stops
 /// (a write's effect is rolled back) with `ResponseTooLarge`; at most one
 /// value is read past the cap.
+/// Sets the connection's last insert row id to 0, so that what a
+/// statement reports as `last_row_id` is its own insert's (0 if it
+/// inserted nothing), not one left by an earlier writer on the shared
+/// writer connection.
+pub(crate) fn forget_last_row_id(conn: &rusqlite::Connection) {
+    // SAFETY: the handle belongs to a live connection that the caller
+    // holds (the writer, behind its lock) for the duration of the call;
+    // sqlite3_set_last_insert_rowid only stores an integer on it.
+    unsafe { rusqlite::ffi::sqlite3_set_last_insert_rowid(conn.handle(), 0) }
+}
+
 pub(crate) fn run_statement(
     c: &Pooled,
     sql: &str,
@@ -574,6 +585,7 @@ impl Database {
         let limits = self.inner.limits;
         let (p, w) = self.writer()?;
         let armed = w.watch.arm(limits.query_timeout_ms, cancel);
+        forget_last_row_id(&w.conn.conn);
         if let Err(e) = w.conn.engine_exec("BEGIN IMMEDIATE") {
             drop(armed);
             let e = self.explain(QueryError::sql(e));
