@@ -16,7 +16,8 @@
 //!   Taking ends its leadership: a writer arriving after it leads the next
 //!   group (and waits for the writer while this group runs, collecting the
 //!   jobs that queue meanwhile). Jobs left over past the maximum hand the
-//!   leadership to the oldest of them.
+//!   leadership to the oldest of them, whose job comes back to it with
+//!   the lead (a waiter that kept no copy of its job leads with that one).
 //! - A queued job waits at most its `wait` to be taken; then it is removed
 //!   and comes back ([`Turn::TimedOut`]) having never run. A taken job
 //!   waits for its result without a deadline: its group is running, and
@@ -72,7 +73,8 @@ struct SlotCell<J, R> {
 enum SlotState<J, R> {
     Queued(J),
     Taken,
-    Lead,
+    /// Handed the lead, with its job back.
+    Lead(J),
     Done(R),
     Abandoned,
     /// The waiter has read its outcome.
@@ -100,8 +102,9 @@ impl<J, R> Slot<J, R> {
 
 /// What became of a submitted job.
 pub(crate) enum Turn<J, R> {
-    /// The caller leads: get the writer, then [`Leader::take`].
-    Lead(Leader<J, R>),
+    /// The caller leads: get the writer, then [`Leader::take`]. With the
+    /// job it queued, when it queued one before the lead came to it.
+    Lead(Leader<J, R>, Option<J>),
     /// A leader ran the job in its group.
     Done(R),
     /// Not taken within `wait`; the job never ran.
@@ -159,7 +162,7 @@ impl<J, R> GroupQueue<J, R> {
     /// result.
     pub(crate) fn submit(&self, make: impl FnOnce() -> J, wait: Duration) -> Turn<J, R> {
         match self.enter(make) {
-            Entered::Lead(l) => Turn::Lead(l),
+            Entered::Lead(l) => Turn::Lead(l, None),
             Entered::Queued(q) => q.wait(wait),
         }
     }
@@ -232,7 +235,7 @@ impl<J, R> Queued<J, R> {
                         s = self.slot.state.lock();
                     }
                 }
-                SlotState::Done(_) | SlotState::Abandoned | SlotState::Lead => break,
+                SlotState::Done(_) | SlotState::Abandoned | SlotState::Lead(_) => break,
                 SlotState::Read => unreachable!("a slot is read once, by its waiter"),
             }
         }
@@ -254,7 +257,7 @@ impl<J, R> Queued<J, R> {
                 }
                 Poll::Pending
             }
-            SlotState::Done(_) | SlotState::Abandoned | SlotState::Lead => {
+            SlotState::Done(_) | SlotState::Abandoned | SlotState::Lead(_) => {
                 let state = std::mem::replace(&mut s.state, SlotState::Read);
                 drop(s);
                 Poll::Ready(self.read(state))
@@ -277,10 +280,13 @@ impl<J, R> Queued<J, R> {
         match state {
             SlotState::Done(r) => Turn::Done(r),
             SlotState::Abandoned => Turn::Abandoned,
-            SlotState::Lead => Turn::Lead(Leader {
-                queue: Arc::clone(&self.queue),
-                taken: false,
-            }),
+            SlotState::Lead(job) => Turn::Lead(
+                Leader {
+                    queue: Arc::clone(&self.queue),
+                    taken: false,
+                },
+                Some(job),
+            ),
             _ => unreachable!("only an outcome is read"),
         }
     }
@@ -295,7 +301,7 @@ impl<J, R> Drop for Queued<J, R> {
         // to a result: a leadership handed to it is handed on.
         let led = {
             let mut s = self.slot.state.lock();
-            let led = matches!(s.state, SlotState::Lead);
+            let led = matches!(s.state, SlotState::Lead(_));
             if led {
                 s.state = SlotState::Read;
             }
@@ -363,8 +369,19 @@ impl<J, R> Drop for Leader<J, R> {
 fn hand_on<J, R>(st: &mut QueueState<J, R>) {
     match st.queue.pop_front() {
         None => st.leading = false,
-        // Its job stays with its waiter, who leads with it.
-        Some(next) => next.set(SlotState::Lead),
+        // Its job goes back to its waiter, who leads with it.
+        Some(next) => {
+            let waker = {
+                let mut c = next.state.lock();
+                let SlotState::Queued(job) = std::mem::replace(&mut c.state, SlotState::Read)
+                else {
+                    unreachable!("only queued slots are in the queue");
+                };
+                c.state = SlotState::Lead(job);
+                c.waker.take()
+            };
+            next.wake(waker);
+        }
     }
 }
 
@@ -417,7 +434,7 @@ mod tests {
             || unreachable!("a leader's job is not queued"),
             Duration::ZERO,
         ) {
-            Turn::Lead(l) => l,
+            Turn::Lead(l, _) => l,
             _ => panic!("expected to lead"),
         }
     }
@@ -504,7 +521,7 @@ mod tests {
                 let (q2, led) = (Arc::clone(&q), Arc::clone(&led));
                 let h = std::thread::spawn(move || {
                     match q2.submit(|| i, Duration::from_secs(30)) {
-                        Turn::Lead(l) => {
+                        Turn::Lead(l, _) => {
                             led.fetch_add(1, Ordering::SeqCst);
                             // Leads with its own job; nothing else queued.
                             assert!(l.take(8, u64::MAX, |_| 1).is_empty());
@@ -541,7 +558,7 @@ mod tests {
                 let (q2, led) = (Arc::clone(&q), Arc::clone(&led));
                 let h =
                     std::thread::spawn(move || match q2.submit(|| w, Duration::from_secs(30)) {
-                        Turn::Lead(l) => {
+                        Turn::Lead(l, _) => {
                             led.fetch_add(1, Ordering::SeqCst);
                             assert!(l.take(8, 10, |&w| u64::from(w)).is_empty());
                         }
@@ -592,7 +609,7 @@ mod tests {
         let l = lead(&q);
         let q2 = Arc::clone(&q);
         let next = std::thread::spawn(move || {
-            matches!(q2.submit(|| 2, Duration::from_secs(30)), Turn::Lead(_))
+            matches!(q2.submit(|| 2, Duration::from_secs(30)), Turn::Lead(..))
         });
         wait_queued(&q, 1);
         drop(l);
@@ -651,7 +668,7 @@ mod tests {
         let first = queued(&q, 2);
         let q2 = Arc::clone(&q);
         let second = std::thread::spawn(move || {
-            matches!(q2.submit(|| 3, Duration::from_secs(30)), Turn::Lead(_))
+            matches!(q2.submit(|| 3, Duration::from_secs(30)), Turn::Lead(..))
         });
         wait_queued(&q, 2);
         assert!(l.take(0, u64::MAX, |_| 1).is_empty());
@@ -672,5 +689,22 @@ mod tests {
         assert!(!w2.withdraw(), "taken: its result is coming");
         drop(jobs);
         drop((w, w2));
+    }
+
+    #[test]
+    fn a_queued_job_handed_the_lead_comes_back_with_it() {
+        let q = Q::default();
+        let l = lead(&q);
+        let mut w = queued(&q, 7);
+        assert!(l.take(0, u64::MAX, |_| 1).is_empty());
+        let waker = std::task::Waker::noop();
+        match w.poll_turn(&mut Context::from_waker(waker)) {
+            Poll::Ready(Turn::Lead(next, job)) => {
+                assert_eq!(job, Some(7));
+                drop(next);
+            }
+            _ => panic!("expected the lead"),
+        }
+        assert!(!q.leading(), "the lead ended with its leader");
     }
 }

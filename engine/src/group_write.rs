@@ -304,7 +304,7 @@ impl Database {
         job: WriteJob<'_>,
     ) -> WriteOutcome {
         match groups.queue.submit(|| job.to_owned(), self.writer_wait()) {
-            Turn::Lead(l) => self.lead_group(p, groups, l, job),
+            Turn::Lead(l, _) => self.lead_group(p, groups, l, job),
             Turn::Done(outcome) => outcome,
             Turn::TimedOut => Err(self.writer_busy()),
             Turn::Abandoned => Err(QueryError::WriteAbandoned),

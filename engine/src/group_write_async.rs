@@ -53,29 +53,33 @@ impl Database {
         {
             return None;
         }
-        let job = WriteJob {
+        // One copy of the write: queued, it comes back with a lead handed
+        // to it; leading at once, it is never queued.
+        let mut job = Some(WriteJob {
             sql: Cow::Owned(sql.to_owned()),
             params: Cow::Owned(params.to_vec()),
             cancel: cancel.cloned(),
             started,
-        };
-        let entered = groups.queue.enter(|| job.to_owned());
+        });
+        let entered = groups.queue.enter(|| job.take().expect("made once"));
         let db = self.clone();
-        Some(async move { db.await_write(entered, job).await })
+        Some(async move { db.await_write(entered, job, started).await })
     }
 
+    /// `job` is the write when `entered` leads, None when it queued it.
     async fn await_write(
         self,
         entered: Entered<WriteJob<'static>, WriteOutcome>,
-        job: WriteJob<'static>,
+        job: Option<WriteJob<'static>>,
+        started: Instant,
     ) -> Result<Output, QueryError> {
-        let started = job.started;
         let turn = match entered {
-            Entered::Lead(l) => Turn::Lead(l),
+            Entered::Lead(l) => Turn::Lead(l, None),
             Entered::Queued(q) => wait_turn(q, self.writer_wait()).await,
         };
         let outcome = match turn {
-            Turn::Lead(leader) => {
+            Turn::Lead(leader, queued) => {
+                let job = queued.or(job).expect("a leader has its write");
                 return self
                     .on_blocking_thread(move |db| {
                         let p = db.primary().expect("a primary's role does not change");
