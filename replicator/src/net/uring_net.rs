@@ -66,6 +66,33 @@ const RECV: u64 = 3;
 const SEND: u64 = 4;
 const CANCEL: u64 = 5;
 
+/// The transport's ring, and whether it waits to be enabled by its thread.
+///
+/// Where the kernel has them (6.1 and later), the ring is made for one
+/// issuing thread that runs its completions' work only when it asks for
+/// completions (`SINGLE_ISSUER`, `DEFER_TASKRUN`, `COOP_TASKRUN`): a peer's
+/// bytes arriving while the ring thread is busy no longer interrupt it,
+/// and its completions are gathered in one go when it next waits. It is
+/// made disabled, so that the thread which runs it, not this one, becomes
+/// its issuer. Older kernels refuse the flags and get a plain ring. 1
+/// session in process, alternated 6 times: 1,418 against 1,206 commits/s
+/// (papers/performance.md, lever 22).
+fn new_ring() -> io::Result<(IoUring, bool)> {
+    let flagged = IoUring::builder()
+        .setup_coop_taskrun()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .setup_r_disabled()
+        .build(RING_ENTRIES);
+    match flagged {
+        Ok(ring) => Ok((ring, true)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            Ok((IoUring::new(RING_ENTRIES)?, false))
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn user_data(conn: ConnId, kind: u64) -> u64 {
     conn << 3 | kind
 }
@@ -202,7 +229,7 @@ impl UringTransport {
     /// 5.6), so the caller can fall back to the std transport. Connections
     /// are authenticated with `auth`'s key, if it has one.
     pub fn new(handler: Arc<dyn NetHandler>, auth: Arc<Auth>) -> io::Result<UringTransport> {
-        let ring = IoUring::new(RING_ENTRIES)?;
+        let (ring, disabled) = new_ring()?;
         // Without NODROP an overflowing completion queue loses completions,
         // and with them the knowledge that a buffer is free again.
         if !ring.params().is_feature_nodrop() {
@@ -243,7 +270,7 @@ impl UringTransport {
         let for_ring = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("walrelay-uring".into())
-            .spawn(move || Ring::new(ring, for_ring, wake_rx).run())?;
+            .spawn(move || Ring::new(ring, disabled, for_ring, wake_rx).run())?;
         Ok(UringTransport { shared })
     }
 }
@@ -392,6 +419,8 @@ impl Conn {
 /// The ring thread's state.
 struct Ring {
     ring: IoUring,
+    /// Made disabled: the ring thread enables it before its first use.
+    disabled: bool,
     shared: Arc<Shared>,
     conns: HashMap<ConnId, Box<Conn>>,
     /// Requests made but not yet in the submission queue (it was full).
@@ -424,9 +453,10 @@ fn retryable(e: &io::Error) -> bool {
 }
 
 impl Ring {
-    fn new(ring: IoUring, shared: Arc<Shared>, wake_rx: UnixStream) -> Ring {
+    fn new(ring: IoUring, disabled: bool, shared: Arc<Shared>, wake_rx: UnixStream) -> Ring {
         Ring {
             ring,
+            disabled,
             shared,
             conns: HashMap::new(),
             backlog: VecDeque::new(),
@@ -447,6 +477,13 @@ impl Ring {
 
     fn run(mut self) {
         let _ = self.shared.ring_thread.set(std::thread::current().id());
+        if self.disabled {
+            // The thread that enables the ring is its single issuer.
+            if let Err(e) = self.ring.submitter().register_enable_rings() {
+                self.die(e);
+                return;
+            }
+        }
         self.arm_wake();
         loop {
             self.take_inbox();
@@ -1212,6 +1249,21 @@ mod tests {
         }
         assert_eq!(next(&server_rx), Ev::Closed(at_server, None));
         assert!(client_rx.recv_timeout(Duration::from_millis(200)).is_err());
+    }
+
+    #[test]
+    fn on_a_kernel_with_deferred_completion_work_the_ring_is_made_for_its_one_thread() {
+        let (ring, disabled) = new_ring().expect("a ring");
+        let params = ring.params();
+        if disabled {
+            assert!(params.is_setup_single_issuer());
+        } else {
+            // Only kernels before 6.1 refuse the flags.
+            assert!(
+                !std::env::var("CI").is_ok_and(|v| v == "true"),
+                "flags refused"
+            );
+        }
     }
 
     #[test]
