@@ -72,11 +72,16 @@ const FIRED_NONE: u8 = 0;
 const FIRED_DEADLINE: u8 = 1;
 const FIRED_CANCELLED: u8 = 2;
 const FIRED_STOPPING: u8 = 3;
+/// The deadline was a budget, not the caller's limit
+/// ([`Watch::arm_budget`]).
+const FIRED_BUDGET: u8 = 4;
 
 /// One execution's bounds.
 struct Armed {
     started: Instant,
     deadline: Instant,
+    /// The deadline is a budget shorter than the caller's limit.
+    budget: bool,
     cancel: Option<CancelToken>,
 }
 
@@ -121,7 +126,9 @@ impl Watch {
             Some(a) if a.cancel.as_ref().is_some_and(CancelToken::is_cancelled) => FIRED_CANCELLED,
             Some(a) => {
                 let now = Instant::now();
-                if now >= a.deadline {
+                if now >= a.deadline && a.budget {
+                    FIRED_BUDGET
+                } else if now >= a.deadline {
                     FIRED_DEADLINE
                 } else {
                     long_running =
@@ -142,15 +149,35 @@ impl Watch {
 
     /// Bounds everything run on this connection until the guard drops.
     pub(crate) fn arm(&self, timeout_ms: u64, cancel: Option<&CancelToken>) -> ArmGuard<'_> {
+        self.arm_budget(None, timeout_ms, cancel)
+    }
+
+    /// [`Watch::arm`], stopping the execution early once `budget` has run
+    /// if that comes before `timeout_ms`: [`Watch::over_budget`] then says
+    /// so, and the caller runs it again where it may take its full time.
+    pub(crate) fn arm_budget(
+        &self,
+        budget: Option<Duration>,
+        timeout_ms: u64,
+        cancel: Option<&CancelToken>,
+    ) -> ArmGuard<'_> {
         self.fired.store(FIRED_NONE, Ordering::Relaxed);
         self.timeout_ms.store(timeout_ms, Ordering::Relaxed);
         let now = Instant::now();
+        let limit = Duration::from_millis(timeout_ms);
+        let budget = budget.filter(|b| *b < limit);
         *self.armed.lock() = Some(Armed {
             started: now,
-            deadline: now + Duration::from_millis(timeout_ms),
+            deadline: now + budget.unwrap_or(limit),
+            budget: budget.is_some(),
             cancel: cancel.cloned(),
         });
         ArmGuard { watch: self }
+    }
+
+    /// Whether the last armed execution was stopped by its budget.
+    pub(crate) fn over_budget(&self) -> bool {
+        self.fired.load(Ordering::Relaxed) == FIRED_BUDGET
     }
 
     /// The typed reason for an error the progress handler caused; any

@@ -104,6 +104,7 @@ pub mod limits;
 pub mod local_cluster;
 mod meta;
 mod pool;
+mod read_on_worker;
 pub mod recovery;
 mod replica;
 pub mod replication;

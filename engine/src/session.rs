@@ -204,6 +204,17 @@ impl Session {
         })
     }
 
+    /// [`Session::exec`] of one short read on a replica, run on the
+    /// calling thread ([`crate::read_on_worker`]); `None` declines, having
+    /// changed nothing (run it with `exec`).
+    pub(crate) fn exec_on_worker(&self, sql: &str, params: &[Value]) -> Option<Vec<RawResult>> {
+        let at_least = *self.bookmark.lock();
+        let out = self
+            .db
+            .read_without_thread(sql, params, at_least, self.cancel.as_ref())?;
+        Some(self.raw_results(vec![out]))
+    }
+
     /// [`Session::batch`] with rows as arrays and the column names. Each
     /// statement's text may hold several statements (as in
     /// [`Session::exec`]): there is one result per statement run.

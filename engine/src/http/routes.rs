@@ -214,7 +214,8 @@ pub(super) async fn query_answer(
         .await;
     }
     // A small body is read here, so that a single write on a primary can
-    // wait for its group commit without a blocking thread.
+    // wait for its group commit without a blocking thread, and a short
+    // read on a replica can run without one.
     let query = match node.prepare_query(&resolved.name, header.as_deref(), &body) {
         Ok(q) => q,
         Err(answer) => return node.finish_query(answer),
@@ -223,6 +224,11 @@ pub(super) async fn query_answer(
     if let Some(answer) = node.write_without_thread(&caller, &query, shape, &token) {
         let _cancel_on_drop = CancelOnDrop(token);
         return answer.await;
+    }
+    // A short read on a replica runs here: a hop to the blocking pool
+    // costs more than the read.
+    if let Some(answer) = node.read_without_thread(&caller, &query, shape, &token) {
+        return answer;
     }
     blocking_with(&node, token, move |n, token| {
         let answer = n.dispatch(&caller, &query, header.as_deref(), &body, shape, token);

@@ -230,6 +230,38 @@ impl Node {
         })
     }
 
+    /// The answer to a prepared query that is one short read on this
+    /// replica's own database, run here on the calling thread (over HTTP,
+    /// the async worker) under a small budget ([`crate::read_on_worker`]);
+    /// `None` declines, having changed nothing, and the caller dispatches
+    /// it as usual.
+    pub(in crate::http) fn read_without_thread(
+        &self,
+        caller: &Caller,
+        q: &PreparedQuery,
+        shape: Shape,
+        cancel: &CancelToken,
+    ) -> Option<Answer> {
+        let (Role::Replica { replica, .. }, false, Body::One(statement)) =
+            (&self.role, q.fleet, &q.parsed)
+        else {
+            return None;
+        };
+        if caller.forwarded || q.constraint == Constraint::FirstPrimary {
+            return None;
+        }
+        let session = replica
+            .replica()
+            .database()
+            .session(q.constraint)
+            .ok()?
+            .with_access(caller.access)
+            .cancel_with(cancel.clone());
+        let results = session.exec_on_worker(&statement.sql, &statement.params)?;
+        let answer = self.routed(&session, Ok(results), shape).into_answer();
+        Some(self.finish_query(answer))
+    }
+
     fn run(
         &self,
         db: &Database,

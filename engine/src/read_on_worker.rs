@@ -1,0 +1,113 @@
+//! A replica's short read run on the calling thread (over HTTP, the async
+//! worker) instead of the blocking pool.
+//!
+//! A point read takes a few microseconds of SQLite work; the hop to the
+//! blocking pool and back costs more than that, and the worker that will
+//! answer sleeps in epoll meanwhile and must be woken. Here the read runs
+//! where the request is, bounded by [`BUDGET`] of VM work: a read that
+//! runs over is stopped by its progress handler and declined, and the
+//! caller runs it again on the pool, where it may take its full time
+//! limit. A read has no side effects, so running it twice changes
+//! nothing.
+//!
+//! # Same outcome as the threaded path
+//!
+//! [`Database::read_without_thread`] takes only what the threaded path
+//! would run as one read at once on a replica: one statement (no `;`),
+//! not plain DML, not stopping or cancelled, the session's bookmark
+//! already visible (no wait), an idle reader free (no wait), and a
+//! statement that prepares and that SQLite calls read-only. Anything
+//! else, and any error while it runs, declines (`None`) having changed
+//! nothing: the threaded path runs it again and gives the error. On a
+//! primary it always declines, as a primary's read waits at the output
+//! gate.
+//!
+//! What the budget does not bound is time outside the VM: a filesystem
+//! read of a page not in the page cache, or copying one very large value
+//! (at most the response limit). A replica's hot pages are in memory.
+
+use crate::database::{Database, Output, Role};
+use crate::execution::{CancelToken, check_start};
+use crate::group_write::is_plain_dml;
+use crate::statement::{Prepare, prepare, run_statement};
+use crate::value::Value;
+use std::time::{Duration, Instant};
+use walrelay_replicator::Bookmark;
+
+/// VM work a read may take on the calling thread before it is stopped and
+/// handed to the blocking pool.
+pub(crate) const BUDGET: Duration = Duration::from_micros(250);
+
+impl Database {
+    /// One read run here, if it can be taken now (see the module docs);
+    /// `None` declines, and nothing changed. `at_least` is the session's
+    /// bookmark.
+    pub(crate) fn read_without_thread(
+        &self,
+        sql: &str,
+        params: &[Value],
+        at_least: Option<Bookmark>,
+        cancel: Option<&CancelToken>,
+    ) -> Option<Output> {
+        let started = Instant::now();
+        let Role::Replica(replica) = &self.inner.role else {
+            return None;
+        };
+        if sql.contains(';') || is_plain_dml(sql) {
+            return None;
+        }
+        if check_start(&self.inner.stopping, cancel).is_err()
+            || at_least.is_some_and(|b| replica.visible() < b)
+        {
+            return None;
+        }
+        let reader = self.inner.readers.try_take().ok()??;
+        let readonly = prepare(&reader.conn.conn, sql, Prepare::Cached).map(|s| s.readonly());
+        if !matches!(readonly, Ok(true)) {
+            return None;
+        }
+        let limits = self.inner.limits;
+        let ran = {
+            let _armed = reader
+                .watch
+                .arm_budget(Some(BUDGET), limits.query_timeout_ms, cancel);
+            run_statement(
+                &reader,
+                sql,
+                params,
+                Prepare::Cached,
+                limits.max_response_bytes,
+            )
+        };
+        let over_budget = reader.watch.over_budget();
+        if !reader.conn.conn.is_autocommit() {
+            // Left a transaction open: the threaded path refuses it.
+            let _ = reader.conn.engine_exec("ROLLBACK");
+            return None;
+        }
+        drop(reader);
+        let (columns, rows, counts) = match ran {
+            Ok(o) => o,
+            Err(e) => {
+                if over_budget {
+                    tracing::trace!("a read ran over its budget here; it runs on the pool");
+                } else {
+                    tracing::trace!(error = %e, "a read failed here; it runs again on the pool");
+                }
+                return None;
+            }
+        };
+        // Raised before a confirm publishes: at least what was read.
+        let mut meta = self.meta(started, replica.reported());
+        meta.rows_read = counts.rows_read;
+        Some(Output {
+            columns,
+            rows,
+            meta,
+        })
+    }
+}
+
+#[cfg(test)]
+#[path = "read_on_worker_tests.rs"]
+mod tests;

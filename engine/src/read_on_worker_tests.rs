@@ -1,0 +1,143 @@
+//! A replica's short read on the calling thread: the same answer as the
+//! pool's, and a decline (changing nothing) for everything else.
+
+use super::*;
+use crate::{Access, CancelToken, Constraint, Options, Replica, ReplicaOptions, pair};
+use walrelay_replicator::{Epoch, Sequence};
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    primary: Database,
+    replica: Replica,
+}
+
+/// A primary paired with a replica (one reader), with rows 1 to 20.
+fn open() -> Fixture {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (primary, replica) = pair(
+        dir.path().join("p.db"),
+        dir.path().join("r.db"),
+        Options::default(),
+        ReplicaOptions {
+            readers: 1,
+            max_wait_ms: 100,
+            ..ReplicaOptions::default()
+        },
+    )
+    .expect("pair");
+    let s = primary.session(Constraint::FirstPrimary).expect("session");
+    s.exec("CREATE TABLE kv(id INTEGER PRIMARY KEY, v TEXT)", [])
+        .expect("create");
+    for id in 1..=20 {
+        s.exec(
+            "INSERT INTO kv VALUES (?1, ?2)",
+            [Value::Integer(id), Value::Text(format!("v{id}"))],
+        )
+        .expect("insert");
+    }
+    Fixture {
+        _dir: dir,
+        primary,
+        replica,
+    }
+}
+
+const POINT: &str = "SELECT v FROM kv WHERE id = ?1";
+
+fn point(db: &Database, at_least: Option<Bookmark>) -> Option<Output> {
+    db.read_without_thread(POINT, &[Value::Integer(7)], at_least, None)
+}
+
+#[test]
+fn a_point_read_on_a_replica_runs_here_and_answers_as_the_pool_does() {
+    let f = open();
+    let db = f.replica.database();
+    let here = point(db, None).expect("run here");
+    let pooled = db
+        .execute(POINT, &[Value::Integer(7)], None, Access::ReadWrite, None)
+        .expect("pool");
+    assert_eq!(here.rows, pooled.rows);
+    assert_eq!(here.columns, pooled.columns);
+    assert_eq!(here.rows[0].values(), [Value::Text("v7".into())]);
+    assert_eq!(here.meta.bookmark, pooled.meta.bookmark);
+    assert_eq!(here.meta.bookmark, f.primary.latest_bookmark());
+    assert!(!here.meta.served_by_primary);
+    assert_eq!(here.meta.rows_read, 1);
+    // The reader went back to the pool: a second read runs here too.
+    assert!(point(db, Some(here.meta.bookmark)).is_some());
+}
+
+#[test]
+fn a_read_that_runs_past_its_budget_is_declined_and_runs_whole_on_the_pool() {
+    let f = open();
+    let db = f.replica.database();
+    let long = "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 3000000) \
+                SELECT count(*) FROM c";
+    assert!(db.read_without_thread(long, &[], None, None).is_none());
+    let pooled = db
+        .execute(long, &[], None, Access::ReadWrite, None)
+        .expect("the pool runs it whole");
+    assert_eq!(pooled.rows[0].values(), [Value::Integer(3_000_000)]);
+    assert!(point(db, None).is_some(), "the reader is free again");
+}
+
+#[test]
+fn what_would_wait_write_or_fail_is_declined() {
+    let f = open();
+    let db = f.replica.database();
+    let one = [Value::Integer(1)];
+    // A primary's read waits at its output gate.
+    assert!(point(&f.primary, None).is_none());
+    // Writes, and several statements, are the threaded path's to route.
+    assert!(
+        db.read_without_thread("INSERT INTO kv VALUES (99, 'x')", &[], None, None)
+            .is_none()
+    );
+    assert!(
+        db.read_without_thread("SELECT 1; SELECT 2", &[], None, None)
+            .is_none()
+    );
+    // A bookmark this replica has not reached would wait for it.
+    let ahead = Bookmark::new(Epoch(u32::MAX), Sequence(1));
+    assert!(point(db, Some(ahead)).is_none());
+    // Errors are the threaded path's to give.
+    assert!(
+        db.read_without_thread("SELECT nope FROM kv", &[], None, None)
+            .is_none()
+    );
+    assert!(db.read_without_thread(POINT, &[], None, None).is_none());
+    // A cancelled request.
+    let cancelled = CancelToken::new();
+    cancelled.cancel();
+    assert!(
+        db.read_without_thread(POINT, &one, None, Some(&cancelled))
+            .is_none()
+    );
+    // Every reader busy.
+    let held = db
+        .inner
+        .readers
+        .try_take()
+        .expect("take")
+        .expect("a reader");
+    assert!(point(db, None).is_none());
+    drop(held);
+    assert!(point(db, None).is_some());
+}
+
+#[test]
+fn a_statement_that_opens_a_transaction_is_declined_and_leaves_none_open() {
+    let f = open();
+    let db = f.replica.database();
+    assert!(db.read_without_thread("BEGIN", &[], None, None).is_none());
+    let after = point(db, None).expect("runs here");
+    assert_eq!(after.rows[0].values(), [Value::Text("v7".into())]);
+    // A newer commit is seen: the reader is not stuck in an old snapshot.
+    f.primary
+        .session(Constraint::FirstPrimary)
+        .expect("session")
+        .exec("UPDATE kv SET v = 'new' WHERE id = 7", [])
+        .expect("update");
+    let newer = point(db, None).expect("runs here");
+    assert_eq!(newer.rows[0].values(), [Value::Text("new".into())]);
+}
