@@ -22,6 +22,11 @@
 //! primary it always declines, as a primary's read waits at the output
 //! gate.
 //!
+//! A statement that once ran over its budget is remembered
+//! ([`LongReads`]) and goes straight to the pool from then on, so a
+//! workload of reads just longer than the budget pays for the budget
+//! once per statement, not once per read.
+//!
 //! What the budget does not bound is time outside the VM: a filesystem
 //! read of a page not in the page cache, or copying one very large value
 //! (at most the response limit). A replica's hot pages are in memory.
@@ -31,12 +36,58 @@ use crate::execution::{CancelToken, check_start};
 use crate::group_write::is_plain_dml;
 use crate::statement::{Prepare, prepare, run_statement};
 use crate::value::Value;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use walrelay_replicator::Bookmark;
 
 /// VM work a read may take on the calling thread before it is stopped and
 /// handed to the blocking pool.
 pub(crate) const BUDGET: Duration = Duration::from_micros(250);
+
+/// Slots of [`LongReads`]: statements remembered at once.
+const LONG_READ_SLOTS: usize = 256;
+
+/// The statements (by a hash of their text) that ran over [`BUDGET`] on
+/// the calling thread: a fixed table, one hash per slot, a newer one
+/// taking its slot from an older. Bounded and lock-free; a forgotten
+/// statement only costs one more budget.
+pub(crate) struct LongReads {
+    slots: Box<[AtomicU64]>,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl Default for LongReads {
+    fn default() -> LongReads {
+        LongReads {
+            slots: (0..LONG_READ_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            hasher: std::collections::hash_map::RandomState::new(),
+        }
+    }
+}
+
+impl LongReads {
+    fn key(&self, sql: &str) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        sql.hash(&mut h);
+        // 0 marks an empty slot.
+        h.finish().max(1)
+    }
+
+    fn slot(&self, key: u64) -> &AtomicU64 {
+        &self.slots[(key % LONG_READ_SLOTS as u64) as usize]
+    }
+
+    pub(crate) fn contains(&self, sql: &str) -> bool {
+        let key = self.key(sql);
+        self.slot(key).load(Ordering::Relaxed) == key
+    }
+
+    pub(crate) fn insert(&self, sql: &str) {
+        let key = self.key(sql);
+        self.slot(key).store(key, Ordering::Relaxed);
+    }
+}
 
 impl Database {
     /// One read run here, if it can be taken now (see the module docs);
@@ -53,7 +104,7 @@ impl Database {
         let Role::Replica(replica) = &self.inner.role else {
             return None;
         };
-        if sql.contains(';') || is_plain_dml(sql) {
+        if sql.contains(';') || is_plain_dml(sql) || replica.long_reads.contains(sql) {
             return None;
         }
         if check_start(&self.inner.stopping, cancel).is_err()
@@ -90,6 +141,7 @@ impl Database {
             Ok(o) => o,
             Err(e) => {
                 if over_budget {
+                    replica.long_reads.insert(sql);
                     tracing::trace!("a read ran over its budget here; it runs on the pool");
                 } else {
                     tracing::trace!(error = %e, "a read failed here; it runs again on the pool");

@@ -79,6 +79,28 @@ fn a_read_that_runs_past_its_budget_is_declined_and_runs_whole_on_the_pool() {
         .expect("the pool runs it whole");
     assert_eq!(pooled.rows[0].values(), [Value::Integer(3_000_000)]);
     assert!(point(db, None).is_some(), "the reader is free again");
+    // Remembered: the next time it goes straight to the pool, without
+    // spending the budget first.
+    let Role::Replica(r) = &db.inner.role else {
+        panic!("a replica")
+    };
+    assert!(r.long_reads.contains(long));
+    assert!(!r.long_reads.contains(POINT));
+}
+
+#[test]
+fn the_memory_of_long_reads_is_bounded_and_keeps_the_newest() {
+    let reads = LongReads::default();
+    let sql = |i: usize| format!("SELECT {i}");
+    for i in 0..LONG_READ_SLOTS * 8 {
+        reads.insert(&sql(i));
+    }
+    let remembered = (0..LONG_READ_SLOTS * 8)
+        .filter(|&i| reads.contains(&sql(i)))
+        .count();
+    assert!(remembered <= LONG_READ_SLOTS, "{remembered}");
+    // The newest is always remembered.
+    assert!(reads.contains(&sql(LONG_READ_SLOTS * 8 - 1)));
 }
 
 #[test]

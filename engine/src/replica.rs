@@ -86,6 +86,8 @@ pub(crate) struct ReplicaRole {
     max_wait: Duration,
     checkpoint_threshold_frames: u32,
     persist_every_confirms: u32,
+    /// Statements that ran past the budget of a read on the calling thread.
+    pub(crate) long_reads: crate::read_on_worker::LongReads,
 }
 
 impl ReplicaRole {
@@ -193,6 +195,7 @@ impl Replica {
             max_wait: Duration::from_millis(options.max_wait_ms),
             checkpoint_threshold_frames: options.checkpoint_threshold_frames,
             persist_every_confirms: options.persist_every_confirms.max(1),
+            long_reads: crate::read_on_worker::LongReads::default(),
         };
         Ok(Replica {
             db: Database {
