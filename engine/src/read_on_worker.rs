@@ -36,7 +36,7 @@ use crate::execution::{CancelToken, check_start};
 use crate::group_write::is_plain_dml;
 use crate::statement::{Prepare, prepare, run_statement};
 use crate::value::Value;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use walrelay_replicator::Bookmark;
@@ -68,10 +68,8 @@ impl Default for LongReads {
 
 impl LongReads {
     fn key(&self, sql: &str) -> u64 {
-        let mut h = self.hasher.build_hasher();
-        sql.hash(&mut h);
         // 0 marks an empty slot.
-        h.finish().max(1)
+        self.hasher.hash_one(sql).max(1)
     }
 
     fn slot(&self, key: u64) -> &AtomicU64 {
