@@ -2,7 +2,9 @@
 //! token, or the database stopping.
 //!
 //! Every connection carries a [`Watch`] that its SQLite progress handler
-//! consults every [`CHECK_EVERY_OPS`] virtual-machine instructions. The
+//! consults every [`CHECK_EVERY_OPS`] virtual-machine instructions (every
+//! [`BUDGET_CHECK_EVERY_OPS`] under a budget; the handler runs that often
+//! and counts its calls in between). The
 //! engine arms the watch for the length of one execution (a statement, or a
 //! whole batch) with a deadline and the caller's [`CancelToken`]; when the
 //! handler fires, SQLite ends the statement with `SQLITE_INTERRUPT` (a
@@ -18,11 +20,17 @@
 use crate::error::QueryError;
 use parking_lot::Mutex;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// VM instructions between two checks of the watch.
-pub(crate) const CHECK_EVERY_OPS: i32 = 1_000;
+pub(crate) const CHECK_EVERY_OPS: u32 = 1_024;
+
+/// VM instructions between two checks of a watch armed with a budget
+/// ([`Watch::arm_budget`]): the progress handler's own interval. A budget
+/// is short, and one instruction can be costly (a function over a value
+/// of megabytes), so it is checked more often.
+pub(crate) const BUDGET_CHECK_EVERY_OPS: u32 = 16;
 
 /// A statement running longer than this yields its core at every check,
 /// so that short queries and woken writers do not queue behind CPU-bound
@@ -93,6 +101,10 @@ pub(crate) struct Watch {
     timeout_ms: AtomicU64,
     /// Database-wide: set once the database stops taking queries.
     stopping: Arc<AtomicBool>,
+    /// The handler's calls, to check only every [`CHECK_EVERY_OPS`].
+    calls: AtomicU32,
+    /// Armed with a budget: check at every call.
+    budgeted: AtomicBool,
 }
 
 impl Watch {
@@ -102,6 +114,8 @@ impl Watch {
             fired: AtomicU8::new(FIRED_NONE),
             timeout_ms: AtomicU64::new(0),
             stopping,
+            calls: AtomicU32::new(0),
+            budgeted: AtomicBool::new(false),
         })
     }
 
@@ -111,7 +125,18 @@ impl Watch {
         conn: &mut rusqlite::Connection,
     ) -> rusqlite::Result<()> {
         let w = Arc::clone(self);
-        conn.progress_handler(CHECK_EVERY_OPS, Some(move || w.check()))
+        conn.progress_handler(BUDGET_CHECK_EVERY_OPS as i32, Some(move || w.called()))
+    }
+
+    /// The progress handler: a full check at every call under a budget,
+    /// otherwise at every [`CHECK_EVERY_OPS`] instructions.
+    fn called(&self) -> bool {
+        const CALLS: u32 = CHECK_EVERY_OPS / BUDGET_CHECK_EVERY_OPS;
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        if n % CALLS != CALLS - 1 && !self.budgeted.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.check()
     }
 
     /// Whether the running statement must stop (the progress handler's
@@ -166,6 +191,7 @@ impl Watch {
         let now = Instant::now();
         let limit = Duration::from_millis(timeout_ms);
         let budget = budget.filter(|b| *b < limit);
+        self.budgeted.store(budget.is_some(), Ordering::Relaxed);
         *self.armed.lock() = Some(Armed {
             started: now,
             deadline: now + budget.unwrap_or(limit),
@@ -212,6 +238,7 @@ pub(crate) struct ArmGuard<'w> {
 
 impl Drop for ArmGuard<'_> {
     fn drop(&mut self) {
+        self.watch.budgeted.store(false, Ordering::Relaxed);
         *self.watch.armed.lock() = None;
     }
 }

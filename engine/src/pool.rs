@@ -63,6 +63,18 @@ impl std::ops::Deref for Lease<'_> {
     }
 }
 
+impl Lease<'_> {
+    /// Closes the reader instead of returning it (it is in a state no
+    /// other request may meet); the pool may open another in its place.
+    pub(crate) fn discard(mut self) {
+        if let Some(c) = self.conn.take() {
+            drop(c);
+            self.pool.state.lock().open -= 1;
+            self.pool.available.notify_one();
+        }
+    }
+}
+
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
         if let Some(c) = self.conn.take() {
@@ -100,6 +112,13 @@ impl ReaderPool {
             pool: self,
             conn: Some(c),
         }
+    }
+
+    /// An idle reader, never a newly opened one (opening reads the file
+    /// and the schema); `None` when none is idle.
+    pub(crate) fn try_take_idle(&self) -> Option<Lease<'_>> {
+        let c = self.state.lock().idle.pop()?;
+        Some(self.lease(c))
     }
 
     /// An idle reader, or a newly opened one while fewer than the maximum

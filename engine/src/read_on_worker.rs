@@ -15,21 +15,29 @@
 //! [`Database::read_without_thread`] takes only what the threaded path
 //! would run as one read at once on a replica: one statement (no `;`),
 //! not plain DML, not stopping or cancelled, the session's bookmark
-//! already visible (no wait), an idle reader free (no wait), and a
-//! statement that prepares and that SQLite calls read-only. Anything
-//! else, and any error while it runs, declines (`None`) having changed
-//! nothing: the threaded path runs it again and gives the error. On a
-//! primary it always declines, as a primary's read waits at the output
-//! gate.
+//! already visible (no wait), an idle reader free (neither a wait nor a
+//! new connection opened), and a statement that prepares and that SQLite
+//! calls read-only. The reader runs it without a busy timeout (a lock it
+//! cannot have at once is an error, not a sleep) and with a response
+//! limit of [`MAX_RESPONSE_BYTES`]. Anything else, and any error while it
+//! runs, declines (`None`) having changed nothing: the threaded path runs
+//! it again and gives the error. On a primary it always declines, as a
+//! primary's read waits at the output gate.
 //!
 //! A statement that once ran over its budget is remembered
 //! ([`LongReads`]) and goes straight to the pool from then on, so a
 //! workload of reads just longer than the budget pays for the budget
 //! once per statement, not once per read.
 //!
-//! What the budget does not bound is time outside the VM: a filesystem
-//! read of a page not in the page cache, or copying one very large value
-//! (at most the response limit). A replica's hot pages are in memory.
+//! Under a budget the progress handler checks the time every
+//! [`crate::execution::BUDGET_CHECK_EVERY_OPS`] VM instructions, not every
+//! thousand: one instruction may be costly (a function over a value of
+//! up to the 2 MB value limit), so a read is stopped within a few such
+//! instructions of its budget.
+//!
+//! What the budget does not bound is time outside the VM and those few
+//! instructions: a filesystem read of a page not in the page cache, or
+//! one function over a large value. A replica's hot pages are in memory.
 
 use crate::database::{Database, Output, Role};
 use crate::execution::{CancelToken, check_start};
@@ -44,6 +52,11 @@ use walrelay_replicator::Bookmark;
 /// VM work a read may take on the calling thread before it is stopped and
 /// handed to the blocking pool.
 pub(crate) const BUDGET: Duration = Duration::from_micros(250);
+
+/// The largest result a read on the calling thread may give: a few rows.
+/// A larger one (a few large values need few VM steps, and their JSON
+/// costs more than they do) is declined and given by the pool.
+pub(crate) const MAX_RESPONSE_BYTES: u64 = 64 << 10;
 
 /// Slots of [`LongReads`]: statements remembered at once.
 const LONG_READ_SLOTS: usize = 256;
@@ -110,12 +123,16 @@ impl Database {
         {
             return None;
         }
-        let reader = self.inner.readers.try_take().ok()??;
-        let readonly = prepare(&reader.conn.conn, sql, Prepare::Cached).map(|s| s.readonly());
+        let reader = self.inner.readers.try_take_idle()?;
+        let conn = &reader.conn.conn;
+        let readonly = prepare(conn, sql, Prepare::Cached).map(|s| s.readonly());
         if !matches!(readonly, Ok(true)) {
             return None;
         }
         let limits = self.inner.limits;
+        if conn.busy_timeout(Duration::ZERO).is_err() {
+            return None;
+        }
         let ran = {
             let _armed = reader
                 .watch
@@ -125,9 +142,15 @@ impl Database {
                 sql,
                 params,
                 Prepare::Cached,
-                limits.max_response_bytes,
+                limits.max_response_bytes.min(MAX_RESPONSE_BYTES),
             )
         };
+        if conn.busy_timeout(replica.busy_timeout).is_err() {
+            // A reader that cannot wait for a lock must not go back to
+            // the pool: dropped, it closes, and the pool opens another.
+            reader.discard();
+            return None;
+        }
         let over_budget = reader.watch.over_budget();
         if !reader.conn.conn.is_autocommit() {
             // Left a transaction open: the threaded path refuses it.
@@ -135,15 +158,14 @@ impl Database {
             return None;
         }
         drop(reader);
+        if over_budget {
+            // Taken to the pool from now on, even if this one finished.
+            replica.long_reads.insert(sql);
+        }
         let (columns, rows, counts) = match ran {
             Ok(o) => o,
             Err(e) => {
-                if over_budget {
-                    replica.long_reads.insert(sql);
-                    tracing::trace!("a read ran over its budget here; it runs on the pool");
-                } else {
-                    tracing::trace!(error = %e, "a read failed here; it runs again on the pool");
-                }
+                tracing::trace!(error = %e, over_budget, "a read declined here runs on the pool");
                 return None;
             }
         };

@@ -104,6 +104,27 @@ fn the_memory_of_long_reads_is_bounded_and_keeps_the_newest() {
 }
 
 #[test]
+fn a_read_of_few_costly_instructions_is_stopped_by_its_budget_too() {
+    let f = open();
+    let db = f.replica.database();
+    // About 60 instructions, each column generating 2 MB: never a
+    // thousand instructions, but far past the budget.
+    let costly = format!(
+        "SELECT {}",
+        vec!["length(randomblob(2000000))"; 20].join(", ")
+    );
+    assert!(db.read_without_thread(&costly, &[], None, None).is_none());
+    let Role::Replica(r) = &db.inner.role else {
+        panic!("a replica")
+    };
+    assert!(r.long_reads.contains(&costly), "stopped by the budget");
+    let pooled = db
+        .execute(&costly, &[], None, Access::ReadWrite, None)
+        .expect("the pool runs it whole");
+    assert_eq!(pooled.rows[0].values()[19], Value::Integer(2_000_000));
+}
+
+#[test]
 fn what_would_wait_write_or_fail_is_declined() {
     let f = open();
     let db = f.replica.database();
@@ -145,6 +166,43 @@ fn what_would_wait_write_or_fail_is_declined() {
     assert!(point(db, None).is_none());
     drop(held);
     assert!(point(db, None).is_some());
+    // A result larger than a few rows is the pool's to give (its JSON
+    // would cost the worker more than the read).
+    let big = "SELECT zeroblob(100000)";
+    assert!(db.read_without_thread(big, &[], None, None).is_none());
+    let pooled = db
+        .execute(big, &[], None, Access::ReadWrite, None)
+        .expect("the pool gives it");
+    assert_eq!(pooled.rows.len(), 1);
+}
+
+#[test]
+fn no_reader_is_opened_on_the_calling_thread() {
+    let f = open();
+    let db = f.replica.database();
+    // The pool may open up to 1 reader and has one, idle: lent out, and
+    // none is idle, so the read declines rather than open another.
+    let held = db.inner.readers.try_take_idle().expect("the idle reader");
+    assert!(db.inner.readers.try_take_idle().is_none());
+    assert!(point(db, None).is_none());
+    drop(held);
+    assert!(point(db, None).is_some());
+}
+
+#[test]
+fn a_discarded_reader_is_replaced_by_a_new_one() {
+    let f = open();
+    let db = f.replica.database();
+    db.inner.readers.try_take_idle().expect("idle").discard();
+    assert!(
+        db.inner.readers.try_take_idle().is_none(),
+        "closed, not idle"
+    );
+    let pooled = db
+        .execute(POINT, &[Value::Integer(7)], None, Access::ReadWrite, None)
+        .expect("the pool opens another");
+    assert_eq!(pooled.rows[0].values(), [Value::Text("v7".into())]);
+    assert!(point(db, None).is_some(), "and it is idle again after");
 }
 
 #[test]

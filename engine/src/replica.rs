@@ -88,6 +88,9 @@ pub(crate) struct ReplicaRole {
     persist_every_confirms: u32,
     /// Statements that ran past the budget of a read on the calling thread.
     pub(crate) long_reads: crate::read_on_worker::LongReads,
+    /// The readers' busy timeout, restored after a read on the calling
+    /// thread (which runs without one).
+    pub(crate) busy_timeout: Duration,
 }
 
 impl ReplicaRole {
@@ -196,6 +199,7 @@ impl Replica {
             checkpoint_threshold_frames: options.checkpoint_threshold_frames,
             persist_every_confirms: options.persist_every_confirms.max(1),
             long_reads: crate::read_on_worker::LongReads::default(),
+            busy_timeout: Duration::from_millis(options.busy_timeout_ms),
         };
         Ok(Replica {
             db: Database {

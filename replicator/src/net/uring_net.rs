@@ -66,31 +66,54 @@ const RECV: u64 = 3;
 const SEND: u64 = 4;
 const CANCEL: u64 = 5;
 
-/// The transport's ring, and whether it waits to be enabled by its thread.
+/// The transport's ring, made and checked on the thread that runs it.
 ///
 /// Where the kernel has them (6.1 and later), the ring is made for one
 /// issuing thread that runs its completions' work only when it asks for
 /// completions (`SINGLE_ISSUER`, `DEFER_TASKRUN`, `COOP_TASKRUN`): a peer's
 /// bytes arriving while the ring thread is busy no longer interrupt it,
-/// and its completions are gathered in one go when it next waits. It is
-/// made disabled, so that the thread which runs it, not this one, becomes
-/// its issuer. Older kernels refuse the flags and get a plain ring. 1
-/// session in process, alternated 6 times: 1,418 against 1,206 commits/s
-/// (papers/performance.md, lever 22).
-fn new_ring() -> io::Result<(IoUring, bool)> {
+/// and its completions are gathered in one go when it next waits.
+/// `TASKRUN_FLAG` tells a submission that does not wait (a full queue)
+/// that completion work is pending, so it runs it too. The thread that
+/// makes the ring is its issuer. Older kernels refuse the flags and get a
+/// plain ring. 1 session in process, alternated 6 times: 1,418 against
+/// 1,206 commits/s (papers/performance.md, lever 22).
+fn new_ring() -> io::Result<IoUring> {
     let flagged = IoUring::builder()
         .setup_coop_taskrun()
+        .setup_taskrun_flag()
         .setup_single_issuer()
         .setup_defer_taskrun()
-        .setup_r_disabled()
         .build(RING_ENTRIES);
-    match flagged {
-        Ok(ring) => Ok((ring, true)),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            Ok((IoUring::new(RING_ENTRIES)?, false))
-        }
-        Err(e) => Err(e),
+    let ring = match flagged {
+        Ok(ring) => ring,
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => IoUring::new(RING_ENTRIES)?,
+        Err(e) => return Err(e),
+    };
+    // Without NODROP an overflowing completion queue loses completions,
+    // and with them the knowledge that a buffer is free again.
+    if !ring.params().is_feature_nodrop() {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "io_uring too old (no IORING_FEAT_NODROP)",
+        ));
     }
+    let mut probe = Probe::new();
+    ring.submitter().register_probe(&mut probe)?;
+    for code in [
+        opcode::Recv::CODE,
+        opcode::SendMsg::CODE,
+        opcode::AsyncCancel::CODE,
+        opcode::Timeout::CODE,
+    ] {
+        if !probe.is_supported(code) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("io_uring lacks opcode {code}"),
+            ));
+        }
+    }
+    Ok(ring)
 }
 
 fn user_data(conn: ConnId, kind: u64) -> u64 {
@@ -229,30 +252,6 @@ impl UringTransport {
     /// 5.6), so the caller can fall back to the std transport. Connections
     /// are authenticated with `auth`'s key, if it has one.
     pub fn new(handler: Arc<dyn NetHandler>, auth: Arc<Auth>) -> io::Result<UringTransport> {
-        let (ring, disabled) = new_ring()?;
-        // Without NODROP an overflowing completion queue loses completions,
-        // and with them the knowledge that a buffer is free again.
-        if !ring.params().is_feature_nodrop() {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "io_uring too old (no IORING_FEAT_NODROP)",
-            ));
-        }
-        let mut probe = Probe::new();
-        ring.submitter().register_probe(&mut probe)?;
-        for code in [
-            opcode::Recv::CODE,
-            opcode::SendMsg::CODE,
-            opcode::AsyncCancel::CODE,
-            opcode::Timeout::CODE,
-        ] {
-            if !probe.is_supported(code) {
-                return Err(io::Error::new(
-                    io::ErrorKind::Unsupported,
-                    format!("io_uring lacks opcode {code}"),
-                ));
-            }
-        }
         let (wake_rx, waker) = UnixStream::pair()?;
         waker.set_nonblocking(true)?;
         let shared = Arc::new(Shared {
@@ -268,9 +267,23 @@ impl UringTransport {
             ring_thread: OnceLock::new(),
         });
         let for_ring = Arc::clone(&shared);
+        // The ring is made on its own thread (its single issuer), which
+        // says whether that worked before anything is posted to it.
+        let (made_tx, made_rx) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new()
             .name("walrelay-uring".into())
-            .spawn(move || Ring::new(ring, disabled, for_ring, wake_rx).run())?;
+            .spawn(move || match new_ring() {
+                Ok(ring) => {
+                    let _ = made_tx.send(Ok(()));
+                    Ring::new(ring, for_ring, wake_rx).run();
+                }
+                Err(e) => {
+                    let _ = made_tx.send(Err(e));
+                }
+            })?;
+        made_rx.recv().map_err(|_| {
+            io::Error::other("the io_uring thread ended before its ring was made")
+        })??;
         Ok(UringTransport { shared })
     }
 }
@@ -419,8 +432,6 @@ impl Conn {
 /// The ring thread's state.
 struct Ring {
     ring: IoUring,
-    /// Made disabled: the ring thread enables it before its first use.
-    disabled: bool,
     shared: Arc<Shared>,
     conns: HashMap<ConnId, Box<Conn>>,
     /// Requests made but not yet in the submission queue (it was full).
@@ -453,10 +464,9 @@ fn retryable(e: &io::Error) -> bool {
 }
 
 impl Ring {
-    fn new(ring: IoUring, disabled: bool, shared: Arc<Shared>, wake_rx: UnixStream) -> Ring {
+    fn new(ring: IoUring, shared: Arc<Shared>, wake_rx: UnixStream) -> Ring {
         Ring {
             ring,
-            disabled,
             shared,
             conns: HashMap::new(),
             backlog: VecDeque::new(),
@@ -477,13 +487,6 @@ impl Ring {
 
     fn run(mut self) {
         let _ = self.shared.ring_thread.set(std::thread::current().id());
-        if self.disabled {
-            // The thread that enables the ring is its single issuer.
-            if let Err(e) = self.ring.submitter().register_enable_rings() {
-                self.die(e);
-                return;
-            }
-        }
         self.arm_wake();
         loop {
             self.take_inbox();
@@ -1253,10 +1256,12 @@ mod tests {
 
     #[test]
     fn on_a_kernel_with_deferred_completion_work_the_ring_is_made_for_its_one_thread() {
-        let (ring, disabled) = new_ring().expect("a ring");
-        let params = ring.params();
-        if disabled {
-            assert!(params.is_setup_single_issuer());
+        let ring = new_ring().expect("a ring");
+        if ring.params().is_setup_single_issuer() {
+            // Made here: this thread may use it.
+            ring.submitter()
+                .submit()
+                .expect("this thread is its issuer");
         } else {
             // Only kernels before 6.1 refuse the flags.
             assert!(
