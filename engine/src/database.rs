@@ -998,9 +998,13 @@ impl PrimaryRole {
         }
     }
 
+    /// Whether the next [`Self::maybe_checkpoint`] would checkpoint.
+    pub(crate) fn checkpoint_due(&self) -> bool {
+        self.issuer.last_commit_frame.load(Ordering::Relaxed) >= self.checkpoint_threshold_frames
+    }
+
     pub(crate) fn maybe_checkpoint(&self, conn: &Connection) {
-        let frames = self.issuer.last_commit_frame.load(Ordering::Relaxed);
-        if frames >= self.checkpoint_threshold_frames {
+        if self.checkpoint_due() {
             // Busy is fine: the next commit tries again.
             let _ = checkpoint_on(conn, CheckpointMode::Passive);
         }

@@ -317,6 +317,11 @@ impl<J, R> Drop for Queued<J, R> {
 }
 
 impl<J, R> Leader<J, R> {
+    /// Whether no job is queued behind this leader (a moment's answer).
+    pub(crate) fn alone(&self) -> bool {
+        self.queue.lock().queue.is_empty()
+    }
+
     /// Takes queued jobs, oldest first, while there are at most `max`
     /// and their `weight`s sum to at most `budget`, and ends this
     /// leadership (see the module contract). A job that does not fit

@@ -118,16 +118,22 @@ impl WriteGroups {
 
     /// Whether a leader should wait for more writes to queue: enough of
     /// them are at the gate, about to come back.
-    fn worth_waiting(&self) -> bool {
+    /// Whether no write waits at the output gate: nothing is in flight,
+    /// so no group is about to come back with more writes.
+    pub(crate) fn quiet(&self) -> bool {
+        self.at_gate.load(Ordering::Relaxed) == 0
+    }
+
+    pub(crate) fn worth_waiting(&self) -> bool {
         !self.delay.is_zero() && self.at_gate.load(Ordering::Relaxed) >= GROUP_DELAY_SIBLINGS
     }
 }
 
 /// Counts a write at the output gate while it lives.
-struct AtGate<'a>(Option<&'a AtomicUsize>);
+pub(crate) struct AtGate<'a>(Option<&'a AtomicUsize>);
 
 impl<'a> AtGate<'a> {
-    fn enter(groups: Option<&'a WriteGroups>) -> AtGate<'a> {
+    pub(crate) fn enter(groups: Option<&'a WriteGroups>) -> AtGate<'a> {
         let counter = groups.map(|g| &g.at_gate);
         if let Some(c) = counter {
             c.fetch_add(1, Ordering::Relaxed);
@@ -500,7 +506,7 @@ impl Database {
     /// One write in its own transaction on the held writer (autocommit),
     /// as a lone write always ran: a statement that leaves a transaction
     /// open is refused and rolled back.
-    fn run_alone(&self, w: &Pooled, job: &WriteJob<'_>) -> WriteOutcome {
+    pub(crate) fn run_alone(&self, w: &Pooled, job: &WriteJob<'_>) -> WriteOutcome {
         let r = self.run_job(w, job);
         if !w.conn.conn.is_autocommit() {
             let _ = w.conn.engine_exec("ROLLBACK");

@@ -24,7 +24,7 @@ use crate::database::{Database, Output};
 use crate::error::QueryError;
 use crate::execution::{CancelToken, check_start};
 use crate::group_commit::{Entered, QUIET_RECHECK, Queued, Turn};
-use crate::group_write::{WriteJob, WriteOutcome, is_plain_dml};
+use crate::group_write::{AtGate, GroupLeader, WriteJob, WriteOutcome, is_plain_dml};
 use crate::session::Access;
 use crate::value::Value;
 use std::borrow::Cow;
@@ -80,14 +80,19 @@ impl Database {
         let outcome = match turn {
             Turn::Lead(leader, queued) => {
                 let job = queued.or(job).expect("a leader has its write");
-                return self
-                    .on_blocking_thread(move |db| {
-                        let p = db.primary().expect("a primary's role does not change");
-                        let groups = p.write_groups.as_ref().expect("group commit is on");
-                        let outcome = db.lead_group(p, groups, leader, job);
-                        db.through_gate(p, outcome, started)
-                    })
-                    .await;
+                match self.lead_alone_here(leader, job) {
+                    Ok(outcome) => outcome,
+                    Err((leader, job)) => {
+                        return self
+                            .on_blocking_thread(move |db| {
+                                let p = db.primary().expect("a primary's role does not change");
+                                let groups = p.write_groups.as_ref().expect("group commit is on");
+                                let outcome = db.lead_group(p, groups, leader, job);
+                                db.through_gate(p, outcome, started)
+                            })
+                            .await;
+                    }
+                }
             }
             Turn::Done(outcome) => outcome,
             Turn::TimedOut => Err(self.writer_busy()),
@@ -101,21 +106,80 @@ impl Database {
                     Ok(o)
                 }
                 Some(Err(e)) => Err(e),
-                // Woken by the re-check before the confirmation: wait for
-                // it as the threaded path does, bounded by the gate.
-                None => {
-                    self.on_blocking_thread(move |db| {
-                        let p = db.primary().expect("a primary's role does not change");
-                        db.through_gate(p, Ok(o), started)
-                    })
-                    .await
-                }
+                // Not confirmed yet (a write led here, or one woken by the
+                // re-check before its confirmation).
+                None => self.confirmed_without_thread(o, started).await,
             },
             Err(e) => {
                 self.on_blocking_thread(move |db| Err(db.settle_error(e, false)))
                     .await
             }
         }
+    }
+
+    /// A lone write led on the calling thread: when nothing is queued
+    /// behind it or in flight (no write waits at the gate), the writer is
+    /// free at once and no checkpoint is due, it runs here as
+    /// [`Database::lead_group`] would run it alone. Otherwise the
+    /// leadership and the write come back untouched, for a blocking
+    /// thread. Under load the hop to that thread is what lets a group
+    /// gather (writes answered at a confirmation come back together):
+    /// leading each first arrival here made groups of one (16 connections,
+    /// 3 pairs: 5,932 against 6,744 requests/s), hence "nothing in flight".
+    #[allow(clippy::result_large_err)]
+    fn lead_alone_here(
+        &self,
+        leader: GroupLeader,
+        job: WriteJob<'static>,
+    ) -> Result<WriteOutcome, (GroupLeader, WriteJob<'static>)> {
+        let p = self.primary().expect("a primary's role does not change");
+        let groups = p.write_groups.as_ref().expect("group commit is on");
+        if !groups.quiet() || !leader.alone() || p.checkpoint_due() {
+            return Err((leader, job));
+        }
+        let Some(w) = p.writer.try_lock() else {
+            return Err((leader, job));
+        };
+        if crate::sandbox::reset_if_dirty(&w.conn).is_err() {
+            drop(w);
+            return Err((leader, job)); // the threaded path gives the error
+        }
+        // Leadership ends here, as when a leader takes its group: a write
+        // arriving now leads the next one.
+        let others = leader.take(0, 0, |_| 0);
+        debug_assert!(others.is_empty());
+        Ok(self.run_alone(&w, &job))
+    }
+
+    /// Waits as a task until `o`'s bookmark is confirmed: woken by the
+    /// confirmation, or at the latest after [`QUIET_RECHECK`], when a
+    /// blocking thread takes over the wait (bounded by the gate, with its
+    /// errors), as the threaded path waits.
+    async fn confirmed_without_thread(
+        self,
+        mut o: Output,
+        started: Instant,
+    ) -> Result<Output, QueryError> {
+        let p = self.primary().expect("a primary's role does not change");
+        let bookmark = o.meta.bookmark;
+        {
+            // Later writers commit while this result waits (pipelining).
+            let _at_gate = AtGate::enter(p.write_groups.as_ref());
+            let confirmed = std::sync::Arc::new(tokio::sync::Notify::new());
+            let notify = std::sync::Arc::clone(&confirmed);
+            p.on_confirmed(bookmark, Box::new(move || notify.notify_one()));
+            let _ = tokio::time::timeout(QUIET_RECHECK, confirmed.notified()).await;
+            if let Some(r) = p.poll_gate(bookmark) {
+                r?;
+                o.meta.duration_us = started.elapsed().as_micros() as u64;
+                return Ok(o);
+            }
+        }
+        self.on_blocking_thread(move |db| {
+            let p = db.primary().expect("a primary's role does not change");
+            db.through_gate(p, Ok(o), started)
+        })
+        .await
     }
 
     /// Runs `work` on the blocking pool; a panic there answers

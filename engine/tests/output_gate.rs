@@ -372,12 +372,9 @@ fn a_read_whose_error_is_built_from_unconfirmed_rows_answers_only_once_they_are_
     first.join().expect("thread").expect("the insert");
 }
 
-#[test]
-fn writes_over_http_waited_for_by_tasks_answer_only_once_confirmed() {
+/// An HTTP server for `db` as a primary, and its query URL.
+fn serve_primary(db: &Database) -> (walrelay_engine::http::server::HttpServer, String) {
     use walrelay_engine::http::server::{HttpConfig, Node, Role, serve};
-    let gate = Arc::new(Gate::default());
-    let (_dir, db) = open_with(&gate, true);
-    create_confirmed(&gate, &db);
     let node = Node::new(
         Role::Primary(db.clone()),
         HttpConfig::default(),
@@ -389,25 +386,54 @@ fn writes_over_http_waited_for_by_tasks_answer_only_once_confirmed() {
     )
     .expect("serve");
     let url = format!("{}/v1/databases/main/query", server.url());
-    let writers: Vec<_> = (0..8)
-        .map(|i| {
-            let url = url.clone();
-            std::thread::spawn(move || {
-                let body = format!(r#"{{"sql": "INSERT INTO t VALUES (?1)", "params": [{i}]}}"#);
-                let mut resp = ureq::post(&url)
-                    .header("content-type", "application/json")
-                    .send(body)
-                    .expect("an answer");
-                let text = resp.body_mut().read_to_string().expect("body");
-                let json: serde_json::Value = serde_json::from_str(&text).expect("json");
-                json["result"][0]["meta"]["bookmark"]
-                    .as_str()
-                    .expect("a bookmark")
-                    .parse::<Bookmark>()
-                    .expect("bookmark")
-            })
-        })
-        .collect();
+    (server, url)
+}
+
+/// `INSERT INTO t VALUES (i)` over HTTP on a thread: the answer's bookmark.
+fn insert_over_http(url: &str, i: i64) -> std::thread::JoinHandle<Bookmark> {
+    let url = url.to_string();
+    std::thread::spawn(move || {
+        let body = format!(r#"{{"sql": "INSERT INTO t VALUES (?1)", "params": [{i}]}}"#);
+        let mut resp = ureq::post(&url)
+            .header("content-type", "application/json")
+            .send(body)
+            .expect("an answer");
+        let text = resp.body_mut().read_to_string().expect("body");
+        let json: serde_json::Value = serde_json::from_str(&text).expect("json");
+        json["result"][0]["meta"]["bookmark"]
+            .as_str()
+            .expect("a bookmark")
+            .parse::<Bookmark>()
+            .expect("bookmark")
+    })
+}
+
+#[test]
+fn a_lone_write_over_http_is_led_by_its_task_and_answers_only_once_confirmed() {
+    let gate = Arc::new(Gate::default());
+    let (_dir, db) = open_with(&gate, true);
+    create_confirmed(&gate, &db);
+    let (_server, url) = serve_primary(&db);
+    let writer = insert_over_http(&url, 1);
+    wait_until("the write committed", || writes_committed(&gate, &db) >= 1);
+    // Its task, not a blocking thread, asked to be woken at the
+    // confirmation.
+    wait_until("a wake-up left with the gate", || {
+        !gate.calls.lock().is_empty()
+    });
+    assert!(!writer.is_finished(), "an answer escaped the gate");
+    let last = *gate.committed().last().expect("commits");
+    gate.release(last);
+    assert_eq!(writer.join().expect("writer"), last);
+}
+
+#[test]
+fn writes_over_http_waited_for_by_tasks_answer_only_once_confirmed() {
+    let gate = Arc::new(Gate::default());
+    let (_dir, db) = open_with(&gate, true);
+    create_confirmed(&gate, &db);
+    let (_server, url) = serve_primary(&db);
+    let writers: Vec<_> = (0..8).map(|i| insert_over_http(&url, i)).collect();
     wait_until("every write committed", || {
         writes_committed(&gate, &db) >= 8
     });
