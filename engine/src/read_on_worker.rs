@@ -24,10 +24,13 @@
 //! it again and gives the error. On a primary it always declines, as a
 //! primary's read waits at the output gate.
 //!
-//! A statement that once ran over its budget is remembered
-//! ([`LongReads`]) and goes straight to the pool from then on, so a
-//! workload of reads just longer than the budget pays for the budget
-//! once per statement, not once per read.
+//! A statement that ran over its budget is remembered ([`LongReads`])
+//! and goes straight to the pool after, so a workload of reads just
+//! longer than the budget pays for the budget once in
+//! [`LONG_READ_RETRY_EVERY`] reads, not every time. That one in so many
+//! is tried here again, and a statement that then fits its budget is
+//! forgotten: a read that ran over once only because it was the first
+//! (cold caches, a descheduled thread) does not stay on the pool.
 //!
 //! Under a budget the progress handler checks the time every
 //! [`crate::execution::BUDGET_CHECK_EVERY_OPS`] VM instructions, not every
@@ -45,7 +48,7 @@ use crate::group_write::is_plain_dml;
 use crate::statement::{Prepare, prepare, run_statement};
 use crate::value::Value;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use walrelay_replicator::Bookmark;
 
@@ -61,12 +64,18 @@ pub(crate) const MAX_RESPONSE_BYTES: u64 = 64 << 10;
 /// Slots of [`LongReads`]: statements remembered at once.
 const LONG_READ_SLOTS: usize = 256;
 
+/// A remembered statement is tried on the calling thread again once in
+/// this many reads of its slot.
+pub(crate) const LONG_READ_RETRY_EVERY: u32 = 64;
+
 /// The statements (by a hash of their text) that ran over [`BUDGET`] on
 /// the calling thread: a fixed table, one hash per slot, a newer one
 /// taking its slot from an older. Bounded and lock-free; a forgotten
 /// statement only costs one more budget.
 pub(crate) struct LongReads {
     slots: Box<[AtomicU64]>,
+    /// Reads sent to the pool per slot, for the retries.
+    skipped: Box<[AtomicU32]>,
     hasher: std::collections::hash_map::RandomState,
 }
 
@@ -74,29 +83,50 @@ impl Default for LongReads {
     fn default() -> LongReads {
         LongReads {
             slots: (0..LONG_READ_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            skipped: (0..LONG_READ_SLOTS).map(|_| AtomicU32::new(0)).collect(),
             hasher: std::collections::hash_map::RandomState::new(),
         }
     }
 }
 
 impl LongReads {
-    fn key(&self, sql: &str) -> u64 {
-        // 0 marks an empty slot.
+    /// The statement's key (never 0, which marks an empty slot).
+    pub(crate) fn key(&self, sql: &str) -> u64 {
         self.hasher.hash_one(sql).max(1)
     }
 
-    fn slot(&self, key: u64) -> &AtomicU64 {
-        &self.slots[(key % LONG_READ_SLOTS as u64) as usize]
+    fn index(key: u64) -> usize {
+        (key % LONG_READ_SLOTS as u64) as usize
     }
 
-    pub(crate) fn contains(&self, sql: &str) -> bool {
-        let key = self.key(sql);
-        self.slot(key).load(Ordering::Relaxed) == key
+    /// Whether the statement is remembered (a moment's answer).
+    #[cfg(test)]
+    pub(crate) fn contains(&self, key: u64) -> bool {
+        self.slots[Self::index(key)].load(Ordering::Relaxed) == key
     }
 
-    pub(crate) fn insert(&self, sql: &str) {
-        let key = self.key(sql);
-        self.slot(key).store(key, Ordering::Relaxed);
+    /// Whether a read of the statement goes straight to the pool: it is
+    /// remembered, and this is not its turn to be tried here again.
+    pub(crate) fn skip(&self, key: u64) -> bool {
+        let i = Self::index(key);
+        if self.slots[i].load(Ordering::Relaxed) != key {
+            return false;
+        }
+        let n = self.skipped[i].fetch_add(1, Ordering::Relaxed);
+        n % LONG_READ_RETRY_EVERY != LONG_READ_RETRY_EVERY - 1
+    }
+
+    /// Remembers a statement that ran over its budget.
+    pub(crate) fn insert(&self, key: u64) {
+        self.slots[Self::index(key)].store(key, Ordering::Relaxed);
+    }
+
+    /// Forgets a statement that ran within its budget, if remembered.
+    pub(crate) fn forget(&self, key: u64) {
+        let slot = &self.slots[Self::index(key)];
+        if slot.load(Ordering::Relaxed) == key {
+            let _ = slot.compare_exchange(key, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
     }
 }
 
@@ -115,7 +145,11 @@ impl Database {
         let Role::Replica(replica) = &self.inner.role else {
             return None;
         };
-        if sql.contains(';') || is_plain_dml(sql) || replica.long_reads.contains(sql) {
+        if sql.contains(';') || is_plain_dml(sql) {
+            return None;
+        }
+        let long_key = replica.long_reads.key(sql);
+        if replica.long_reads.skip(long_key) {
             return None;
         }
         if check_start(&self.inner.stopping, cancel).is_err()
@@ -160,7 +194,9 @@ impl Database {
         drop(reader);
         if over_budget {
             // Taken to the pool from now on, even if this one finished.
-            replica.long_reads.insert(sql);
+            replica.long_reads.insert(long_key);
+        } else if ran.is_ok() {
+            replica.long_reads.forget(long_key);
         }
         let (columns, rows, counts) = match ran {
             Ok(o) => o,
