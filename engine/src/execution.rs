@@ -88,8 +88,6 @@ const FIRED_BUDGET: u8 = 4;
 struct Armed {
     started: Instant,
     deadline: Instant,
-    /// The deadline is a budget shorter than the caller's limit.
-    budget: bool,
     cancel: Option<CancelToken>,
 }
 
@@ -103,7 +101,8 @@ pub(crate) struct Watch {
     stopping: Arc<AtomicBool>,
     /// The handler's calls, to check only every [`CHECK_EVERY_OPS`].
     calls: AtomicU32,
-    /// Armed with a budget: check at every call.
+    /// Armed with a budget (a deadline shorter than the caller's limit):
+    /// check at every call.
     budgeted: AtomicBool,
 }
 
@@ -151,7 +150,7 @@ impl Watch {
             Some(a) if a.cancel.as_ref().is_some_and(CancelToken::is_cancelled) => FIRED_CANCELLED,
             Some(a) => {
                 let now = Instant::now();
-                if now >= a.deadline && a.budget {
+                if now >= a.deadline && self.budgeted.load(Ordering::Relaxed) {
                     FIRED_BUDGET
                 } else if now >= a.deadline {
                     FIRED_DEADLINE
@@ -195,7 +194,6 @@ impl Watch {
         *self.armed.lock() = Some(Armed {
             started: now,
             deadline: now + budget.unwrap_or(limit),
-            budget: budget.is_some(),
             cancel: cancel.cloned(),
         });
         ArmGuard { watch: self }

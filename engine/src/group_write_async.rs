@@ -98,18 +98,8 @@ impl Database {
             Turn::TimedOut => Err(self.writer_busy()),
             Turn::Abandoned => Err(QueryError::WriteAbandoned),
         };
-        let p = self.primary().expect("a primary's role does not change");
         match outcome {
-            Ok(mut o) => match p.poll_gate(o.meta.bookmark) {
-                Some(Ok(())) => {
-                    o.meta.duration_us = started.elapsed().as_micros() as u64;
-                    Ok(o)
-                }
-                Some(Err(e)) => Err(e),
-                // Not confirmed yet (a write led here, or one woken by the
-                // re-check before its confirmation).
-                None => self.confirmed_without_thread(o, started).await,
-            },
+            Ok(o) => self.confirmed_without_thread(o, started).await,
             Err(e) => {
                 self.on_blocking_thread(move |db| Err(db.settle_error(e, false)))
                     .await
@@ -141,20 +131,20 @@ impl Database {
             return Err((leader, job));
         };
         if crate::sandbox::reset_if_dirty(&w.conn).is_err() {
-            drop(w);
             return Err((leader, job)); // the threaded path gives the error
         }
         // Leadership ends here, as when a leader takes its group: a write
-        // arriving now leads the next one.
-        let others = leader.take(0, 0, |_| 0);
-        debug_assert!(others.is_empty());
+        // queued since leads the next one.
+        drop(leader);
         Ok(self.run_alone(&w, &job))
     }
 
-    /// Waits as a task until `o`'s bookmark is confirmed: woken by the
-    /// confirmation, or at the latest after [`QUIET_RECHECK`], when a
-    /// blocking thread takes over the wait (bounded by the gate, with its
-    /// errors), as the threaded path waits.
+    /// `o` once its bookmark is confirmed, waited for as a task: at once
+    /// if it already is (a group member is woken by its confirmation),
+    /// otherwise (a write led here, or one woken by the re-check first)
+    /// until the confirmation wakes it or [`QUIET_RECHECK`] passes, when
+    /// a blocking thread takes over the wait (bounded by the gate, with
+    /// its errors), as the threaded path waits.
     async fn confirmed_without_thread(
         self,
         mut o: Output,
@@ -162,18 +152,22 @@ impl Database {
     ) -> Result<Output, QueryError> {
         let p = self.primary().expect("a primary's role does not change");
         let bookmark = o.meta.bookmark;
-        {
-            // Later writers commit while this result waits (pipelining).
-            let _at_gate = AtGate::enter(p.write_groups.as_ref());
-            let confirmed = std::sync::Arc::new(tokio::sync::Notify::new());
-            let notify = std::sync::Arc::clone(&confirmed);
-            p.on_confirmed(bookmark, Box::new(move || notify.notify_one()));
-            let _ = tokio::time::timeout(QUIET_RECHECK, confirmed.notified()).await;
-            if let Some(r) = p.poll_gate(bookmark) {
-                r?;
-                o.meta.duration_us = started.elapsed().as_micros() as u64;
-                return Ok(o);
+        let settled = match p.poll_gate(bookmark) {
+            Some(r) => Some(r),
+            None => {
+                // Later writers commit while this result waits (pipelining).
+                let _at_gate = AtGate::enter(p.write_groups.as_ref());
+                let confirmed = std::sync::Arc::new(tokio::sync::Notify::new());
+                let notify = std::sync::Arc::clone(&confirmed);
+                p.on_confirmed(bookmark, Box::new(move || notify.notify_one()));
+                let _ = tokio::time::timeout(QUIET_RECHECK, confirmed.notified()).await;
+                p.poll_gate(bookmark)
             }
+        };
+        if let Some(r) = settled {
+            r?;
+            o.meta.duration_us = started.elapsed().as_micros() as u64;
+            return Ok(o);
         }
         self.on_blocking_thread(move |db| {
             let p = db.primary().expect("a primary's role does not change");

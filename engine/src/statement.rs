@@ -114,10 +114,6 @@ pub(crate) fn refresh_schema(conn: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// Prepares, binds and runs one statement to completion on `c`, whose
-/// watch the caller has armed. A result past `max_response_bytes` stops
-/// (a write's effect is rolled back) with `ResponseTooLarge`; at most one
-/// value is read past the cap.
 /// Sets the connection's last insert row id to 0, so that what a
 /// statement reports as `last_row_id` is its own insert's (0 if it
 /// inserted nothing), not one left by an earlier writer on the shared
@@ -129,6 +125,10 @@ pub(crate) fn forget_last_row_id(conn: &rusqlite::Connection) {
     unsafe { rusqlite::ffi::sqlite3_set_last_insert_rowid(conn.handle(), 0) }
 }
 
+/// Prepares, binds and runs one statement to completion on `c`, whose
+/// watch the caller has armed. A result past `max_response_bytes` stops
+/// (a write's effect is rolled back) with `ResponseTooLarge`; at most one
+/// value is read past the cap.
 pub(crate) fn run_statement(
     c: &Pooled,
     sql: &str,

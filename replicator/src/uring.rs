@@ -304,25 +304,35 @@ impl SyncRing {
     }
 }
 
+/// Whether this is CI's run (`CI=true`), where a test that cannot run
+/// its subject fails instead of skipping.
+#[cfg(test)]
+pub(crate) fn under_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// What needed io_uring, or None where io_uring is unavailable (the test
+/// then does `skipping`); under CI=true that fails the test instead.
+#[cfg(test)]
+pub(crate) fn available_or_skip<T>(made: io::Result<T>, skipping: &str) -> Option<T> {
+    match made {
+        Ok(t) => Some(t),
+        Err(e) if under_ci() => panic!("io_uring is unavailable under CI=true: {e}"),
+        Err(e) => {
+            eprintln!("io_uring unavailable ({e}): {skipping}");
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::fs::{File, OpenOptions};
     use std::os::fd::AsFd;
 
-    /// A ring, or None where io_uring is unavailable: the test then
-    /// skips, except under CI=true, where it fails instead.
     fn ring_or_skip(entries: u32) -> Option<SyncRing> {
-        match SyncRing::new(entries) {
-            Ok(r) => Some(r),
-            Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-                panic!("io_uring unavailable under CI=true: {e}")
-            }
-            Err(e) => {
-                eprintln!("io_uring unavailable ({e}): skipped");
-                None
-            }
-        }
+        available_or_skip(SyncRing::new(entries), "skipped")
     }
 
     fn rw(path: &std::path::Path) -> File {

@@ -286,12 +286,9 @@ fn transports_with_auth(key: Option<ClusterKey>) -> Vec<KeyedSide> {
         let (tx, rx) = mpsc::channel();
         let handler = Arc::new(Collect(Mutex::new(tx)));
         let auth = Auth::new(key);
-        match crate::net::uring_net::UringTransport::new(handler, Arc::clone(&auth)) {
-            Ok(t) => out.push((Box::new(t), rx, auth)),
-            Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-                panic!("io_uring is unavailable under CI=true: {e}")
-            }
-            Err(e) => eprintln!("io_uring unavailable ({e}): only std tested"),
+        let made = crate::net::uring_net::UringTransport::new(handler, Arc::clone(&auth));
+        if let Some(t) = crate::uring::available_or_skip(made, "only std tested") {
+            out.push((Box::new(t), rx, auth));
         }
     }
     out

@@ -1045,16 +1045,8 @@ mod tests {
     /// A transport and its events, or None where io_uring is unavailable.
     fn transport() -> Option<(UringTransport, Events)> {
         let (tx, rx) = mpsc::channel();
-        match UringTransport::new(Arc::new(Collect(Mutex::new(tx))), Auth::new(None)) {
-            Ok(t) => Some((t, rx)),
-            Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-                panic!("io_uring is unavailable under CI=true: {e}")
-            }
-            Err(e) => {
-                eprintln!("io_uring unavailable ({e}): skipped");
-                None
-            }
-        }
+        let made = UringTransport::new(Arc::new(Collect(Mutex::new(tx))), Auth::new(None));
+        crate::uring::available_or_skip(made, "skipped").map(|t| (t, rx))
     }
 
     fn next(rx: &Events) -> Ev {
@@ -1264,10 +1256,7 @@ mod tests {
                 .expect("this thread is its issuer");
         } else {
             // Only kernels before 6.1 refuse the flags.
-            assert!(
-                !std::env::var("CI").is_ok_and(|v| v == "true"),
-                "flags refused"
-            );
+            assert!(!crate::uring::under_ci(), "flags refused");
         }
     }
 

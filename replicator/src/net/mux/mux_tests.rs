@@ -59,15 +59,11 @@ fn collector() -> (Arc<Collect>, mpsc::Receiver<Ev>) {
 /// CI=true it must).
 fn backends() -> Vec<Backend> {
     let mut out = vec![Backend::Std];
-    match crate::net::uring_net::UringTransport::new(collector().0, crate::net::Auth::new(None)) {
-        Ok(t) => {
-            t.shutdown();
-            out.push(Backend::IoUring);
-        }
-        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("io_uring is unavailable under CI=true: {e}")
-        }
-        Err(e) => eprintln!("io_uring unavailable ({e}): only std runs"),
+    let made =
+        crate::net::uring_net::UringTransport::new(collector().0, crate::net::Auth::new(None));
+    if let Some(t) = crate::uring::available_or_skip(made, "only std runs") {
+        t.shutdown();
+        out.push(Backend::IoUring);
     }
     out
 }
