@@ -164,6 +164,10 @@ PRIMARY_URL=$URL
 URL="http://127.0.0.1:$((WR_PORT + 11))/v1/databases/main/query"
 read -r REPLICA_FLOOR_P50 _ <<<"$(wrk_latency "$WORK/empty.lua")"
 read -r REPLICA_READ_P50 REPLICA_READ_P99 <<<"$(wrk_latency "$WORK/point.lua")"
+# The same on one connection, alternating: an empty request, then a
+# point read of a random key of the whole table; both see the same load.
+READS=$(./target/release/rtt_probe read "127.0.0.1:$((WR_PORT + 11))" "$SECONDS_EACH")
+echo "$READS"
 URL=$PRIMARY_URL
 # Commit-ack -> visible on that replica, read with the INSERT's bookmark.
 VISIBLE=$(./target/release/rtt_probe visible "127.0.0.1:$((WR_PORT + 10))" "127.0.0.1:$((WR_PORT + 11))" "$SECONDS_EACH")
@@ -185,5 +189,8 @@ printf '%-34s %14s\n' "remote_apply 1 session p50 (us)" "$PG_RA_P50"
 printf '%-34s %14s %14s %14s\n' "HTTP floor: empty request p50 (us)" "" "" "$HTTP_FLOOR_P50"
 printf '%-34s %14s %14s %14s\n' "replica: empty request p50 (us)" "" "" "$REPLICA_FLOOR_P50"
 printf '%-34s %14s %14s %14s\n' "replica: point read p50/p99 (us)" "" "" "$REPLICA_READ_P50/$REPLICA_READ_P99"
+rd() { echo "$READS" | grep -o "$1=[0-9.]*" | cut -d= -f2; }
+printf '%-34s %14s %14s %14s\n' "replica, alternating: empty/point" "" "" "$(rd floor_p50_us)/$(rd point_p50_us)"
+printf '%-34s %14s %14s %14s\n' "  p50 (us), random keys; ratio" "" "" "$(rd ratio_p50)x"
 printf '%-34s %14s %14s %14s\n' "ack -> visible p50 (us)" "$PG_RA_P50 (ra)" "" "$(kv ack_to_visible_p50_us)"
 printf '%-34s %14s %14s %14s\n' "visible on first read (%)" "" "" "$(kv visible_pct)"

@@ -240,3 +240,48 @@ fn a_session_goes_on_through_a_node_it_cannot_reach() {
     assert!(r.response.result[0].meta.served_by_primary);
     assert_ne!(r.sent_to, format!("http://{gone}"));
 }
+
+#[test]
+fn a_replica_answers_short_reads_on_its_worker_and_hands_long_ones_to_the_pool() {
+    let (_dir, c) = cluster(LocalClusterConfig::default());
+    let client = c.client("region-a");
+    let s = client.session("first-primary");
+    s.query("CREATE TABLE kv(id INTEGER PRIMARY KEY, v TEXT)", vec![])
+        .expect("create");
+    s.query("INSERT INTO kv(v) VALUES ('a'), ('b')", vec![])
+        .expect("insert");
+    let last = s.bookmark().expect("bookmark").parse().expect("bookmark");
+    assert!(
+        c.replicas[0]
+            .node()
+            .wait_confirmed(last, std::time::Duration::from_secs(10))
+    );
+    let url = c.replica_http[0].url();
+    let count = |name: &str| {
+        common::metric_in(&common::metrics_text(&c, &url), name)
+            .unwrap_or_else(|| panic!("no {name}"))
+    };
+    let reads = client.session("first-unconstrained");
+    // A read preempted past its budget is declined and remembered (a
+    // loaded CI host); the memory is tried again once in 64 reads.
+    for _ in 0..300 {
+        let r = reads
+            .query("SELECT v FROM kv WHERE id = ?1", vec![Value::Integer(2)])
+            .expect("point read");
+        let r = &r.response.result[0];
+        assert!(!r.meta.served_by_primary);
+        assert_eq!(r.results[0]["v"], serde_json::json!("b"));
+        if count("walrelay_reads_on_worker_total{") > 0 {
+            break;
+        }
+    }
+    assert!(count("walrelay_reads_on_worker_total{") > 0);
+    let declined = count("walrelay_reads_on_worker_declined_total{");
+    // Far over the worker's budget: the pool answers it, and right.
+    let long = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300000) SELECT count(*) AS c FROM n";
+    let r = reads.query(long, vec![]).expect("long read");
+    let r = &r.response.result[0];
+    assert_eq!(r.results[0]["c"], serde_json::json!(300000));
+    assert!(!r.meta.served_by_primary);
+    assert!(count("walrelay_reads_on_worker_declined_total{") > declined);
+}

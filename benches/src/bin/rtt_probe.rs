@@ -16,6 +16,10 @@
 //!     that row on the replica with the INSERT's bookmark; reports the
 //!     share of first reads that saw it and the time from the INSERT's
 //!     answer to the replica's
+//! rtt_probe read REPLICA SECONDS
+//!     replica point read against its HTTP floor: on one connection, a
+//!     `SELECT 1` and a point read of a random key of table `kv`
+//!     alternate for SECONDS, so both see the same machine load
 //! ```
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -51,7 +55,8 @@ fn main() {
         ["ping", addr, iters] => ping(addr, iters.parse().unwrap_or(0)),
         ["load", addr, secs, lag_log] => load(addr, secs.parse().unwrap_or(0), Path::new(lag_log)),
         ["visible", primary, replica, secs] => visible(primary, replica, secs.parse().unwrap_or(0)),
-        _ => Err("usage: rtt_probe floor DIR N | echo LISTEN | ping ADDR N | load HOST:PORT SECONDS LAG_LOG | visible PRIMARY REPLICA SECONDS".into()),
+        ["read", replica, secs] => read(replica, secs.parse().unwrap_or(0)),
+        _ => Err("usage: rtt_probe floor DIR N | echo LISTEN | ping ADDR N | load HOST:PORT SECONDS LAG_LOG | visible PRIMARY REPLICA SECONDS | read REPLICA SECONDS".into()),
     };
     if let Err(e) = r {
         eprintln!("rtt_probe: {e}");
@@ -311,6 +316,52 @@ fn visible(primary: &str, replica: &str, seconds: u64) -> Result<()> {
     println!(
         "commits={total} visible_first_read={seen} visible_pct={:.2} ack_to_visible_p50_us={v50} ack_to_visible_p99_us={v99}",
         100.0 * seen as f64 / total.max(1) as f64
+    );
+    Ok(())
+}
+
+fn read(replica: &str, seconds: u64) -> Result<()> {
+    if seconds == 0 {
+        return Err("SECONDS must be > 0".into());
+    }
+    let mut r = Http::connect(replica)?;
+    let (status, body) = r.query(r#"{"sql":"SELECT max(id) AS n FROM kv"}"#)?;
+    if status != 200 {
+        return Err(format!("replica: HTTP {status}: {body}").into());
+    }
+    let rows: u64 = json_field(&body, "n")
+        .and_then(|n| n.parse().ok())
+        .filter(|&n| n > 0)
+        .ok_or("table kv is empty")?;
+    let select = r#"{"sql":"SELECT 1"}"#;
+    // xorshift64: keys spread over the whole table, the same each run.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let (mut floor, mut point) = (Vec::new(), Vec::new());
+    let started = Instant::now();
+    while started.elapsed() < WARMUP + Duration::from_secs(seconds) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let key = 1 + x % rows;
+        let read = format!(r#"{{"sql":"SELECT v FROM kv WHERE id = ?1","params":[{key}]}}"#);
+        let t = Instant::now();
+        r.ok(select)?;
+        let f = t.elapsed();
+        let t = Instant::now();
+        r.ok(&read)?;
+        let p = t.elapsed();
+        // The warm-up is left out: connection, statement cache, page cache.
+        if started.elapsed() > WARMUP {
+            floor.push(f);
+            point.push(p);
+        }
+    }
+    let (f50, f99) = us(&percentiles(&mut floor));
+    let (p50, p99) = us(&percentiles(&mut point));
+    println!(
+        "reads={} rows={rows} floor_p50_us={f50} floor_p99_us={f99} point_p50_us={p50} point_p99_us={p99} ratio_p50={:.2}",
+        point.len(),
+        p50 as f64 / f50.max(1) as f64
     );
     Ok(())
 }

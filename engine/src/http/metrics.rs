@@ -31,6 +31,12 @@ pub struct Metrics {
     cancelled: AtomicU64,
     /// Queries stopped at the query time limit.
     timed_out: AtomicU64,
+    /// Replica reads answered on the async worker.
+    reads_on_worker: AtomicU64,
+    /// Replica reads tried on the async worker and declined there (over
+    /// budget, no idle reader, remembered as long, an error): the
+    /// blocking pool ran them.
+    reads_on_worker_declined: AtomicU64,
 }
 
 /// A replica's position against its primary, read at scrape time.
@@ -68,6 +74,17 @@ impl Metrics {
             }
             _ => {}
         }
+    }
+
+    /// Counts a replica read tried on the async worker: answered there
+    /// (`ran`) or declined to the blocking pool.
+    pub fn read_on_worker(&self, ran: bool) {
+        let n = if ran {
+            &self.reads_on_worker
+        } else {
+            &self.reads_on_worker_declined
+        };
+        n.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn forwarded(&self, reason: &'static str) {
@@ -170,6 +187,16 @@ impl Metrics {
                 "Queries stopped at the query time limit.",
                 &self.timed_out,
             ),
+            (
+                "walrelay_reads_on_worker_total",
+                "Replica reads answered on the async worker, without a thread hop.",
+                &self.reads_on_worker,
+            ),
+            (
+                "walrelay_reads_on_worker_declined_total",
+                "Replica reads tried on the async worker and run by the blocking pool instead.",
+                &self.reads_on_worker_declined,
+            ),
         ] {
             counter(&mut out, name, help, &node, n.load(Ordering::Relaxed));
         }
@@ -251,6 +278,9 @@ mod tests {
         m.served(false, "us");
         m.forwarded("write");
         m.confirm_lags(&[10, 60, 60, 2_000_000]);
+        m.read_on_worker(true);
+        m.read_on_worker(true);
+        m.read_on_worker(false);
         let text = m.render(
             "replica",
             "us\"x",
@@ -265,6 +295,12 @@ mod tests {
         assert!(text.contains("served_by=\"primary\",served_by_region=\"eu\"} 1"));
         assert!(text.contains(
             "walrelay_forwarded_total{role=\"replica\",node_region=\"us\\\"x\",reason=\"write\"} 1"
+        ));
+        assert!(text.contains(
+            "walrelay_reads_on_worker_total{role=\"replica\",node_region=\"us\\\"x\"} 2"
+        ));
+        assert!(text.contains(
+            "walrelay_reads_on_worker_declined_total{role=\"replica\",node_region=\"us\\\"x\"} 1"
         ));
         assert!(text.contains("le=\"25\"} 1"));
         assert!(text.contains("le=\"100\"} 3"));

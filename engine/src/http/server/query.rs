@@ -257,7 +257,9 @@ impl Node {
             .ok()?
             .with_access(caller.access)
             .cancel_with(cancel.clone());
-        let results = session.exec_on_worker(&statement.sql, &statement.params)?;
+        let results = session.exec_on_worker(&statement.sql, &statement.params);
+        self.metrics.read_on_worker(results.is_some());
+        let results = results?;
         let answer = self.routed(&session, Ok(results), shape).into_answer();
         Some(self.finish_query(answer))
     }
