@@ -162,11 +162,16 @@ fn main() {
         let started = Instant::now();
         let mut commits_per_s = Vec::new();
         while started.elapsed() < Duration::from_secs(10) {
-            commits_per_s.push(throughput(sessions));
+            let before = primary.database().group_commit_stats();
+            let (rate, cpu_us) = throughput(sessions);
+            let after = primary.database().group_commit_stats();
+            let per_group = (after.grouped_writes - before.grouped_writes) as f64
+                / (after.groups - before.groups).max(1) as f64;
+            commits_per_s.push((rate, cpu_us, per_group));
         }
-        for (rate, cpu_us) in commits_per_s {
+        for (rate, cpu_us, per_group) in commits_per_s {
             println!(
-                "  {sessions} sessions: {rate:>8.0} commits/s, CPU per commit {cpu_us:>7.1} us"
+                "  {sessions} sessions: {rate:>8.0} commits/s, CPU per commit {cpu_us:>7.1} us, {per_group:.1} writes per group"
             );
         }
         return;

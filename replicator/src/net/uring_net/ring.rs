@@ -1,23 +1,4 @@
-//! The Linux transport: one thread owns an io_uring and does every socket
-//! read and write through it, many requests per `io_uring_enter`.
-//!
-//! Other threads never touch a connected socket: `send` and `close` post a
-//! command to an inbox and wake the ring (a byte on a socket pair the ring
-//! always has a recv on), so they never block on a peer and never call the
-//! handler. Accepting and dialing are blocking, on their own threads as in
-//! [`super::std_net`]; the socket is then handed to the ring.
-//!
-//! Each connection keeps one recv outstanding into its own buffer (frames
-//! are split out of it, no copy) and at most one `sendmsg` of its queued
-//! buffers (an Append's record is one of them, shared, not copied). A send
-//! that makes no progress for [`WRITE_TIMEOUT`], or a queue past
-//! [`MAX_QUEUED_BYTES`], closes the connection: a stalled peer cannot make
-//! its sender's memory grow without bound. `close` lets what was already
-//! sent go out first, then shuts the socket down.
-//!
-//! `accepted`, `connected` and `connect_failed` are called on the
-//! accepting or dialing thread, everything else on the ring thread: a slow
-//! handler (a follower's sync) delays every connection of its transport.
+//! The ring thread: its connections, their requests and completions.
 //!
 //! Soundness rests on one rule: whatever a request points at (a receive
 //! buffer, an iovec array, a msghdr, the tick's timespec, a socket) is owned
@@ -27,25 +8,19 @@
 //! once every request has completed, and leaked otherwise (a fatal ring
 //! error, a panicking handler).
 
-use super::auth::{Auth, Opener, Sealer, Session};
-use super::{CONNECT_TIMEOUT, MAX_QUEUED_BYTES, READ_CHUNK, WRITE_TIMEOUT};
-use super::{ConnId, NetHandler, Transport};
-use crate::wire::{Message, encode_parts};
+use super::super::auth::{Opener, Sealer, Session};
+use super::super::{MAX_QUEUED_BYTES, READ_CHUNK, WRITE_TIMEOUT};
+use super::{Cmd, ConnId, Shared};
 use bytes::{Buf, Bytes, BytesMut};
 use io_uring::{IoUring, Probe, opcode, squeue, types};
-use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::io;
+use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::thread::ThreadId;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Queued (unsent) bytes past which a connection is closed; a single
-/// message of any size is always accepted onto an empty queue.
 /// Below this much free room a receive buffer grows before the next recv.
 const MIN_RECV: usize = 16 * 1024;
 /// The kernel caps one recv near 2 GiB; the result must fit an i32.
@@ -78,7 +53,7 @@ const CANCEL: u64 = 5;
 /// makes the ring is its issuer. Older kernels refuse the flags and get a
 /// plain ring. 1 session in process, alternated 6 times: 1,418 against
 /// 1,206 commits/s (papers/performance.md, lever 22).
-fn new_ring() -> io::Result<IoUring> {
+pub(super) fn new_ring() -> io::Result<IoUring> {
     let flagged = IoUring::builder()
         .setup_coop_taskrun()
         .setup_taskrun_flag()
@@ -155,226 +130,6 @@ impl MsgHdr {
     };
 }
 
-/// What other threads ask of the ring thread.
-enum Cmd {
-    /// A connected (and, under a key, authenticated) socket; writes may
-    /// start, reads wait for `Start` (the handler learns of the connection
-    /// first).
-    Add(ConnId, TcpStream, Option<Session>),
-    Start(ConnId),
-    /// A frame in one or two parts (header + shared record); may be empty.
-    Send(ConnId, Bytes, Bytes),
-    Close(ConnId),
-    Fail(ConnId, String),
-    /// Reported from the ring thread: the caller of `connect` may hold
-    /// locks the handler takes.
-    ConnectFailed(u64, io::Error),
-    Stop,
-}
-
-struct Inbox {
-    cmds: Vec<Cmd>,
-    /// A wake-up byte was written and the ring has not drained since.
-    woken: bool,
-    /// Set once the ring stops taking commands, with the reason.
-    shut: Option<String>,
-}
-
-struct Shared {
-    handler: Arc<dyn NetHandler>,
-    auth: Arc<Auth>,
-    next: AtomicU64,
-    inbox: Mutex<Inbox>,
-    /// Write end of the wake-up pair (non-blocking).
-    waker: UnixStream,
-    ring_thread: OnceLock<ThreadId>,
-}
-
-impl Shared {
-    /// Queues `cmd` for the ring thread; `Err` (the reason) once it stopped.
-    fn post(&self, cmd: Cmd) -> Result<(), String> {
-        // The ring thread drains the inbox before it waits again: posting
-        // from its own handler calls needs no wake-up.
-        let on_ring = self.ring_thread.get() == Some(&std::thread::current().id());
-        let wake = {
-            let mut inbox = self.inbox.lock();
-            if let Some(why) = &inbox.shut {
-                return Err(why.clone());
-            }
-            inbox.cmds.push(cmd);
-            let wake = !on_ring && !inbox.woken;
-            inbox.woken |= wake;
-            wake
-        };
-        if wake {
-            self.wake();
-        }
-        Ok(())
-    }
-
-    fn wake(&self) {
-        // WouldBlock means the pair is full: a wake-up is pending anyway.
-        let _ = (&self.waker).write(&[1]);
-    }
-
-    fn register(&self, stream: TcpStream, session: Option<Session>) -> io::Result<ConnId> {
-        stream.set_nodelay(true)?;
-        let conn = self.next.fetch_add(1, Ordering::Relaxed);
-        self.post(Cmd::Add(conn, stream, session))
-            .map_err(io::Error::other)?;
-        Ok(conn)
-    }
-
-    /// After the handler was told of `conn`: start reading it.
-    fn start(&self, conn: ConnId) {
-        if let Err(why) = self.post(Cmd::Start(conn)) {
-            self.handler.closed(conn, Some(why));
-        }
-    }
-}
-
-/// See the module docs.
-pub struct UringTransport {
-    shared: Arc<Shared>,
-}
-
-impl std::fmt::Debug for UringTransport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UringTransport")
-            .field("shut", &self.shared.inbox.lock().shut)
-            .finish_non_exhaustive()
-    }
-}
-
-impl UringTransport {
-    /// Sets up the ring and starts its thread. Fails where io_uring is
-    /// unusable (the `io_uring_disabled` sysctl, seccomp, a kernel before
-    /// 5.6), so the caller can fall back to the std transport. Connections
-    /// are authenticated with `auth`'s key, if it has one.
-    pub fn new(handler: Arc<dyn NetHandler>, auth: Arc<Auth>) -> io::Result<UringTransport> {
-        let (wake_rx, waker) = UnixStream::pair()?;
-        waker.set_nonblocking(true)?;
-        let shared = Arc::new(Shared {
-            handler,
-            auth,
-            next: AtomicU64::new(1),
-            inbox: Mutex::new(Inbox {
-                cmds: Vec::new(),
-                woken: false,
-                shut: None,
-            }),
-            waker,
-            ring_thread: OnceLock::new(),
-        });
-        let for_ring = Arc::clone(&shared);
-        // The ring is made on its own thread (its single issuer), which
-        // says whether that worked before anything is posted to it.
-        let (made_tx, made_rx) = std::sync::mpsc::sync_channel(1);
-        std::thread::Builder::new()
-            .name("walrelay-uring".into())
-            .spawn(move || match new_ring() {
-                Ok(ring) => {
-                    let _ = made_tx.send(Ok(()));
-                    Ring::new(ring, for_ring, wake_rx).run();
-                }
-                Err(e) => {
-                    let _ = made_tx.send(Err(e));
-                }
-            })?;
-        made_rx.recv().map_err(|_| {
-            io::Error::other("the io_uring thread ended before its ring was made")
-        })??;
-        Ok(UringTransport { shared })
-    }
-}
-
-impl Drop for UringTransport {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-impl UringTransport {
-    fn stop(&self) {
-        {
-            let mut inbox = self.shared.inbox.lock();
-            if inbox.shut.is_some() {
-                return;
-            }
-            inbox.shut = Some("transport stopped".into());
-            inbox.cmds.push(Cmd::Stop);
-        }
-        self.shared.wake();
-    }
-}
-
-impl Transport for UringTransport {
-    fn listen(&self, addr: SocketAddr) -> io::Result<SocketAddr> {
-        let listener = TcpListener::bind(addr)?;
-        let bound = listener.local_addr()?;
-        let shared = Arc::clone(&self.shared);
-        let auth = Arc::clone(&shared.auth);
-        // Blocking accepts; the thread ends at the first connection after
-        // the transport stopped.
-        super::accept_in_background(listener, auth, move |stream, from, session| {
-            match shared.register(stream, session) {
-                Ok(conn) => {
-                    // Announce before reading, so the handler knows the
-                    // connection before its first message.
-                    shared.handler.accepted(conn, from);
-                    shared.start(conn);
-                    true
-                }
-                Err(_) => shared.inbox.lock().shut.is_none(),
-            }
-        })?;
-        Ok(bound)
-    }
-
-    fn connect(&self, addr: SocketAddr, tag: u64) {
-        let shared = Arc::clone(&self.shared);
-        let auth = Arc::clone(&shared.auth);
-        let spawned = super::dial_in_background(addr, CONNECT_TIMEOUT, auth, move |dialed| {
-            match dialed.and_then(|(s, session)| shared.register(s, session)) {
-                Ok(conn) => {
-                    shared.handler.connected(conn, tag);
-                    shared.start(conn);
-                }
-                Err(e) => shared.handler.connect_failed(tag, e),
-            }
-        });
-        if let Err(e) = spawned {
-            let _ = self.shared.post(Cmd::ConnectFailed(tag, e));
-        }
-    }
-
-    fn send(&self, conn: ConnId, message: &Message) {
-        // An Append's record (also inside a channel frame) is shared,
-        // not copied.
-        let cmd = match encode_parts(message) {
-            Ok((head, body)) => Cmd::Send(conn, head, body),
-            Err(e) => Cmd::Fail(conn, e.to_string()),
-        };
-        let _ = self.shared.post(cmd);
-    }
-
-    fn close(&self, conn: ConnId) {
-        let _ = self.shared.post(Cmd::Close(conn));
-    }
-
-    fn backend(&self) -> &'static str {
-        "io_uring"
-    }
-
-    fn auth_refusals(&self) -> u64 {
-        self.shared.auth.refusals()
-    }
-
-    fn shutdown(&self) {
-        self.stop();
-    }
-}
-
 /// One connection, as the ring thread sees it. Boxed: requests point into
 /// it (`rbuf`'s spare room, `iov`, `msg`), so it must never move.
 struct Conn {
@@ -430,7 +185,7 @@ impl Conn {
 }
 
 /// The ring thread's state.
-struct Ring {
+pub(super) struct Ring {
     ring: IoUring,
     shared: Arc<Shared>,
     conns: HashMap<ConnId, Box<Conn>>,
@@ -464,7 +219,7 @@ fn retryable(e: &io::Error) -> bool {
 }
 
 impl Ring {
-    fn new(ring: IoUring, shared: Arc<Shared>, wake_rx: UnixStream) -> Ring {
+    pub(super) fn new(ring: IoUring, shared: Arc<Shared>, wake_rx: UnixStream) -> Ring {
         Ring {
             ring,
             shared,
@@ -485,7 +240,7 @@ impl Ring {
         }
     }
 
-    fn run(mut self) {
+    pub(super) fn run(mut self) {
         let _ = self.shared.ring_thread.set(std::thread::current().id());
         self.arm_wake();
         loop {
@@ -737,7 +492,7 @@ impl Ring {
             conn.rbuf.clear(); // closed by us: nothing more is delivered
             return self.arm_recv(id);
         }
-        let (handed, sound) = super::split_frames(&mut conn.rbuf, conn.open.as_mut(), |m| {
+        let (handed, sound) = super::super::split_frames(&mut conn.rbuf, conn.open.as_mut(), |m| {
             handler.message(id, m);
         });
         if handed {
@@ -958,353 +713,5 @@ impl Drop for Ring {
             &mut self.tick,
             Box::new(types::Timespec::new()),
         ));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::bookmark::{Bookmark, Epoch, Sequence};
-    use crate::record::Record;
-    use crate::wire::MAX_FRAME_BYTES;
-    use std::alloc::{GlobalAlloc, Layout, System};
-    use std::io::Read;
-    use std::sync::atomic::AtomicUsize;
-    use std::sync::mpsc;
-
-    /// The system allocator, remembering the largest request (for the
-    /// test that an oversized length allocates nothing of its size).
-    struct Largest;
-    static LARGEST: AtomicUsize = AtomicUsize::new(0);
-
-    // SAFETY: every call is forwarded unchanged to the system allocator;
-    // only the requested size is recorded.
-    unsafe impl GlobalAlloc for Largest {
-        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-            LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
-            // SAFETY: the caller's contract for `alloc`, passed on.
-            unsafe { System.alloc(layout) }
-        }
-        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-            LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
-            // SAFETY: the caller's contract for `alloc_zeroed`, passed on.
-            unsafe { System.alloc_zeroed(layout) }
-        }
-        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-            // SAFETY: the caller's contract for `dealloc`, passed on.
-            unsafe { System.dealloc(ptr, layout) }
-        }
-        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-            LARGEST.fetch_max(new_size, Ordering::Relaxed);
-            // SAFETY: the caller's contract for `realloc`, passed on.
-            unsafe { System.realloc(ptr, layout, new_size) }
-        }
-    }
-
-    #[global_allocator]
-    static ALLOCATOR: Largest = Largest;
-
-    const WAIT: Duration = Duration::from_secs(10);
-
-    #[derive(Debug, PartialEq)]
-    enum Ev {
-        Accepted(ConnId),
-        Connected(ConnId, u64),
-        ConnectFailed(u64),
-        Message(ConnId, Message),
-        Closed(ConnId, Option<String>),
-    }
-
-    /// Forwards events with the thread they were reported on.
-    struct Collect(Mutex<mpsc::Sender<(ThreadId, Ev)>>);
-    impl Collect {
-        fn ev(&self, ev: Ev) {
-            let _ = self.0.lock().send((std::thread::current().id(), ev));
-        }
-    }
-    impl NetHandler for Collect {
-        fn accepted(&self, conn: ConnId, _: SocketAddr) {
-            self.ev(Ev::Accepted(conn));
-        }
-        fn connected(&self, conn: ConnId, tag: u64) {
-            self.ev(Ev::Connected(conn, tag));
-        }
-        fn connect_failed(&self, tag: u64, _: io::Error) {
-            self.ev(Ev::ConnectFailed(tag));
-        }
-        fn message(&self, conn: ConnId, message: Message) {
-            self.ev(Ev::Message(conn, message));
-        }
-        fn closed(&self, conn: ConnId, error: Option<String>) {
-            self.ev(Ev::Closed(conn, error));
-        }
-    }
-
-    type Events = mpsc::Receiver<(ThreadId, Ev)>;
-
-    /// A transport and its events, or None where io_uring is unavailable.
-    fn transport() -> Option<(UringTransport, Events)> {
-        let (tx, rx) = mpsc::channel();
-        let made = UringTransport::new(Arc::new(Collect(Mutex::new(tx))), Auth::new(None));
-        crate::uring::available_or_skip(made, "skipped").map(|t| (t, rx))
-    }
-
-    fn next(rx: &Events) -> Ev {
-        rx.recv_timeout(WAIT).expect("an event in time").1
-    }
-
-    fn local() -> SocketAddr {
-        "127.0.0.1:0".parse().expect("addr")
-    }
-
-    fn b(s: u64) -> Bookmark {
-        Bookmark::new(Epoch(1), Sequence(s))
-    }
-
-    #[test]
-    fn messages_cross_a_connection_in_order_with_appends_intact() {
-        let Some((server, server_rx)) = transport() else {
-            return;
-        };
-        let Some((client, client_rx)) = transport() else {
-            return;
-        };
-        assert_eq!(client.backend(), "io_uring");
-        let addr = server.listen(local()).expect("listen");
-        client.connect(addr, 7);
-        let Ev::Connected(conn, 7) = next(&client_rx) else {
-            panic!("not connected");
-        };
-        let Ev::Accepted(at_server) = next(&server_rx) else {
-            panic!("not accepted");
-        };
-        let mut sent = Vec::new();
-        for s in 1..=200u64 {
-            let record = Record {
-                bookmark: b(s),
-                previous: b(s - 1),
-                prev_chain: crate::chain::ChainHash::GENESIS,
-                commit_us: 0,
-                page_size: 4096,
-                db_pages: 3,
-                pages: vec![(2, Bytes::from(vec![s as u8; 4096]))],
-            };
-            let m = Message::Append(record.to_encoded().expect("encode"));
-            client.send(conn, &m);
-            client.send(
-                conn,
-                &Message::Ack {
-                    durable: b(s),
-                    chain: crate::chain::ChainHash::GENESIS,
-                },
-            );
-            sent.push(m);
-            sent.push(Message::Ack {
-                durable: b(s),
-                chain: crate::chain::ChainHash::GENESIS,
-            });
-        }
-        let me = std::thread::current().id();
-        for want in sent {
-            let (thread, got) = server_rx.recv_timeout(WAIT).expect("message");
-            assert_ne!(thread, me);
-            assert_eq!(got, Ev::Message(at_server, want));
-        }
-    }
-
-    #[test]
-    fn an_oversized_length_closes_the_connection_without_allocating_it() {
-        let Some((server, rx)) = transport() else {
-            return;
-        };
-        let addr = server.listen(local()).expect("listen");
-        let mut peer = TcpStream::connect(addr).expect("connect");
-        let Ev::Accepted(conn) = next(&rx) else {
-            panic!("not accepted");
-        };
-        // One byte past the limit, then a version and a kind.
-        let claimed = MAX_FRAME_BYTES + 1 - 4;
-        let mut frame = u32::try_from(claimed).expect("fits").to_be_bytes().to_vec();
-        frame.extend_from_slice(&[1, 2, 0, 0]);
-        peer.write_all(&frame).expect("write");
-        match next(&rx) {
-            Ev::Closed(c, Some(e)) => {
-                assert_eq!(c, conn);
-                assert!(e.contains("exceeds the limit"), "{e}");
-            }
-            other => panic!("expected a closed connection, got {other:?}"),
-        }
-        let largest = LARGEST.load(Ordering::Relaxed) as u64;
-        assert!(largest < MAX_FRAME_BYTES / 2, "allocated {largest} bytes");
-        // The socket was shut down: the peer reads EOF.
-        peer.set_read_timeout(Some(WAIT)).expect("timeout");
-        let mut rest = Vec::new();
-        let _ = peer.read_to_end(&mut rest);
-        assert!(rest.is_empty());
-    }
-
-    /// A header claiming a large (but legal) frame, and nothing after it:
-    /// neither transport may allocate what it claims.
-    #[test]
-    fn a_large_claimed_frame_allocates_only_what_arrives_on_either_transport() {
-        let (tx, _rx) = mpsc::channel();
-        let std_server = crate::net::std_net::StdTransport::new(
-            Arc::new(Collect(Mutex::new(tx))),
-            Auth::new(None),
-        );
-        let mut servers: Vec<Box<dyn Transport>> = vec![Box::new(std_server)];
-        if let Some((uring, _)) = transport() {
-            servers.push(Box::new(uring));
-        }
-        for server in &servers {
-            let addr = server.listen(local()).expect("listen");
-            let mut peer = TcpStream::connect(addr).expect("connect");
-            let claimed = MAX_FRAME_BYTES - 64;
-            let mut frame = u32::try_from(claimed).expect("fits").to_be_bytes().to_vec();
-            frame.extend_from_slice(&[1, 2]);
-            frame.extend_from_slice(&[0u8; 4096]);
-            peer.write_all(&frame).expect("write");
-            std::thread::sleep(Duration::from_millis(200));
-            let largest = LARGEST.load(Ordering::Relaxed) as u64;
-            assert!(
-                largest < MAX_FRAME_BYTES / 2,
-                "{}: allocated {largest} bytes for a claim",
-                server.backend()
-            );
-        }
-    }
-
-    #[test]
-    fn a_peer_disconnect_is_reported_closed_once() {
-        let Some((server, rx)) = transport() else {
-            return;
-        };
-        let addr = server.listen(local()).expect("listen");
-        let peer = TcpStream::connect(addr).expect("connect");
-        let Ev::Accepted(conn) = next(&rx) else {
-            panic!("not accepted");
-        };
-        drop(peer);
-        assert_eq!(next(&rx), Ev::Closed(conn, None));
-        // Sending to and closing a gone connection reports nothing more.
-        server.send(
-            conn,
-            &Message::Ack {
-                durable: b(1),
-                chain: crate::chain::ChainHash::GENESIS,
-            },
-        );
-        server.close(conn);
-        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
-    }
-
-    #[test]
-    fn close_sends_what_was_queued_then_reports_closed_once() {
-        let Some((server, server_rx)) = transport() else {
-            return;
-        };
-        let Some((client, client_rx)) = transport() else {
-            return;
-        };
-        let addr = server.listen(local()).expect("listen");
-        client.connect(addr, 1);
-        let Ev::Connected(conn, 1) = next(&client_rx) else {
-            panic!("not connected");
-        };
-        let Ev::Accepted(at_server) = next(&server_rx) else {
-            panic!("not accepted");
-        };
-        for s in 1..=50 {
-            client.send(
-                conn,
-                &Message::Ack {
-                    durable: b(s),
-                    chain: crate::chain::ChainHash::GENESIS,
-                },
-            );
-        }
-        client.close(conn);
-        client.send(
-            conn,
-            &Message::Ack {
-                durable: b(99),
-                chain: crate::chain::ChainHash::GENESIS,
-            },
-        ); // after close: dropped
-        let me = std::thread::current().id();
-        let (thread, ev) = client_rx.recv_timeout(WAIT).expect("closed");
-        assert_ne!(thread, me, "closed reported on the caller's thread");
-        assert_eq!(ev, Ev::Closed(conn, None));
-        for s in 1..=50 {
-            let want = Message::Ack {
-                durable: b(s),
-                chain: crate::chain::ChainHash::GENESIS,
-            };
-            assert_eq!(next(&server_rx), Ev::Message(at_server, want));
-        }
-        assert_eq!(next(&server_rx), Ev::Closed(at_server, None));
-        assert!(client_rx.recv_timeout(Duration::from_millis(200)).is_err());
-    }
-
-    #[test]
-    fn on_a_kernel_with_deferred_completion_work_the_ring_is_made_for_its_one_thread() {
-        let ring = new_ring().expect("a ring");
-        if ring.params().is_setup_single_issuer() {
-            // Made here: this thread may use it.
-            ring.submitter()
-                .submit()
-                .expect("this thread is its issuer");
-        } else {
-            // Only kernels before 6.1 refuse the flags.
-            assert!(!crate::uring::under_ci(), "flags refused");
-        }
-    }
-
-    #[test]
-    fn a_refused_dial_is_reported() {
-        let Some((client, rx)) = transport() else {
-            return;
-        };
-        let port = TcpListener::bind(local())
-            .and_then(|l| l.local_addr())
-            .expect("a free port");
-        client.connect(port, 3);
-        assert_eq!(next(&rx), Ev::ConnectFailed(3));
-    }
-
-    #[test]
-    fn a_peer_that_stops_reading_is_closed_after_the_write_timeout() {
-        let Some((client, rx)) = transport() else {
-            return;
-        };
-        let listener = TcpListener::bind(local()).expect("listen");
-        client.connect(listener.local_addr().expect("addr"), 1);
-        let (_peer, _) = listener.accept().expect("accept"); // never read
-        let Ev::Connected(conn, 1) = next(&rx) else {
-            panic!("not connected");
-        };
-        // Far more than the loopback socket buffers hold.
-        let page = Bytes::from(vec![7u8; 64 * 1024]);
-        for s in 1..=1024u64 {
-            let record = Record {
-                bookmark: b(s),
-                previous: b(s - 1),
-                prev_chain: crate::chain::ChainHash::GENESIS,
-                commit_us: 0,
-                page_size: 64 * 1024,
-                db_pages: 3,
-                pages: vec![(2, page.clone())],
-            };
-            client.send(conn, &Message::Append(record.to_encoded().expect("encode")));
-        }
-        let started = Instant::now();
-        match next(&rx) {
-            Ev::Closed(c, Some(e)) => {
-                assert_eq!(c, conn);
-                assert!(e.contains("no write progress"), "{e}");
-            }
-            other => panic!("expected a closed connection, got {other:?}"),
-        }
-        assert!(started.elapsed() >= WRITE_TIMEOUT / 2);
     }
 }

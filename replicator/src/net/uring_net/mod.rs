@@ -1,0 +1,261 @@
+//! The Linux transport: one thread owns an io_uring and does every socket
+//! read and write through it, many requests per `io_uring_enter`.
+//!
+//! Other threads never touch a connected socket: `send` and `close` post a
+//! command to an inbox and wake the ring (a byte on a socket pair the ring
+//! always has a recv on), so they never block on a peer and never call the
+//! handler. Accepting and dialing are blocking, on their own threads as in
+//! [`super::std_net`]; the socket is then handed to the ring.
+//!
+//! Each connection keeps one recv outstanding into its own buffer (frames
+//! are split out of it, no copy) and at most one `sendmsg` of its queued
+//! buffers (an Append's record is one of them, shared, not copied). A send
+//! that makes no progress for [`super::WRITE_TIMEOUT`], or a queue past
+//! [`super::MAX_QUEUED_BYTES`], closes the connection: a stalled peer cannot make
+//! its sender's memory grow without bound. `close` lets what was already
+//! sent go out first, then shuts the socket down.
+//!
+//! `accepted`, `connected` and `connect_failed` are called on the
+//! accepting or dialing thread, everything else on the ring thread: a slow
+//! handler (a follower's sync) delays every connection of its transport.
+//!
+//! The ring thread and its connections live in [`ring`]; see there for
+//! what keeps its requests sound.
+
+mod ring;
+#[cfg(test)]
+mod tests;
+
+use super::CONNECT_TIMEOUT;
+use super::auth::{Auth, Session};
+use super::{ConnId, NetHandler, Transport};
+use crate::wire::{Message, encode_parts};
+use bytes::Bytes;
+use parking_lot::Mutex;
+use ring::{Ring, new_ring};
+use std::io::{self, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::ThreadId;
+
+/// What other threads ask of the ring thread.
+enum Cmd {
+    /// A connected (and, under a key, authenticated) socket; writes may
+    /// start, reads wait for `Start` (the handler learns of the connection
+    /// first).
+    Add(ConnId, TcpStream, Option<Session>),
+    Start(ConnId),
+    /// A frame in one or two parts (header + shared record); may be empty.
+    Send(ConnId, Bytes, Bytes),
+    Close(ConnId),
+    Fail(ConnId, String),
+    /// Reported from the ring thread: the caller of `connect` may hold
+    /// locks the handler takes.
+    ConnectFailed(u64, io::Error),
+    Stop,
+}
+
+struct Inbox {
+    cmds: Vec<Cmd>,
+    /// A wake-up byte was written and the ring has not drained since.
+    woken: bool,
+    /// Set once the ring stops taking commands, with the reason.
+    shut: Option<String>,
+}
+
+struct Shared {
+    handler: Arc<dyn NetHandler>,
+    auth: Arc<Auth>,
+    next: AtomicU64,
+    inbox: Mutex<Inbox>,
+    /// Write end of the wake-up pair (non-blocking).
+    waker: UnixStream,
+    ring_thread: OnceLock<ThreadId>,
+}
+
+impl Shared {
+    /// Queues `cmd` for the ring thread; `Err` (the reason) once it stopped.
+    fn post(&self, cmd: Cmd) -> Result<(), String> {
+        // The ring thread drains the inbox before it waits again: posting
+        // from its own handler calls needs no wake-up.
+        let on_ring = self.ring_thread.get() == Some(&std::thread::current().id());
+        let wake = {
+            let mut inbox = self.inbox.lock();
+            if let Some(why) = &inbox.shut {
+                return Err(why.clone());
+            }
+            inbox.cmds.push(cmd);
+            let wake = !on_ring && !inbox.woken;
+            inbox.woken |= wake;
+            wake
+        };
+        if wake {
+            self.wake();
+        }
+        Ok(())
+    }
+
+    fn wake(&self) {
+        // WouldBlock means the pair is full: a wake-up is pending anyway.
+        let _ = (&self.waker).write(&[1]);
+    }
+
+    fn register(&self, stream: TcpStream, session: Option<Session>) -> io::Result<ConnId> {
+        stream.set_nodelay(true)?;
+        let conn = self.next.fetch_add(1, Ordering::Relaxed);
+        self.post(Cmd::Add(conn, stream, session))
+            .map_err(io::Error::other)?;
+        Ok(conn)
+    }
+
+    /// After the handler was told of `conn`: start reading it.
+    fn start(&self, conn: ConnId) {
+        if let Err(why) = self.post(Cmd::Start(conn)) {
+            self.handler.closed(conn, Some(why));
+        }
+    }
+}
+
+/// See the module docs.
+pub struct UringTransport {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for UringTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UringTransport")
+            .field("shut", &self.shared.inbox.lock().shut)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UringTransport {
+    /// Sets up the ring and starts its thread. Fails where io_uring is
+    /// unusable (the `io_uring_disabled` sysctl, seccomp, a kernel before
+    /// 5.6), so the caller can fall back to the std transport. Connections
+    /// are authenticated with `auth`'s key, if it has one.
+    pub fn new(handler: Arc<dyn NetHandler>, auth: Arc<Auth>) -> io::Result<UringTransport> {
+        let (wake_rx, waker) = UnixStream::pair()?;
+        waker.set_nonblocking(true)?;
+        let shared = Arc::new(Shared {
+            handler,
+            auth,
+            next: AtomicU64::new(1),
+            inbox: Mutex::new(Inbox {
+                cmds: Vec::new(),
+                woken: false,
+                shut: None,
+            }),
+            waker,
+            ring_thread: OnceLock::new(),
+        });
+        let for_ring = Arc::clone(&shared);
+        // The ring is made on its own thread (its single issuer), which
+        // says whether that worked before anything is posted to it.
+        let (made_tx, made_rx) = std::sync::mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("walrelay-uring".into())
+            .spawn(move || match new_ring() {
+                Ok(ring) => {
+                    let _ = made_tx.send(Ok(()));
+                    Ring::new(ring, for_ring, wake_rx).run();
+                }
+                Err(e) => {
+                    let _ = made_tx.send(Err(e));
+                }
+            })?;
+        made_rx.recv().map_err(|_| {
+            io::Error::other("the io_uring thread ended before its ring was made")
+        })??;
+        Ok(UringTransport { shared })
+    }
+}
+
+impl Drop for UringTransport {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl UringTransport {
+    fn stop(&self) {
+        {
+            let mut inbox = self.shared.inbox.lock();
+            if inbox.shut.is_some() {
+                return;
+            }
+            inbox.shut = Some("transport stopped".into());
+            inbox.cmds.push(Cmd::Stop);
+        }
+        self.shared.wake();
+    }
+}
+
+impl Transport for UringTransport {
+    fn listen(&self, addr: SocketAddr) -> io::Result<SocketAddr> {
+        let listener = TcpListener::bind(addr)?;
+        let bound = listener.local_addr()?;
+        let shared = Arc::clone(&self.shared);
+        let auth = Arc::clone(&shared.auth);
+        // Blocking accepts; the thread ends at the first connection after
+        // the transport stopped.
+        super::accept_in_background(listener, auth, move |stream, from, session| {
+            match shared.register(stream, session) {
+                Ok(conn) => {
+                    // Announce before reading, so the handler knows the
+                    // connection before its first message.
+                    shared.handler.accepted(conn, from);
+                    shared.start(conn);
+                    true
+                }
+                Err(_) => shared.inbox.lock().shut.is_none(),
+            }
+        })?;
+        Ok(bound)
+    }
+
+    fn connect(&self, addr: SocketAddr, tag: u64) {
+        let shared = Arc::clone(&self.shared);
+        let auth = Arc::clone(&shared.auth);
+        let spawned = super::dial_in_background(addr, CONNECT_TIMEOUT, auth, move |dialed| {
+            match dialed.and_then(|(s, session)| shared.register(s, session)) {
+                Ok(conn) => {
+                    shared.handler.connected(conn, tag);
+                    shared.start(conn);
+                }
+                Err(e) => shared.handler.connect_failed(tag, e),
+            }
+        });
+        if let Err(e) = spawned {
+            let _ = self.shared.post(Cmd::ConnectFailed(tag, e));
+        }
+    }
+
+    fn send(&self, conn: ConnId, message: &Message) {
+        // An Append's record (also inside a channel frame) is shared,
+        // not copied.
+        let cmd = match encode_parts(message) {
+            Ok((head, body)) => Cmd::Send(conn, head, body),
+            Err(e) => Cmd::Fail(conn, e.to_string()),
+        };
+        let _ = self.shared.post(cmd);
+    }
+
+    fn close(&self, conn: ConnId) {
+        let _ = self.shared.post(Cmd::Close(conn));
+    }
+
+    fn backend(&self) -> &'static str {
+        "io_uring"
+    }
+
+    fn auth_refusals(&self) -> u64 {
+        self.shared.auth.refusals()
+    }
+
+    fn shutdown(&self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,347 @@
+//! The io_uring transport against real sockets: framing, queues,
+//! stalled peers, closing, and allocation bounds.
+
+use super::super::WRITE_TIMEOUT;
+use super::*;
+use crate::bookmark::{Bookmark, Epoch, Sequence};
+use crate::record::Record;
+use crate::wire::MAX_FRAME_BYTES;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::io::Read;
+use std::sync::atomic::AtomicUsize;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The system allocator, remembering the largest request (for the
+/// test that an oversized length allocates nothing of its size).
+struct Largest;
+static LARGEST: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator;
+// only the requested size is recorded.
+unsafe impl GlobalAlloc for Largest {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract for `alloc`, passed on.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract for `alloc_zeroed`, passed on.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract for `dealloc`, passed on.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LARGEST.fetch_max(new_size, Ordering::Relaxed);
+        // SAFETY: the caller's contract for `realloc`, passed on.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Largest = Largest;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, PartialEq)]
+enum Ev {
+    Accepted(ConnId),
+    Connected(ConnId, u64),
+    ConnectFailed(u64),
+    Message(ConnId, Message),
+    Closed(ConnId, Option<String>),
+}
+
+/// Forwards events with the thread they were reported on.
+struct Collect(Mutex<mpsc::Sender<(ThreadId, Ev)>>);
+impl Collect {
+    fn ev(&self, ev: Ev) {
+        let _ = self.0.lock().send((std::thread::current().id(), ev));
+    }
+}
+impl NetHandler for Collect {
+    fn accepted(&self, conn: ConnId, _: SocketAddr) {
+        self.ev(Ev::Accepted(conn));
+    }
+    fn connected(&self, conn: ConnId, tag: u64) {
+        self.ev(Ev::Connected(conn, tag));
+    }
+    fn connect_failed(&self, tag: u64, _: io::Error) {
+        self.ev(Ev::ConnectFailed(tag));
+    }
+    fn message(&self, conn: ConnId, message: Message) {
+        self.ev(Ev::Message(conn, message));
+    }
+    fn closed(&self, conn: ConnId, error: Option<String>) {
+        self.ev(Ev::Closed(conn, error));
+    }
+}
+
+type Events = mpsc::Receiver<(ThreadId, Ev)>;
+
+/// A transport and its events, or None where io_uring is unavailable.
+fn transport() -> Option<(UringTransport, Events)> {
+    let (tx, rx) = mpsc::channel();
+    let made = UringTransport::new(Arc::new(Collect(Mutex::new(tx))), Auth::new(None));
+    crate::uring::available_or_skip(made, "skipped").map(|t| (t, rx))
+}
+
+fn next(rx: &Events) -> Ev {
+    rx.recv_timeout(WAIT).expect("an event in time").1
+}
+
+fn local() -> SocketAddr {
+    "127.0.0.1:0".parse().expect("addr")
+}
+
+fn b(s: u64) -> Bookmark {
+    Bookmark::new(Epoch(1), Sequence(s))
+}
+
+#[test]
+fn messages_cross_a_connection_in_order_with_appends_intact() {
+    let Some((server, server_rx)) = transport() else {
+        return;
+    };
+    let Some((client, client_rx)) = transport() else {
+        return;
+    };
+    assert_eq!(client.backend(), "io_uring");
+    let addr = server.listen(local()).expect("listen");
+    client.connect(addr, 7);
+    let Ev::Connected(conn, 7) = next(&client_rx) else {
+        panic!("not connected");
+    };
+    let Ev::Accepted(at_server) = next(&server_rx) else {
+        panic!("not accepted");
+    };
+    let mut sent = Vec::new();
+    for s in 1..=200u64 {
+        let record = Record {
+            bookmark: b(s),
+            previous: b(s - 1),
+            prev_chain: crate::chain::ChainHash::GENESIS,
+            commit_us: 0,
+            page_size: 4096,
+            db_pages: 3,
+            pages: vec![(2, Bytes::from(vec![s as u8; 4096]))],
+        };
+        let m = Message::Append(record.to_encoded().expect("encode"));
+        client.send(conn, &m);
+        client.send(
+            conn,
+            &Message::Ack {
+                durable: b(s),
+                chain: crate::chain::ChainHash::GENESIS,
+            },
+        );
+        sent.push(m);
+        sent.push(Message::Ack {
+            durable: b(s),
+            chain: crate::chain::ChainHash::GENESIS,
+        });
+    }
+    let me = std::thread::current().id();
+    for want in sent {
+        let (thread, got) = server_rx.recv_timeout(WAIT).expect("message");
+        assert_ne!(thread, me);
+        assert_eq!(got, Ev::Message(at_server, want));
+    }
+}
+
+#[test]
+fn an_oversized_length_closes_the_connection_without_allocating_it() {
+    let Some((server, rx)) = transport() else {
+        return;
+    };
+    let addr = server.listen(local()).expect("listen");
+    let mut peer = TcpStream::connect(addr).expect("connect");
+    let Ev::Accepted(conn) = next(&rx) else {
+        panic!("not accepted");
+    };
+    // One byte past the limit, then a version and a kind.
+    let claimed = MAX_FRAME_BYTES + 1 - 4;
+    let mut frame = u32::try_from(claimed).expect("fits").to_be_bytes().to_vec();
+    frame.extend_from_slice(&[1, 2, 0, 0]);
+    peer.write_all(&frame).expect("write");
+    match next(&rx) {
+        Ev::Closed(c, Some(e)) => {
+            assert_eq!(c, conn);
+            assert!(e.contains("exceeds the limit"), "{e}");
+        }
+        other => panic!("expected a closed connection, got {other:?}"),
+    }
+    let largest = LARGEST.load(Ordering::Relaxed) as u64;
+    assert!(largest < MAX_FRAME_BYTES / 2, "allocated {largest} bytes");
+    // The socket was shut down: the peer reads EOF.
+    peer.set_read_timeout(Some(WAIT)).expect("timeout");
+    let mut rest = Vec::new();
+    let _ = peer.read_to_end(&mut rest);
+    assert!(rest.is_empty());
+}
+
+/// A header claiming a large (but legal) frame, and nothing after it:
+/// neither transport may allocate what it claims.
+#[test]
+fn a_large_claimed_frame_allocates_only_what_arrives_on_either_transport() {
+    let (tx, _rx) = mpsc::channel();
+    let std_server =
+        crate::net::std_net::StdTransport::new(Arc::new(Collect(Mutex::new(tx))), Auth::new(None));
+    let mut servers: Vec<Box<dyn Transport>> = vec![Box::new(std_server)];
+    if let Some((uring, _)) = transport() {
+        servers.push(Box::new(uring));
+    }
+    for server in &servers {
+        let addr = server.listen(local()).expect("listen");
+        let mut peer = TcpStream::connect(addr).expect("connect");
+        let claimed = MAX_FRAME_BYTES - 64;
+        let mut frame = u32::try_from(claimed).expect("fits").to_be_bytes().to_vec();
+        frame.extend_from_slice(&[1, 2]);
+        frame.extend_from_slice(&[0u8; 4096]);
+        peer.write_all(&frame).expect("write");
+        std::thread::sleep(Duration::from_millis(200));
+        let largest = LARGEST.load(Ordering::Relaxed) as u64;
+        assert!(
+            largest < MAX_FRAME_BYTES / 2,
+            "{}: allocated {largest} bytes for a claim",
+            server.backend()
+        );
+    }
+}
+
+#[test]
+fn a_peer_disconnect_is_reported_closed_once() {
+    let Some((server, rx)) = transport() else {
+        return;
+    };
+    let addr = server.listen(local()).expect("listen");
+    let peer = TcpStream::connect(addr).expect("connect");
+    let Ev::Accepted(conn) = next(&rx) else {
+        panic!("not accepted");
+    };
+    drop(peer);
+    assert_eq!(next(&rx), Ev::Closed(conn, None));
+    // Sending to and closing a gone connection reports nothing more.
+    server.send(
+        conn,
+        &Message::Ack {
+            durable: b(1),
+            chain: crate::chain::ChainHash::GENESIS,
+        },
+    );
+    server.close(conn);
+    assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+}
+
+#[test]
+fn close_sends_what_was_queued_then_reports_closed_once() {
+    let Some((server, server_rx)) = transport() else {
+        return;
+    };
+    let Some((client, client_rx)) = transport() else {
+        return;
+    };
+    let addr = server.listen(local()).expect("listen");
+    client.connect(addr, 1);
+    let Ev::Connected(conn, 1) = next(&client_rx) else {
+        panic!("not connected");
+    };
+    let Ev::Accepted(at_server) = next(&server_rx) else {
+        panic!("not accepted");
+    };
+    for s in 1..=50 {
+        client.send(
+            conn,
+            &Message::Ack {
+                durable: b(s),
+                chain: crate::chain::ChainHash::GENESIS,
+            },
+        );
+    }
+    client.close(conn);
+    client.send(
+        conn,
+        &Message::Ack {
+            durable: b(99),
+            chain: crate::chain::ChainHash::GENESIS,
+        },
+    ); // after close: dropped
+    let me = std::thread::current().id();
+    let (thread, ev) = client_rx.recv_timeout(WAIT).expect("closed");
+    assert_ne!(thread, me, "closed reported on the caller's thread");
+    assert_eq!(ev, Ev::Closed(conn, None));
+    for s in 1..=50 {
+        let want = Message::Ack {
+            durable: b(s),
+            chain: crate::chain::ChainHash::GENESIS,
+        };
+        assert_eq!(next(&server_rx), Ev::Message(at_server, want));
+    }
+    assert_eq!(next(&server_rx), Ev::Closed(at_server, None));
+    assert!(client_rx.recv_timeout(Duration::from_millis(200)).is_err());
+}
+
+#[test]
+fn on_a_kernel_with_deferred_completion_work_the_ring_is_made_for_its_one_thread() {
+    let ring = new_ring().expect("a ring");
+    if ring.params().is_setup_single_issuer() {
+        // Made here: this thread may use it.
+        ring.submitter()
+            .submit()
+            .expect("this thread is its issuer");
+    } else {
+        // Only kernels before 6.1 refuse the flags.
+        assert!(!crate::uring::under_ci(), "flags refused");
+    }
+}
+
+#[test]
+fn a_refused_dial_is_reported() {
+    let Some((client, rx)) = transport() else {
+        return;
+    };
+    let port = TcpListener::bind(local())
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    client.connect(port, 3);
+    assert_eq!(next(&rx), Ev::ConnectFailed(3));
+}
+
+#[test]
+fn a_peer_that_stops_reading_is_closed_after_the_write_timeout() {
+    let Some((client, rx)) = transport() else {
+        return;
+    };
+    let listener = TcpListener::bind(local()).expect("listen");
+    client.connect(listener.local_addr().expect("addr"), 1);
+    let (_peer, _) = listener.accept().expect("accept"); // never read
+    let Ev::Connected(conn, 1) = next(&rx) else {
+        panic!("not connected");
+    };
+    // Far more than the loopback socket buffers hold.
+    let page = Bytes::from(vec![7u8; 64 * 1024]);
+    for s in 1..=1024u64 {
+        let record = Record {
+            bookmark: b(s),
+            previous: b(s - 1),
+            prev_chain: crate::chain::ChainHash::GENESIS,
+            commit_us: 0,
+            page_size: 64 * 1024,
+            db_pages: 3,
+            pages: vec![(2, page.clone())],
+        };
+        client.send(conn, &Message::Append(record.to_encoded().expect("encode")));
+    }
+    let started = Instant::now();
+    match next(&rx) {
+        Ev::Closed(c, Some(e)) => {
+            assert_eq!(c, conn);
+            assert!(e.contains("no write progress"), "{e}");
+        }
+        other => panic!("expected a closed connection, got {other:?}"),
+    }
+    assert!(started.elapsed() >= WRITE_TIMEOUT / 2);
+}
