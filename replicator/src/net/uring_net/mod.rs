@@ -19,7 +19,7 @@
 //! accepting or dialing thread, everything else on the ring thread: a slow
 //! handler (a follower's sync) delays every connection of its transport.
 //!
-//! The ring thread and its connections live in [`ring`]; see there for
+//! The ring thread and its connections live in `ring.rs`; see there for
 //! what keeps its requests sound.
 
 mod ring;
