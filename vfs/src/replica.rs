@@ -21,15 +21,16 @@
 //! frames it names are synced, and before a WAL restart makes the old
 //! generation unreadable.
 
+mod cut;
+mod generation;
+
+use cut::cut_wal;
+use generation::{random_u32, salt_bytes};
+
 use crate::attach::{AttachError, Attachment, attach_replica};
 use crate::page_set::{FrameNo, PageSet};
-use crate::wal_format::{
-    Checksum, FrameHeader, WAL_HEADER_BYTES, WalHeader, frame_bytes, frame_offset,
-};
-use crate::wal_index::{
-    IndexError, IndexHeader, REGION_BYTES, Region, WAL_NREADER, WAL_READ_LOCK_0, WAL_WRITE_LOCK,
-    region_of,
-};
+use crate::wal_format::{Checksum, FrameHeader, frame_bytes, frame_offset};
+use crate::wal_index::{IndexError, IndexHeader, REGION_BYTES, Region, WAL_WRITE_LOCK, region_of};
 use crate::watermark::{Watermark, WatermarkError, WatermarkFile, sibling};
 use libsqlite3_sys as ffi;
 use rusqlite::{Connection, OpenFlags};
@@ -194,13 +195,6 @@ pub fn replica_files(db: &Path) -> [PathBuf; 4] {
         sibling(db, "-shm"),
         WatermarkFile::path_for(db),
     ]
-}
-
-fn random_u32() -> u32 {
-    let mut b = [0u8; 4];
-    // SAFETY: sqlite3_randomness writes exactly `n` bytes into the buffer.
-    unsafe { ffi::sqlite3_randomness(4, b.as_mut_ptr().cast()) };
-    u32::from_ne_bytes(b)
 }
 
 impl ReplicaWal {
@@ -460,139 +454,6 @@ impl ReplicaWal {
                 ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE,
             );
             self.write_locked = false;
-        }
-    }
-
-    fn wal_header(&self) -> WalHeader {
-        WalHeader {
-            big_endian_checksums: cfg!(target_endian = "big"),
-            page_size: self.page_size,
-            checkpoint_seq: self.checkpoint_seq,
-            salt: [
-                u32::from_be_bytes([self.salt[0], self.salt[1], self.salt[2], self.salt[3]]),
-                u32::from_be_bytes([self.salt[4], self.salt[5], self.salt[6], self.salt[7]]),
-            ],
-            checksum: self.generation_checksum,
-        }
-    }
-
-    /// Writes a new WAL header (new salts): frame numbering restarts at 1.
-    fn start_generation(&mut self, salt1: u32) -> Result<(), ApplyError> {
-        let salt = [salt1, random_u32()];
-        self.checkpoint_seq = self.checkpoint_seq.wrapping_add(1);
-        let bytes = WalHeader::encode(
-            cfg!(target_endian = "big"),
-            self.page_size,
-            self.checkpoint_seq,
-            salt,
-        );
-        let h = WalHeader::decode(&bytes).map_err(|e| std::io::Error::other(e.to_string()))?;
-        self.salt = salt_bytes(&h);
-        self.generation_checksum = h.checksum;
-        self.wal.write_all_at(&bytes, 0)?;
-        self.generation_started = true;
-        self.next_frame = 1;
-        self.running = h.checksum;
-        Ok(())
-    }
-
-    /// Restarts the WAL once every confirmed frame is in the database file
-    /// and no reader uses the WAL, as SQLite's `walRestartLog` does.
-    fn maybe_restart(&mut self) -> Result<(), ApplyError> {
-        if !self.pending.is_empty() || self.confirmed.frame == 0 {
-            return Ok(());
-        }
-        if self.confirmed.frame < self.wal_limit_frames {
-            return self.try_restart().map(|_| ());
-        }
-        // Over the limit: copy everything into the database file and wait
-        // (boundedly) for readers to leave the WAL. Once the WAL is fully
-        // backfilled, new readers read the database file alone (SQLite's
-        // read lock 0), so only readers already running hold us up.
-        let deadline = Instant::now() + self.lock_timeout;
-        let mut backoff = Duration::from_micros(20);
-        loop {
-            self.checkpoint()?;
-            if self.try_restart()? || Instant::now() >= deadline {
-                return Ok(());
-            }
-            std::thread::sleep(backoff);
-            backoff = (backoff * 2).min(Duration::from_millis(2));
-        }
-    }
-
-    /// Restarts the WAL if it is fully backfilled and no reader holds a
-    /// WAL read lock; returns whether it did.
-    fn try_restart(&mut self) -> Result<bool, ApplyError> {
-        let region0 = self.region(0)?;
-        if region0.backfilled() != self.confirmed.frame {
-            return Ok(false);
-        }
-        let readers = (WAL_NREADER - 1) as c_int;
-        let first = WAL_READ_LOCK_0 + 1;
-        let rc = self.shm_lock(
-            first,
-            readers,
-            ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE,
-        );
-        if rc == ffi::SQLITE_BUSY {
-            return Ok(false); // a reader uses the WAL
-        }
-        if rc != ffi::SQLITE_OK {
-            return Err(ApplyError::Shm(rc));
-        }
-        let result = self.restart(region0);
-        self.shm_lock(
-            first,
-            readers,
-            ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE,
-        );
-        result.map(|()| true)
-    }
-
-    fn restart(&mut self, region0: Region) -> Result<(), ApplyError> {
-        let old_salt1 =
-            u32::from_be_bytes([self.salt[0], self.salt[1], self.salt[2], self.salt[3]]);
-        // The new generation's salts are decided before anything is written
-        // so that the watermark can name them first: a crash after this
-        // store but before the header write leaves an old-salt WAL that the
-        // next open truncates (watermark frame 0), with the database file
-        // already holding every confirmed page.
-        let salt = [old_salt1.wrapping_add(1), random_u32()];
-        let seq = self.checkpoint_seq.wrapping_add(1);
-        let bytes = WalHeader::encode(cfg!(target_endian = "big"), self.page_size, seq, salt);
-        let h = WalHeader::decode(&bytes).map_err(|e| std::io::Error::other(e.to_string()))?;
-        let mark = Watermark {
-            salt: salt_bytes(&h),
-            frame: 0,
-            checksum: h.checksum,
-            ..self.confirmed
-        };
-        self.marks.store_with(&mark, self.sync)?;
-        self.persisted = mark;
-        self.wal.write_all_at(&bytes, 0)?;
-        self.checkpoint_seq = seq;
-        self.salt = mark.salt;
-        self.generation_checksum = h.checksum;
-        self.generation_started = true;
-        self.next_frame = 1;
-        self.running = h.checksum;
-        self.confirmed = mark;
-        self.change = self.change.wrapping_add(1);
-        region0.publish_header(&self.index_header(0, mark.db_pages, h.checksum));
-        region0.reset_checkpoint_info();
-        Ok(())
-    }
-
-    fn index_header(&self, max_frame: u32, db_pages: u32, checksum: Checksum) -> IndexHeader {
-        IndexHeader {
-            change: self.change,
-            big_endian_checksums: cfg!(target_endian = "big"),
-            page_size: self.page_size,
-            max_frame,
-            db_pages,
-            frame_checksum: checksum,
-            salt_bytes: self.salt,
         }
     }
 
@@ -862,77 +723,4 @@ fn open_rw(path: &Path) -> Result<Connection, rusqlite::Error> {
         true,
     )?;
     Ok(c)
-}
-
-fn salt_bytes(h: &WalHeader) -> [u8; 8] {
-    let mut s = [0u8; 8];
-    s[..4].copy_from_slice(&h.salt[0].to_be_bytes());
-    s[4..].copy_from_slice(&h.salt[1].to_be_bytes());
-    s
-}
-
-/// Cuts the WAL back to the watermark before SQLite reads it. Returns the
-/// WAL header kept, if the watermark names frames of its generation.
-fn cut_wal(
-    db: &Path,
-    wal_path: &Path,
-    mark: &Watermark,
-) -> Result<Option<WalHeader>, ReplicaOpenError> {
-    let corrupt = |reason: String| ReplicaOpenError::Corrupt {
-        path: db.to_path_buf(),
-        reason,
-    };
-    let f = match OpenOptions::new().read(true).write(true).open(wal_path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if mark.frame > 0 {
-                return Err(corrupt(
-                    "the WAL holding confirmed frames is missing".into(),
-                ));
-            }
-            return Ok(None);
-        }
-        Err(e) => {
-            return Err(ReplicaOpenError::Io {
-                path: wal_path.to_path_buf(),
-                source: e,
-            });
-        }
-    };
-    if mark.frame == 0 {
-        // Nothing confirmed in this generation: all of it is unconfirmed or
-        // already backfilled into the database file.
-        f.set_len(0).map_err(io_err(wal_path))?;
-        return Ok(None);
-    }
-    let mut hb = [0u8; WAL_HEADER_BYTES];
-    f.read_exact_at(&mut hb, 0)
-        .map_err(|_| corrupt("the WAL header is missing".into()))?;
-    let h = WalHeader::decode(&hb).map_err(|e| corrupt(format!("WAL header: {e}")))?;
-    if salt_bytes(&h) != mark.salt || h.page_size != mark.page_size {
-        return Err(corrupt(
-            "the WAL is not the generation the watermark names".into(),
-        ));
-    }
-    let end = frame_offset(h.page_size, FrameNo::new(mark.frame)) + frame_bytes(h.page_size);
-    let len = f.metadata().map_err(io_err(wal_path))?.len();
-    if len < end {
-        return Err(corrupt(format!(
-            "the WAL ends at {len} bytes, before confirmed frame {}",
-            mark.frame
-        )));
-    }
-    let mut fh = [0u8; 24];
-    f.read_exact_at(&mut fh, frame_offset(h.page_size, FrameNo::new(mark.frame)))
-        .map_err(io_err(wal_path))?;
-    let frame = FrameHeader::decode(&fh);
-    if frame.checksum != mark.checksum || !frame.is_commit() {
-        return Err(corrupt(format!(
-            "frame {} is not the confirmed commit frame",
-            mark.frame
-        )));
-    }
-    f.set_len(end).map_err(io_err(wal_path))?;
-    f.sync_all().map_err(io_err(wal_path))?;
-    Ok(Some(h))
 }
