@@ -33,7 +33,11 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(f) = format::decode(data) {
         let mut again = Vec::new();
         format::encode(&mut again, f.kind, f.database, f.lsn, f.payload);
-        assert_eq!(&again[..], &data[..f.len], "decode then encode is the identity");
+        assert_eq!(
+            &again[..],
+            &data[..f.len],
+            "decode then encode is the identity"
+        );
     }
     let dir = dir();
     let _ = std::fs::remove_dir_all(&dir);
