@@ -281,7 +281,7 @@ impl CommitGate for Link {
         if self.stopping.load(std::sync::atomic::Ordering::Acquire) {
             return Some(Err(GateError::Stopping));
         }
-        (leader.status().unconfirmed_bytes <= self.max_unconfirmed_bytes).then_some(Ok(()))
+        (leader.unconfirmed_bytes() <= self.max_unconfirmed_bytes).then_some(Ok(()))
     }
 
     fn poll_confirmed(&self, bookmark: Bookmark) -> Option<Result<(), GateError>> {

@@ -1,14 +1,15 @@
 //! A replicated primary wins a new epoch at every start and continues the
 //! log: after a clean stop from where it stopped, after a crash by
 //! rebuilding its database from the followers' log. After `stop`, no write
-//! is admitted.
+//! is admitted, and while nothing is confirmed, writes past the
+//! unconfirmed bound are refused.
 
 mod common;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 use walrelay_engine::replication::{PrimaryConfig, ReplicatedPrimary};
-use walrelay_engine::{ClusterKey, Constraint, QueryError};
+use walrelay_engine::{ClusterKey, Constraint, GateError, QueryError};
 use walrelay_replicator::DatabaseId;
 use walrelay_replicator::net::Backend;
 use walrelay_replicator::node::follower::{CATCH_UP_BATCH_BYTES, FollowerNode, FollowerNodeConfig};
@@ -237,4 +238,56 @@ fn a_clean_stop_syncs_the_database_file_and_the_wal_before_its_marker() {
     let (db_after, wal_after) = db.file_syncs().expect("a primary");
     assert!(db_after > db_before, "the database file was synced");
     assert!(wal_after > wal_before, "the WAL was synced");
+}
+
+#[test]
+fn writes_past_the_unconfirmed_bound_are_refused_as_a_backlog_while_nothing_is_confirmed() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (key_path, key) = common::procs::cluster_key_file(dir.path());
+    let (mut procs, addrs) = common::procs::spawn_followers(dir.path(), 3, &key_path);
+    let path = dir.path().join("p.db");
+    let mut c = PrimaryConfig::new(&path, addrs.clone(), Some(key));
+    c.confirm_timeout_ms = 300;
+    c.max_unconfirmed_bytes = 64 << 10;
+    let p = ReplicatedPrimary::start(c).expect("primary");
+    let s = p
+        .database()
+        .session(Constraint::FirstPrimary)
+        .expect("session");
+    s.prepare("CREATE TABLE t(v BLOB)").run().expect("create");
+    // No follower answers any more: nothing is confirmed from here on.
+    for f in &mut procs {
+        f.kill();
+    }
+    // Each write commits locally, ships and is never confirmed (its
+    // answer is an error); the records pile up until admission refuses.
+    let mut not_confirmed = 0;
+    let refused =
+        (0..20).find_map(
+            |_| match s.prepare("INSERT INTO t VALUES (randomblob(30000))").run() {
+                Err(QueryError::WriteNotAdmitted {
+                    reason:
+                        GateError::Backlog {
+                            unconfirmed_bytes,
+                            limit_bytes,
+                            ..
+                        },
+                }) => Some((unconfirmed_bytes, limit_bytes)),
+                Err(QueryError::NotConfirmed { .. }) => {
+                    not_confirmed += 1;
+                    None
+                }
+                other => panic!("a write nothing confirms: {other:?}"),
+            },
+        );
+    let (unconfirmed, limit) = refused.expect("a write refused as a backlog");
+    assert_eq!(limit, 64 << 10);
+    assert!(unconfirmed > limit, "{unconfirmed} bytes over {limit}");
+    // Three 30 KB records fit under 64 KiB of unconfirmed bytes at most.
+    assert!(
+        (1..=3).contains(&not_confirmed),
+        "{not_confirmed} writes shipped before the refusal"
+    );
+    drop(s);
+    let _ = p.stop(Duration::from_secs(2));
 }

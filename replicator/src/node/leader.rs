@@ -22,6 +22,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -118,6 +119,10 @@ struct State {
     started: Instant,
     /// [`LeaderNode::shutdown`] was called: no ticks, no dials.
     shut: std::sync::atomic::AtomicBool,
+    /// The core's unconfirmed bytes, published after every change under
+    /// the core's lock, so admission reads it without that lock (which
+    /// the ring thread holds while it handles acks).
+    unconfirmed_bytes: AtomicUsize,
 }
 
 /// A running leader.
@@ -154,6 +159,7 @@ impl LeaderNode {
             heartbeat_interval_us: config.heartbeat_interval_ms * 1_000,
         })
         .map_err(NodeError::Leader)?;
+        let unconfirmed_bytes = AtomicUsize::new(leader.unconfirmed_bytes());
         let state = Arc::new(State {
             core: Mutex::new(Core {
                 leader,
@@ -169,6 +175,7 @@ impl LeaderNode {
             transport: OnceLock::new(),
             started: Instant::now(),
             shut: std::sync::atomic::AtomicBool::new(false),
+            unconfirmed_bytes,
             config,
         });
         let transport = match &state.config.mux {
@@ -249,7 +256,7 @@ impl LeaderNode {
         let mut core = self.state.core.lock();
         core.leader.set_clock_us(wall_clock_us());
         let actions = core.leader.committed(record)?;
-        self.state.run(actions);
+        self.state.run(&core, actions);
         Ok(())
     }
 
@@ -273,6 +280,13 @@ impl LeaderNode {
     /// What follower `index` last reported durable (None: never).
     pub fn follower_durable(&self, index: usize) -> Option<Bookmark> {
         self.state.core.lock().leader.follower_durable(index)
+    }
+
+    /// Bytes of records committed and not yet confirmed, as of the last
+    /// change; read without the core's lock (see [`LeaderStatus`] for the
+    /// rest, which takes it).
+    pub fn unconfirmed_bytes(&self) -> usize {
+        self.state.unconfirmed_bytes.load(Ordering::Acquire)
     }
 
     pub fn status(&self) -> LeaderStatus {
@@ -362,7 +376,7 @@ fn ticker(state: Weak<State>) {
             let mut core = s.core.lock();
             let now_us = s.started.elapsed().as_micros() as u64;
             let actions = core.leader.handle(LeaderEvent::Tick { now_us });
-            s.run(actions);
+            s.run(&core, actions);
         }
         if last_redial.elapsed() >= Duration::from_millis(s.config.redial_interval_ms) {
             last_redial = Instant::now();
@@ -402,7 +416,11 @@ impl State {
         }
     }
 
-    fn run(&self, actions: Vec<LeaderAction>) {
+    /// Carries out `actions`, which `core` (still locked) has just given,
+    /// and publishes what admission reads of it.
+    fn run(&self, core: &Core, actions: Vec<LeaderAction>) {
+        self.unconfirmed_bytes
+            .store(core.leader.unconfirmed_bytes(), Ordering::Release);
         for action in actions {
             match action {
                 LeaderAction::Send { peer, message } => self.transport().send(peer.0, &message),
@@ -439,7 +457,7 @@ impl NetHandler for State {
         let actions = core
             .leader
             .handle(LeaderEvent::ReplicaConnected { peer: PeerId(conn) });
-        self.run(actions);
+        self.run(&core, actions);
     }
 
     fn connected(&self, conn: ConnId, tag: u64) {
@@ -454,7 +472,7 @@ impl NetHandler for State {
             peer: PeerId(conn),
             index,
         });
-        self.run(actions);
+        self.run(&core, actions);
     }
 
     fn connect_failed(&self, tag: u64, _error: io::Error) {
@@ -471,7 +489,7 @@ impl NetHandler for State {
             peer: PeerId(conn),
             message,
         });
-        self.run(actions);
+        self.run(&core, actions);
     }
 
     fn closed(&self, conn: ConnId, _error: Option<String>) {
@@ -484,6 +502,6 @@ impl NetHandler for State {
         let actions = core
             .leader
             .handle(LeaderEvent::Disconnected { peer: PeerId(conn) });
-        self.run(actions);
+        self.run(&core, actions);
     }
 }
