@@ -329,6 +329,9 @@ pub struct ReplicatedPrimary {
     leader: LeaderNode,
     link: Arc<Link>,
     path: PathBuf,
+    /// The database's files are this process's from before the election
+    /// (a second process on them would otherwise fence the first).
+    _owner: walrelay_vfs::owner_lock::OwnerLock,
 }
 
 impl std::fmt::Debug for ReplicatedPrimary {
@@ -347,6 +350,10 @@ impl ReplicatedPrimary {
     /// replicating, and returns once the epoch's first record is
     /// confirmed.
     pub fn start(config: PrimaryConfig) -> Result<ReplicatedPrimary, PrimaryError> {
+        // Before the election: a primary already running on these files
+        // must not be fenced by one that cannot open them.
+        let owner = walrelay_vfs::owner_lock::OwnerLock::acquire(&config.path)
+            .map_err(|e| OpenError::Attach(e.into()))?;
         let adopted = crate::recovery::adopt(&config)?;
         let link = Arc::new(Link {
             leader: OnceLock::new(),
@@ -400,6 +407,7 @@ impl ReplicatedPrimary {
             leader,
             link,
             path: config.path,
+            _owner: owner,
         })
     }
 

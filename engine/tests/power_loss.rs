@@ -196,7 +196,7 @@ fn after_power_cuts_on_the_followers_the_primary_and_a_replica_no_acknowledged_w
     let (mut procs, addrs) = common::procs::spawn_followers(dir.path(), 3, &key_path);
     let path = dir.path().join("p.db");
     let replica_dir = dir.path().join("replica");
-    let mut replica: Option<common::procs::Proc>;
+    let mut replica: Option<common::procs::Proc> = None;
     let mut acked: BTreeSet<i64> = BTreeSet::new();
     let mut next_id = 0i64;
     for round in 0..=rounds {
@@ -208,6 +208,12 @@ fn after_power_cuts_on_the_followers_the_primary_and_a_replica_no_acknowledged_w
         let leader = common::procs::free_port();
         config.listen = Some(leader);
         let p = ReplicatedPrimary::start(config).expect("the primary recovers");
+        // One process at a time on the replica's files (its node holds
+        // them exclusively): a replica that survived the last cut stops
+        // cleanly before the next one starts on the new port.
+        if let Some(mut r) = replica.take() {
+            r.interrupt();
+        }
         replica = Some(spawn_replica(&replica_dir, leader, &addrs, &key_path));
         let s = p
             .database()

@@ -291,3 +291,52 @@ fn writes_past_the_unconfirmed_bound_are_refused_as_a_backlog_while_nothing_is_c
     drop(s);
     let _ = p.stop(Duration::from_secs(2));
 }
+
+#[test]
+fn a_second_process_on_a_running_primarys_files_is_refused_before_it_changes_anything() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (key_path, _) = common::procs::cluster_key_file(dir.path());
+    let (_followers, addrs) = common::procs::spawn_followers(dir.path(), 3, &key_path);
+    let primary_dir = dir.path().join("primary");
+    let args = || {
+        let mut a = vec![
+            "primary".to_string(),
+            "--dir".into(),
+            primary_dir.display().to_string(),
+            "--followers".into(),
+            common::procs::join_addrs(&addrs),
+            "--listen".into(),
+            common::procs::free_port().to_string(),
+        ];
+        a.extend(common::procs::key_args(&key_path));
+        a
+    };
+    let mut running = common::procs::Proc::spawn("primary", &args());
+    running.wait_line("primary epoch");
+    let path = walrelay_engine::replication::database_path(&primary_dir);
+    let meta = std::fs::read(primary_dir.join("db.sqlite-walrelay")).expect("epoch file");
+    // This process: refused with a typed error, and the epoch on disk
+    // has not moved.
+    match walrelay_engine::Database::open(&path, walrelay_engine::Options::default()) {
+        Err(walrelay_engine::OpenError::Attach(walrelay_vfs::AttachError::Owner(
+            walrelay_vfs::owner_lock::OwnerLockError::InUse { db, .. },
+        ))) => assert_eq!(db, path),
+        other => panic!("a second opener: {other:?}"),
+    }
+    assert_eq!(
+        std::fs::read(primary_dir.join("db.sqlite-walrelay")).expect("epoch file"),
+        meta
+    );
+    // Another primary process on the same directory exits saying why.
+    let mut second = common::procs::Proc::spawn("second primary", &args());
+    assert!(!second.wait_exit().success());
+    assert!(
+        second
+            .lines()
+            .iter()
+            .any(|l| l.contains("in use by another process")),
+        "{:#?}",
+        second.lines()
+    );
+    running.assert_running();
+}

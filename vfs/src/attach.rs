@@ -40,6 +40,9 @@ pub enum AttachError {
     Path { path: PathBuf, reason: String },
     #[error("could not register the walrelay VFS: SQLite error code {0}")]
     Register(i32),
+    /// Another process has the database (or its lock could not be taken).
+    #[error(transparent)]
+    Owner(#[from] crate::owner_lock::OwnerLockError),
 }
 
 /// Reads the WAL through its own descriptor; opened on first need, which is
@@ -195,6 +198,8 @@ fn attach_as(path: &Path, sink: Option<Arc<dyn CaptureSink>>) -> Result<Attachme
     if reg.contains_key(&key) {
         return Err(AttachError::AlreadyAttached(key));
     }
+    // Before anything touches the files: no other process has them.
+    let owner = crate::owner_lock::OwnerLock::acquire(Path::new(&key))?;
     let shared = Arc::new(DbShared {
         key: key.clone(),
         sink,
@@ -209,7 +214,10 @@ fn attach_as(path: &Path, sink: Option<Arc<dyn CaptureSink>>) -> Result<Attachme
         settled: Condvar::new(),
     });
     reg.insert(key, Arc::clone(&shared));
-    Ok(Attachment { shared })
+    Ok(Attachment {
+        shared,
+        _owner: owner,
+    })
 }
 
 /// An attached database. Dropping it detaches the path (files already open
@@ -217,6 +225,8 @@ fn attach_as(path: &Path, sink: Option<Arc<dyn CaptureSink>>) -> Result<Attachme
 #[derive(Debug)]
 pub struct Attachment {
     shared: Arc<DbShared>,
+    /// Held while attached: the database's files are this process's.
+    _owner: crate::owner_lock::OwnerLock,
 }
 
 impl Attachment {

@@ -38,6 +38,7 @@
 mod attach;
 mod buffer_pool;
 mod capture;
+pub mod owner_lock;
 mod page_set;
 mod replica;
 mod shim;

@@ -1,9 +1,21 @@
 //! The raw `sqlite3_vfs` / `sqlite3_io_methods` (version 3) wrapper around
-//! SQLite's default `unix` VFS.
+//! SQLite's `unix-excl` VFS.
 //!
-//! Every method is forwarded to the real file, so POSIX locks, the shared
-//! memory mapping and `xFetch` memory mapping behave exactly as in `unix`.
-//! Only these are intercepted:
+//! `unix-excl` is `unix` for a process that owns its databases: the first
+//! lock on a database takes one exclusive POSIX lock on it for the
+//! process, after which the locks between the process's own connections,
+//! the wal-index's included, are kept in memory (no `fcntl` per lock) and
+//! the wal-index lives in heap memory, shared by those connections,
+//! instead of a `-shm` file. Another process that opens the database
+//! gets `SQLITE_BUSY`: an `sqlite3` shell cannot read a running node's
+//! files, and in particular cannot read a replica's WAL past its
+//! watermark or checkpoint it. (A walrelay process is refused earlier,
+//! by [`crate::owner_lock`].) The wal-index is rebuilt from the WAL at
+//! every open, as after a crash.
+//!
+//! Every method is forwarded to the real file, so locks, the wal-index
+//! and `xFetch` memory mapping behave exactly as in `unix-excl`. Only
+//! these are intercepted:
 //!
 //! | method | file | why |
 //! |---|---|---|
@@ -86,11 +98,11 @@ fn register_once() -> Result<Registered, c_int> {
         return Err(rc);
     }
     // SAFETY: looking up a VFS by a valid NUL-terminated name.
-    let real = unsafe { ffi::sqlite3_vfs_find(c"unix".as_ptr()) };
+    let real = unsafe { ffi::sqlite3_vfs_find(c"unix-excl".as_ptr()) };
     if real.is_null() {
         return Err(ffi::SQLITE_ERROR);
     }
-    // SAFETY: `real` is the registered unix VFS, valid for the process.
+    // SAFETY: `real` is the registered unix-excl VFS, valid for the process.
     let r = unsafe { &*real };
     let vfs = Box::new(ffi::sqlite3_vfs {
         iVersion: r.iVersion.min(3),

@@ -1,0 +1,158 @@
+//! One process at a time on a database's files.
+//!
+//! Attaching a database takes an exclusive, non-blocking `flock` on a
+//! sidecar file next to it (`<db>-walrelay-lock`, empty) and holds it
+//! while the [`crate::Attachment`] lives. A second process that attaches
+//! the same database (a second primary or replica started on the same
+//! directory) is refused before it touches any file: a replica's open cuts
+//! its WAL back to the watermark and a primary's moves the epoch on disk,
+//! either of which would damage the process already running there.
+//!
+//! Within a process the lock is shared: every [`OwnerLock`] of one
+//! database is a handle on the same locked file, released when the last
+//! is dropped. So a node can take it before it does anything else (a
+//! primary before its election, which would otherwise fence the primary
+//! already running there) and attach the database under it later.
+//!
+//! `flock` belongs to the open file, not to the process, so closing some
+//! other descriptor of the database (which drops every POSIX lock the
+//! process holds on it) leaves this one in place. SQLite's own locks
+//! still keep other SQLite processes out: the VFS wraps `unix-excl`
+//! (see [`crate::shim`]).
+
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock, Weak};
+
+/// The locks this process holds, by lock file (its directory resolved).
+static HELD: LazyLock<Mutex<HashMap<PathBuf, Weak<File>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The lock file's suffix, after the database's own name.
+pub const LOCK_SUFFIX: &str = "-walrelay-lock";
+
+/// Why a database's files could not be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum OwnerLockError {
+    #[error("{db} is in use by another process (it holds {lock})")]
+    InUse { db: PathBuf, lock: PathBuf },
+    #[error("cannot lock {lock}: {source}")]
+    Io {
+        lock: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A handle on the held lock; the lock is released when the last handle
+/// of the process is dropped (the file is closed).
+#[derive(Debug, Clone)]
+pub struct OwnerLock {
+    _file: Arc<File>,
+}
+
+/// The lock file of the database at `db`.
+pub fn lock_path(db: &Path) -> PathBuf {
+    let mut name = db.as_os_str().to_owned();
+    name.push(LOCK_SUFFIX);
+    PathBuf::from(name)
+}
+
+impl OwnerLock {
+    /// Takes the database's lock, or shares this process's hold of it, or
+    /// says that another process has it; never waits.
+    pub fn acquire(db: &Path) -> Result<OwnerLock, OwnerLockError> {
+        let lock = lock_path(db);
+        let io = |source| OwnerLockError::Io {
+            lock: lock.clone(),
+            source,
+        };
+        // One key per file however the path is spelled: the directory
+        // resolved (it exists; the lock file may not yet).
+        let key = match (lock.parent(), lock.file_name()) {
+            (Some(dir), Some(name)) => {
+                let dir = if dir.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    dir
+                };
+                std::fs::canonicalize(dir).map_err(io)?.join(name)
+            }
+            _ => lock.clone(),
+        };
+        let mut held = HELD.lock();
+        if let Some(file) = held.get(&key).and_then(Weak::upgrade) {
+            return Ok(OwnerLock { _file: file });
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock)
+            .map_err(io)?;
+        match try_flock(&file) {
+            Ok(true) => {
+                let file = Arc::new(file);
+                held.retain(|_, w| w.strong_count() > 0);
+                held.insert(key, Arc::downgrade(&file));
+                Ok(OwnerLock { _file: file })
+            }
+            Ok(false) => Err(OwnerLockError::InUse {
+                db: db.to_path_buf(),
+                lock,
+            }),
+            Err(e) => Err(io(e)),
+        }
+    }
+}
+
+/// An exclusive `flock` on `file` if free now: `Ok(false)` if another
+/// open file holds it.
+fn try_flock(file: &File) -> std::io::Result<bool> {
+    // SAFETY: flock(2) on a descriptor `file` owns and keeps open for the
+    // call; it touches no memory of ours.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EWOULDBLOCK) => Ok(false),
+        _ => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_shares_its_hold_and_another_open_file_is_refused() {
+        let dir = tempfile::tempdir().expect("dir");
+        let db = dir.path().join("db.sqlite");
+        let first = OwnerLock::acquire(&db).expect("first");
+        // The same process, however the path is spelled: one hold.
+        let spelled = dir.path().join(".").join("db.sqlite");
+        let second = OwnerLock::acquire(&spelled).expect("shared in this process");
+        // Another open file of the lock, as another process has.
+        let other = OpenOptions::new()
+            .write(true)
+            .open(lock_path(&db))
+            .expect("lock file");
+        assert!(!try_flock(&other).expect("flock"));
+        drop(first);
+        assert!(
+            !try_flock(&other).expect("flock"),
+            "held while a handle lives"
+        );
+        drop(second);
+        assert!(
+            try_flock(&other).expect("flock"),
+            "free once the last handle is gone"
+        );
+    }
+}
