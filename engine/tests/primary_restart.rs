@@ -172,6 +172,23 @@ fn after_stop_begins_no_write_is_admitted() {
     assert!(matches!(err, QueryError::WriteNotAdmitted { .. }), "{err}");
 }
 
+/// Creates `t(v BLOB)` on `p`, then kills every follower: nothing written
+/// after it is ever confirmed.
+fn blob_table_then_followers_gone(
+    p: &ReplicatedPrimary,
+    followers: &mut [common::procs::Proc],
+) -> walrelay_engine::Session {
+    let s = p
+        .database()
+        .session(Constraint::FirstPrimary)
+        .expect("session");
+    s.prepare("CREATE TABLE t(v BLOB)").run().expect("create");
+    for f in followers {
+        f.kill();
+    }
+    s
+}
+
 #[test]
 fn a_primary_whose_capture_failed_leaves_no_marker_and_restarts_from_the_followers_log() {
     let dir = tempfile::tempdir().expect("dir");
@@ -188,15 +205,8 @@ fn a_primary_whose_capture_failed_leaves_no_marker_and_restarts_from_the_followe
         c
     };
     let p = ReplicatedPrimary::start(config()).expect("primary");
-    let s = p
-        .database()
-        .session(Constraint::FirstPrimary)
-        .expect("session");
-    s.prepare("CREATE TABLE t(v BLOB)").run().expect("create");
-    // No follower answers any more: no chunk is ever confirmed.
-    for f in &mut procs {
-        f.kill();
-    }
+    // No chunk is ever confirmed.
+    let s = blob_table_then_followers_gone(&p, &mut procs);
     let big = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x < 24) \
                INSERT INTO t SELECT randomblob(1000000) FROM c";
     match s.prepare(big).run() {
@@ -250,15 +260,7 @@ fn writes_past_the_unconfirmed_bound_are_refused_as_a_backlog_while_nothing_is_c
     c.confirm_timeout_ms = 300;
     c.max_unconfirmed_bytes = 64 << 10;
     let p = ReplicatedPrimary::start(c).expect("primary");
-    let s = p
-        .database()
-        .session(Constraint::FirstPrimary)
-        .expect("session");
-    s.prepare("CREATE TABLE t(v BLOB)").run().expect("create");
-    // No follower answers any more: nothing is confirmed from here on.
-    for f in &mut procs {
-        f.kill();
-    }
+    let s = blob_table_then_followers_gone(&p, &mut procs);
     // Each write commits locally, ships and is never confirmed (its
     // answer is an error); the records pile up until admission refuses.
     let mut not_confirmed = 0;
