@@ -269,8 +269,9 @@ pub struct HostConfig {
     pub max_hosted: u64,
 }
 
-/// File descriptors one open database costs (its writer's database, WAL
-/// and shared-memory files, one reader's, and slack), measured in
+/// File descriptors one open database costs (its writer's database and
+/// WAL files, its owner lock (in place of the shared-memory file the
+/// `unix` VFS used to keep open), one reader's, and slack), measured in
 /// `papers/fleet.md`.
 pub const FDS_PER_OPEN_DATABASE: u64 = 8;
 

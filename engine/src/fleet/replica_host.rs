@@ -56,8 +56,8 @@ use walrelay_replicator::{ClusterKey, DatabaseId};
 /// How often a replica without a leader asks where its primary is.
 pub const RESOLVE_INTERVAL_MS: i64 = 1_000;
 
-/// File descriptors one open replica costs (its database, WAL, shared
-/// memory and watermark files, a reader's, and its subscription's socket).
+/// File descriptors one open replica costs (its database, WAL, owner
+/// lock and watermark files, a reader's, and its subscription's socket).
 pub const FDS_PER_OPEN_REPLICA: u64 = 8;
 
 /// How a node keeps read replicas of fleet databases.
