@@ -8,6 +8,7 @@ mod open_checks;
 mod seams;
 
 pub(crate) use gate::checkpoint_on;
+pub(crate) use open_checks::attach_error;
 pub(crate) use open_checks::map_open_error;
 use open_checks::{inspect, meta_error, path_string};
 pub use seams::{CommitGate, GateError, ShipError, TransactionSink};
@@ -345,7 +346,8 @@ impl Database {
         });
         // Attach first: a second open of the same database in this process
         // fails here, before the epoch on disk moves or the file is touched.
-        let attachment = walrelay_vfs::attach(path, Arc::clone(&issuer) as Arc<dyn CaptureSink>)?;
+        let attachment = walrelay_vfs::attach(path, Arc::clone(&issuer) as Arc<dyn CaptureSink>)
+            .map_err(|e| attach_error(path, e))?;
         attachment.set_max_transaction_bytes(Some(options.limits.max_transaction_bytes));
         // Only now touch the file: closing any descriptor of a database drops
         // every POSIX lock this process holds on it, so the header check and
@@ -410,6 +412,7 @@ impl Database {
             let c = Connection::open_with_flags_and_vfs(&opener_path, ro, walrelay_vfs::VFS_NAME)?;
             configure(c, &opener_options, false)
         });
+        attachment.keep_lock_file();
         Ok(Database {
             inner: Arc::new(Inner {
                 readers: ReaderPool::new(first, options.readers, opener, Arc::clone(&stopping)),

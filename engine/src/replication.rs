@@ -353,7 +353,7 @@ impl ReplicatedPrimary {
         // Before the election: a primary already running on these files
         // must not be fenced by one that cannot open them.
         let owner = walrelay_vfs::owner_lock::OwnerLock::acquire(&config.path)
-            .map_err(|e| OpenError::Attach(e.into()))?;
+            .map_err(|e| crate::database::attach_error(&config.path, e.into()))?;
         let adopted = crate::recovery::adopt(&config)?;
         let link = Arc::new(Link {
             leader: OnceLock::new(),

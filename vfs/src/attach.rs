@@ -214,10 +214,7 @@ fn attach_as(path: &Path, sink: Option<Arc<dyn CaptureSink>>) -> Result<Attachme
         settled: Condvar::new(),
     });
     reg.insert(key, Arc::clone(&shared));
-    Ok(Attachment {
-        shared,
-        _owner: owner,
-    })
+    Ok(Attachment { shared, owner })
 }
 
 /// An attached database. Dropping it detaches the path (files already open
@@ -226,10 +223,16 @@ fn attach_as(path: &Path, sink: Option<Arc<dyn CaptureSink>>) -> Result<Attachme
 pub struct Attachment {
     shared: Arc<DbShared>,
     /// Held while attached: the database's files are this process's.
-    _owner: crate::owner_lock::OwnerLock,
+    owner: crate::owner_lock::OwnerLock,
 }
 
 impl Attachment {
+    /// The database opened: its lock file stays once it is detached (one
+    /// made for an open that failed goes with it).
+    pub fn keep_lock_file(&self) {
+        self.owner.keep();
+    }
+
     /// The absolute path SQLite uses for this database.
     pub fn path(&self) -> &str {
         &self.shared.key

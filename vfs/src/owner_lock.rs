@@ -25,11 +25,33 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Weak};
 
 /// The locks this process holds, by lock file (its directory resolved).
-static HELD: LazyLock<Mutex<HashMap<PathBuf, Weak<File>>>> =
+static HELD: LazyLock<Mutex<HashMap<PathBuf, Weak<Held>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// One locked lock file.
+#[derive(Debug)]
+struct Held {
+    file: File,
+    path: PathBuf,
+    /// This hold made the file: it goes again unless [`OwnerLock::keep`]
+    /// is called, so a refused open (not a database, say) leaves the
+    /// directory as it found it.
+    created: bool,
+    keep: AtomicBool,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if self.created && !self.keep.load(Ordering::Acquire) {
+            // Still locked while it is unlinked: nobody holds it meanwhile.
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
 
 /// The lock file's suffix, after the database's own name.
 pub const LOCK_SUFFIX: &str = "-walrelay-lock";
@@ -51,7 +73,7 @@ pub enum OwnerLockError {
 /// of the process is dropped (the file is closed).
 #[derive(Debug, Clone)]
 pub struct OwnerLock {
-    _file: Arc<File>,
+    held: Arc<Held>,
 }
 
 /// The lock file of the database at `db`.
@@ -84,22 +106,30 @@ impl OwnerLock {
             _ => lock.clone(),
         };
         let mut held = HELD.lock();
-        if let Some(file) = held.get(&key).and_then(Weak::upgrade) {
-            return Ok(OwnerLock { _file: file });
+        if let Some(h) = held.get(&key).and_then(Weak::upgrade) {
+            return Ok(OwnerLock { held: h });
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock)
-            .map_err(io)?;
-        match try_flock(&file) {
+        let mut open = OpenOptions::new();
+        open.read(true).write(true);
+        let (file, created) = match open.clone().create_new(true).open(&lock) {
+            Ok(f) => (f, true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                (open.open(&lock).map_err(io)?, false)
+            }
+            Err(e) => return Err(io(e)),
+        };
+        let h = Held {
+            file,
+            path: lock.clone(),
+            created,
+            keep: AtomicBool::new(false),
+        };
+        match try_flock(&h.file) {
             Ok(true) => {
-                let file = Arc::new(file);
+                let h = Arc::new(h);
                 held.retain(|_, w| w.strong_count() > 0);
-                held.insert(key, Arc::downgrade(&file));
-                Ok(OwnerLock { _file: file })
+                held.insert(key, Arc::downgrade(&h));
+                Ok(OwnerLock { held: h })
             }
             Ok(false) => Err(OwnerLockError::InUse {
                 db: db.to_path_buf(),
@@ -107,6 +137,12 @@ impl OwnerLock {
             }),
             Err(e) => Err(io(e)),
         }
+    }
+
+    /// The database opened: its lock file stays after the lock is
+    /// released, like the database's other files.
+    pub fn keep(&self) {
+        self.held.keep.store(true, Ordering::Release);
     }
 }
 
@@ -154,5 +190,20 @@ mod tests {
             try_flock(&other).expect("flock"),
             "free once the last handle is gone"
         );
+    }
+
+    #[test]
+    fn a_lock_file_made_for_an_open_that_failed_goes_and_a_kept_one_stays() {
+        let dir = tempfile::tempdir().expect("dir");
+        let db = dir.path().join("db.sqlite");
+        drop(OwnerLock::acquire(&db).expect("lock"));
+        assert!(!lock_path(&db).exists(), "never kept: gone");
+        let l = OwnerLock::acquire(&db).expect("lock");
+        l.keep();
+        drop(l);
+        assert!(lock_path(&db).exists(), "kept");
+        // One that was there already is never removed.
+        drop(OwnerLock::acquire(&db).expect("lock"));
+        assert!(lock_path(&db).exists());
     }
 }

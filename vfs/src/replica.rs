@@ -332,6 +332,7 @@ impl ReplicaWal {
             });
         }
         r.change = header.map_or(0, |h| h.change);
+        r.attachment.keep_lock_file();
         Ok(r)
     }
 

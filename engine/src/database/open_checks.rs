@@ -113,3 +113,20 @@ pub(super) fn meta_error(path: &Path, e: meta::MetaError) -> OpenError {
         other => OpenError::Meta(other.to_string()),
     }
 }
+
+/// An attach that failed, told apart like a failed open: a lock file that
+/// cannot be made in a read-only directory is a read-only database.
+pub(crate) fn attach_error(path: &Path, e: walrelay_vfs::AttachError) -> OpenError {
+    use walrelay_vfs::owner_lock::OwnerLockError;
+    match e {
+        walrelay_vfs::AttachError::Owner(OwnerLockError::Io { source, .. })
+            if is_read_only_error(&source) =>
+        {
+            OpenError::ReadOnly {
+                path: path_string(path),
+                reason: source.to_string(),
+            }
+        }
+        e => OpenError::Attach(e),
+    }
+}
