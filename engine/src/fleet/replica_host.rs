@@ -374,7 +374,12 @@ impl ReplicaHost {
     }
 
     fn remove_files(&self, id: DatabaseId) {
-        for p in walrelay_vfs::replica_files(&self.path(id)) {
+        // Closed by now: its lock file goes with the rest.
+        let path = self.path(id);
+        for p in walrelay_vfs::replica_files(&path)
+            .into_iter()
+            .chain([walrelay_vfs::owner_lock::lock_path(&path)])
+        {
             match std::fs::remove_file(&p) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -372,7 +372,11 @@ impl Node {
                 Err(e) => self.refuse(Answer::error(503, codes::UNAVAILABLE, e.to_string())),
             },
         };
-        for p in walrelay_vfs::replica_files(&image) {
+        // The image is closed: its files go, its lock file too.
+        for p in walrelay_vfs::replica_files(&image)
+            .into_iter()
+            .chain([walrelay_vfs::owner_lock::lock_path(&image)])
+        {
             let _ = std::fs::remove_file(p);
         }
         answer
