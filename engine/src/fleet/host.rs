@@ -590,7 +590,7 @@ impl Host {
     /// Marks a database deleted, closes it and removes its data files.
     pub fn delete(&self, id: DatabaseId) -> Result<HostedState, HostError> {
         let state = self.set_lifecycle(id, Lifecycle::Deleted)?;
-        for suffix in ["db", "db-wal", "db-shm", "db-walrelay"] {
+        for suffix in ["db", "db-wal", "db-shm", "db-walrelay", "db-walrelay-lock"] {
             let _ = std::fs::remove_file(self.db_dir(id).join(suffix));
         }
         Ok(state)
