@@ -49,5 +49,8 @@ pub mod watermark;
 pub use attach::{AttachError, Attachment, CaptureSink, SinkError, attach, attach_replica};
 pub use capture::{CaptureError, CaptureStats};
 pub use page_set::{CapturedTransaction, FrameNo, PageNo, PageSet, PageSetError, WalPosition};
-pub use replica::{Appended, ApplyError, ReplicaInit, ReplicaOpenError, ReplicaWal, replica_files};
+pub use replica::{
+    Appended, ApplyError, ReplicaInit, ReplicaOpenError, ReplicaWal, closed_replica_files,
+    replica_files,
+};
 pub use shim::{RegisterError, VFS_NAME, register};

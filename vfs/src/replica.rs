@@ -197,6 +197,13 @@ pub fn replica_files(db: &Path) -> [PathBuf; 4] {
     ]
 }
 
+/// Every file a closed replica leaves, its owner lock file included:
+/// what removing a replica for good removes.
+pub fn closed_replica_files(db: &Path) -> [PathBuf; 5] {
+    let [a, b, c, d] = replica_files(db);
+    [a, b, c, d, crate::owner_lock::lock_path(db)]
+}
+
 impl ReplicaWal {
     /// Opens the replica at `path`, creating it from `init` if it does not
     /// exist. Before SQLite sees the WAL, everything past the persisted

@@ -375,11 +375,7 @@ impl ReplicaHost {
 
     fn remove_files(&self, id: DatabaseId) {
         // Closed by now: its lock file goes with the rest.
-        let path = self.path(id);
-        for p in walrelay_vfs::replica_files(&path)
-            .into_iter()
-            .chain([walrelay_vfs::owner_lock::lock_path(&path)])
-        {
+        for p in walrelay_vfs::closed_replica_files(&self.path(id)) {
             match std::fs::remove_file(&p) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

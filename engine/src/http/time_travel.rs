@@ -373,10 +373,7 @@ impl Node {
             },
         };
         // The image is closed: its files go, its lock file too.
-        for p in walrelay_vfs::replica_files(&image)
-            .into_iter()
-            .chain([walrelay_vfs::owner_lock::lock_path(&image)])
-        {
+        for p in walrelay_vfs::closed_replica_files(&image) {
             let _ = std::fs::remove_file(p);
         }
         answer
