@@ -167,11 +167,11 @@ fn main() {
             let after = primary.database().group_commit_stats();
             let per_group = (after.grouped_writes - before.grouped_writes) as f64
                 / (after.groups - before.groups).max(1) as f64;
-            commits_per_s.push((rate, cpu_us, per_group));
+            commits_per_s.push((rate, cpu_us, per_group, after.led_alone - before.led_alone));
         }
-        for (rate, cpu_us, per_group) in commits_per_s {
+        for (rate, cpu_us, per_group, alone) in commits_per_s {
             println!(
-                "  {sessions} sessions: {rate:>8.0} commits/s, CPU per commit {cpu_us:>7.1} us, {per_group:.1} writes per group"
+                "  {sessions} sessions: {rate:>8.0} commits/s, CPU per commit {cpu_us:>7.1} us, {per_group:.1} writes per group, {alone} led alone"
             );
         }
         return;
@@ -210,10 +210,11 @@ fn main() {
     let grouped = groups.grouped_writes - groups_before.grouped_writes;
     let group_txns = groups.groups - groups_before.groups;
     println!(
-        "  group commit ({}, delay {} us), 16 sessions   {grouped} writes in {group_txns} group transactions ({:.1} each), {} run again alone",
+        "  group commit ({}, delay {} us), 16 sessions   {grouped} writes in {group_txns} group transactions ({:.1} each), {} led alone, {} run again alone",
         if cluster::group_commit() { "on" } else { "off" },
         cluster::group_commit_delay_us(),
         grouped as f64 / group_txns.max(1) as f64,
+        groups.led_alone - groups_before.led_alone,
         groups.rerun_alone - groups_before.rerun_alone
     );
     if lags.is_empty() {

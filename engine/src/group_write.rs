@@ -49,6 +49,7 @@ use crate::pool::Pooled;
 use crate::statement::{Prepare, run_statement};
 use crate::value::{Value, value_bytes};
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -89,23 +90,47 @@ impl WriteJob<'_> {
 }
 
 /// The leadership of a group of writes.
-pub(crate) type GroupLeader = Leader<WriteJob<'static>, WriteOutcome>;
+pub(crate) type GroupLeader = Leader<WriteJob<'static>, Handback>;
 
 /// A write's outcome before the output gate: a result with its bookmark,
 /// or an error not yet settled ([`Database::settle_error`]).
 pub(crate) type WriteOutcome = Result<Output, QueryError>;
 
+/// What a group hands one of its members back: the outcome, and for a
+/// result, its place at the output gate, counted from the hand-back
+/// until the member has passed the gate itself. A member's result is
+/// handed back before it is confirmed and its thread sleeps until then;
+/// uncounted, most of a group in flight was invisible to the next
+/// leader's delay (at 16 sessions, three log records in five carried a
+/// single write).
+pub(crate) struct Handback {
+    pub(crate) outcome: WriteOutcome,
+    pub(crate) at_gate: Option<AtGate>,
+}
+
+impl Handback {
+    /// An outcome not yet counted at the gate.
+    pub(crate) fn uncounted(outcome: WriteOutcome) -> Handback {
+        Handback {
+            outcome,
+            at_gate: None,
+        }
+    }
+}
+
 /// A primary's group commit: the queue groups form in, and what they did.
 #[derive(Default)]
 pub(crate) struct WriteGroups {
-    pub(crate) queue: crate::group_commit::GroupQueue<WriteJob<'static>, WriteOutcome>,
+    pub(crate) queue: crate::group_commit::GroupQueue<WriteJob<'static>, Handback>,
     /// `Options::group_commit_delay_us`.
     delay: Duration,
-    /// Writes waiting at the output gate now.
-    at_gate: AtomicUsize,
+    /// Writes waiting at the output gate now (each counted by its
+    /// [`AtGate`], a group's members from their [`Handback`]).
+    at_gate: Arc<AtomicUsize>,
     groups: AtomicU64,
     grouped_writes: AtomicU64,
     rerun_alone: AtomicU64,
+    led_alone: AtomicU64,
 }
 
 impl WriteGroups {
@@ -116,35 +141,41 @@ impl WriteGroups {
         }
     }
 
-    /// Whether a leader should wait for more writes to queue: enough of
-    /// them are at the gate, about to come back.
     /// Whether no write waits at the output gate: nothing is in flight,
     /// so no group is about to come back with more writes.
     pub(crate) fn quiet(&self) -> bool {
         self.at_gate.load(Ordering::Relaxed) == 0
     }
 
+    /// Counts a write its leader committed by itself.
+    pub(crate) fn led_alone(&self) {
+        self.led_alone.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether a leader should wait for more writes to queue: enough of
+    /// them are at the gate, about to come back.
     pub(crate) fn worth_waiting(&self) -> bool {
         !self.delay.is_zero() && self.at_gate.load(Ordering::Relaxed) >= GROUP_DELAY_SIBLINGS
     }
 }
 
-/// Counts a write at the output gate while it lives.
-pub(crate) struct AtGate<'a>(Option<&'a AtomicUsize>);
+/// Counts a write at the output gate while it lives (a group member's is
+/// made by its leader and handed over with its result).
+pub(crate) struct AtGate(Option<Arc<AtomicUsize>>);
 
-impl<'a> AtGate<'a> {
-    pub(crate) fn enter(groups: Option<&'a WriteGroups>) -> AtGate<'a> {
-        let counter = groups.map(|g| &g.at_gate);
-        if let Some(c) = counter {
+impl AtGate {
+    pub(crate) fn enter(groups: Option<&WriteGroups>) -> AtGate {
+        let counter = groups.map(|g| Arc::clone(&g.at_gate));
+        if let Some(c) = &counter {
             c.fetch_add(1, Ordering::Relaxed);
         }
         AtGate(counter)
     }
 }
 
-impl Drop for AtGate<'_> {
+impl Drop for AtGate {
     fn drop(&mut self) {
-        if let Some(c) = self.0 {
+        if let Some(c) = &self.0 {
             c.fetch_sub(1, Ordering::Relaxed);
         }
     }
@@ -159,6 +190,13 @@ pub struct GroupCommitStats {
     pub grouped_writes: u64,
     /// Writes of a group that ran again alone (see the module docs).
     pub rerun_alone: u64,
+    /// Writes a leader committed by itself, finding nothing queued: a
+    /// transaction, a log record and a quorum round for one write.
+    pub led_alone: u64,
+    /// Writes waiting at the output gate now, a group's members included
+    /// until their confirmation wakes them (what a leader's
+    /// [`crate::Options::group_commit_delay_us`] is judged by).
+    pub at_gate: u64,
 }
 
 /// Whether `sql` is a plain DML statement (see the module docs): its first
@@ -225,6 +263,8 @@ impl Database {
             groups: g.groups.load(Ordering::Relaxed),
             grouped_writes: g.grouped_writes.load(Ordering::Relaxed),
             rerun_alone: g.rerun_alone.load(Ordering::Relaxed),
+            led_alone: g.led_alone.load(Ordering::Relaxed),
+            at_gate: g.at_gate.load(Ordering::Relaxed) as u64,
         }
     }
 
@@ -251,25 +291,27 @@ impl Database {
             cancel: cancel.cloned(),
             started,
         };
-        let outcome = match &p.write_groups {
+        let Handback { outcome, at_gate } = match &p.write_groups {
             Some(groups) if is_plain_dml(sql) => self.write_grouped(p, groups, job),
-            _ => self.write_alone(p, job),
+            _ => Handback::uncounted(self.write_alone(p, job)),
         };
-        self.through_gate(p, outcome, started)
+        self.through_gate(p, outcome, at_gate, started)
     }
 
     /// A write's outcome once the output gate lets it out: a result waits
-    /// for its bookmark's confirmation, an error is settled.
+    /// for its bookmark's confirmation (counted at the gate by `at_gate`,
+    /// or from now), an error is settled.
     pub(crate) fn through_gate(
         &self,
         p: &PrimaryRole,
         outcome: WriteOutcome,
+        at_gate: Option<AtGate>,
         started: Instant,
     ) -> Result<Output, QueryError> {
         match outcome {
             Ok(mut o) => {
                 // Later writers commit while this result waits (pipelining).
-                let at_gate = AtGate::enter(p.write_groups.as_ref());
+                let at_gate = at_gate.unwrap_or_else(|| AtGate::enter(p.write_groups.as_ref()));
                 p.gate_wait(o.meta.bookmark)?;
                 drop(at_gate);
                 o.meta.duration_us = started.elapsed().as_micros() as u64;
@@ -303,17 +345,12 @@ impl Database {
 
     /// Submits a plain DML write to the group queue: it runs in the group
     /// this writer leads, or in another's.
-    fn write_grouped(
-        &self,
-        p: &PrimaryRole,
-        groups: &WriteGroups,
-        job: WriteJob<'_>,
-    ) -> WriteOutcome {
+    fn write_grouped(&self, p: &PrimaryRole, groups: &WriteGroups, job: WriteJob<'_>) -> Handback {
         match groups.queue.submit(|| job.to_owned(), self.writer_wait()) {
-            Turn::Lead(l, _) => self.lead_group(p, groups, l, job),
-            Turn::Done(outcome) => outcome,
-            Turn::TimedOut => Err(self.writer_busy()),
-            Turn::Abandoned => Err(QueryError::WriteAbandoned),
+            Turn::Lead(l, _) => Handback::uncounted(self.lead_group(p, groups, l, job)),
+            Turn::Done(handback) => handback,
+            Turn::TimedOut => Handback::uncounted(Err(self.writer_busy())),
+            Turn::Abandoned => Handback::uncounted(Err(QueryError::WriteAbandoned)),
         }
     }
 
@@ -343,6 +380,7 @@ impl Database {
             WriteJob::weight,
         );
         if others.is_empty() {
+            groups.led_alone();
             let r = self.run_alone(&w, &job);
             p.maybe_checkpoint(&w.conn.conn);
             return r;
@@ -359,14 +397,18 @@ impl Database {
         for (t, o) in tickets.into_iter().zip(outcomes) {
             // A result waits at the output gate anyway: its writer is woken
             // once, when its bookmark is confirmed, instead of now and
-            // again then (errors are settled at once, as before).
+            // again then (errors are settled at once, as before). It
+            // counts as at the gate from now (see `Handback`).
             match &o {
                 Ok(out) => {
                     let bookmark = out.meta.bookmark;
-                    let wakeup = t.complete_quietly(o);
+                    let wakeup = t.complete_quietly(Handback {
+                        outcome: o,
+                        at_gate: Some(AtGate::enter(Some(groups))),
+                    });
                     p.on_confirmed(bookmark, Box::new(move || wakeup.wake()));
                 }
-                Err(_) => t.complete(o),
+                Err(_) => t.complete(Handback::uncounted(o)),
             }
         }
         own

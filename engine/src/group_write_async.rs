@@ -24,7 +24,7 @@ use crate::database::{Database, Output};
 use crate::error::QueryError;
 use crate::execution::{CancelToken, check_start};
 use crate::group_commit::{Entered, QUIET_RECHECK, Queued, Turn};
-use crate::group_write::{AtGate, GroupLeader, WriteJob, WriteOutcome, is_plain_dml};
+use crate::group_write::{AtGate, GroupLeader, Handback, WriteJob, WriteOutcome, is_plain_dml};
 use crate::session::Access;
 use crate::value::Value;
 use std::borrow::Cow;
@@ -69,7 +69,7 @@ impl Database {
     /// `job` is the write when `entered` leads, None when it queued it.
     async fn await_write(
         self,
-        entered: Entered<WriteJob<'static>, WriteOutcome>,
+        entered: Entered<WriteJob<'static>, Handback>,
         job: Option<WriteJob<'static>>,
         started: Instant,
     ) -> Result<Output, QueryError> {
@@ -77,29 +77,29 @@ impl Database {
             Entered::Lead(l) => Turn::Lead(l, None),
             Entered::Queued(q) => wait_turn(q, self.writer_wait()).await,
         };
-        let outcome = match turn {
+        let Handback { outcome, at_gate } = match turn {
             Turn::Lead(leader, queued) => {
                 let job = queued.or(job).expect("a leader has its write");
                 match self.lead_alone_here(leader, job) {
-                    Ok(outcome) => outcome,
+                    Ok(outcome) => Handback::uncounted(outcome),
                     Err((leader, job)) => {
                         return self
                             .on_blocking_thread(move |db| {
                                 let p = db.primary().expect("a primary's role does not change");
                                 let groups = p.write_groups.as_ref().expect("group commit is on");
                                 let outcome = db.lead_group(p, groups, leader, job);
-                                db.through_gate(p, outcome, started)
+                                db.through_gate(p, outcome, None, started)
                             })
                             .await;
                     }
                 }
             }
-            Turn::Done(outcome) => outcome,
-            Turn::TimedOut => Err(self.writer_busy()),
-            Turn::Abandoned => Err(QueryError::WriteAbandoned),
+            Turn::Done(handback) => handback,
+            Turn::TimedOut => Handback::uncounted(Err(self.writer_busy())),
+            Turn::Abandoned => Handback::uncounted(Err(QueryError::WriteAbandoned)),
         };
         match outcome {
-            Ok(o) => self.confirmed_without_thread(o, started).await,
+            Ok(o) => self.confirmed_without_thread(o, at_gate, started).await,
             Err(e) => {
                 self.on_blocking_thread(move |db| Err(db.settle_error(e, false)))
                     .await
@@ -136,6 +136,7 @@ impl Database {
         // Leadership ends here, as when a leader takes its group: a write
         // queued since leads the next one.
         drop(leader);
+        groups.led_alone();
         Ok(self.run_alone(&w, &job))
     }
 
@@ -144,19 +145,23 @@ impl Database {
     /// otherwise (a write led here, or one woken by the re-check first)
     /// until the confirmation wakes it or [`QUIET_RECHECK`] passes, when
     /// a blocking thread takes over the wait (bounded by the gate, with
-    /// its errors), as the threaded path waits.
+    /// its errors), as the threaded path waits. It counts at the gate by
+    /// `at_gate` (a group member's, handed back with its result) or from
+    /// when it starts waiting.
     async fn confirmed_without_thread(
         self,
         mut o: Output,
+        at_gate: Option<AtGate>,
         started: Instant,
     ) -> Result<Output, QueryError> {
         let p = self.primary().expect("a primary's role does not change");
         let bookmark = o.meta.bookmark;
+        let mut at_gate = at_gate;
         let settled = match p.poll_gate(bookmark) {
             Some(r) => Some(r),
             None => {
                 // Later writers commit while this result waits (pipelining).
-                let _at_gate = AtGate::enter(p.write_groups.as_ref());
+                at_gate.get_or_insert_with(|| AtGate::enter(p.write_groups.as_ref()));
                 let confirmed = std::sync::Arc::new(tokio::sync::Notify::new());
                 let notify = std::sync::Arc::clone(&confirmed);
                 p.on_confirmed(bookmark, Box::new(move || notify.notify_one()));
@@ -165,13 +170,14 @@ impl Database {
             }
         };
         if let Some(r) = settled {
+            drop(at_gate);
             r?;
             o.meta.duration_us = started.elapsed().as_micros() as u64;
             return Ok(o);
         }
         self.on_blocking_thread(move |db| {
             let p = db.primary().expect("a primary's role does not change");
-            db.through_gate(p, Ok(o), started)
+            db.through_gate(p, Ok(o), at_gate, started)
         })
         .await
     }

@@ -228,7 +228,8 @@ fn results_wait_for_confirmation_while_later_writes_keep_committing() {
 }
 
 #[test]
-fn writes_committed_together_by_group_commit_all_wait_at_the_gate() {
+fn writes_committed_together_by_group_commit_all_wait_at_the_gate_and_count_there_until_confirmed()
+{
     let gate = Arc::new(Gate::default());
     let (_dir, db) = open_with(&gate, true);
     create_confirmed(&gate, &db);
@@ -244,12 +245,16 @@ fn writes_committed_together_by_group_commit_all_wait_at_the_gate() {
         writers.iter().all(|w| !w.is_finished()),
         "a result escaped the gate"
     );
+    // Every one of them counts as at the gate, a group's members handed
+    // back quietly included: the next leader's delay is judged by them.
+    assert_eq!(db.group_commit_stats().at_gate, 8);
     let last = *gate.committed().last().expect("commits");
     gate.release(last);
     let mut bookmarks: Vec<Bookmark> = writers
         .into_iter()
         .map(|w| w.join().expect("writer").expect("confirmed write"))
         .collect();
+    assert_eq!(db.group_commit_stats().at_gate, 0, "each counted out");
     assert!(bookmarks.iter().all(|&b| b <= last));
     bookmarks.sort();
     bookmarks.dedup();
@@ -428,7 +433,7 @@ fn a_lone_write_over_http_is_led_by_its_task_and_answers_only_once_confirmed() {
 }
 
 #[test]
-fn writes_over_http_waited_for_by_tasks_answer_only_once_confirmed() {
+fn writes_over_http_waited_for_by_tasks_answer_only_once_confirmed_and_count_once_at_the_gate() {
     let gate = Arc::new(Gate::default());
     let (_dir, db) = open_with(&gate, true);
     create_confirmed(&gate, &db);
@@ -442,11 +447,13 @@ fn writes_over_http_waited_for_by_tasks_answer_only_once_confirmed() {
         writers.iter().all(|w| !w.is_finished()),
         "an answer escaped the gate"
     );
+    assert_eq!(db.group_commit_stats().at_gate, 8, "each counted once");
     let last = *gate.committed().last().expect("commits");
     gate.release(last);
     for w in writers {
         assert!(w.join().expect("writer") <= last);
     }
+    wait_until("each counted out", || db.group_commit_stats().at_gate == 0);
     assert!(
         gate.polls.load(std::sync::atomic::Ordering::SeqCst) > 0,
         "no write was waited for by its task"

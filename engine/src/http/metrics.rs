@@ -131,6 +131,11 @@ impl Metrics {
                 "Writes of a group that ran again alone (a failure, or a group that could not commit).",
                 g.rerun_alone,
             ),
+            (
+                "walrelay_group_commit_led_alone_total",
+                "Writes a group's leader committed by itself, nothing queued behind it.",
+                g.led_alone,
+            ),
         ] {
             counter(&mut out, name, help, &node, n);
         }
@@ -319,6 +324,8 @@ mod tests {
                 groups: 2,
                 grouped_writes: 19,
                 rerun_alone: 1,
+                led_alone: 7,
+                at_gate: 3,
             },
         );
         assert!(
@@ -332,5 +339,8 @@ mod tests {
                 "walrelay_group_commit_reruns_total{role=\"primary\",node_region=\"eu\"} 1"
             )
         );
+        assert!(text.contains(
+            "walrelay_group_commit_led_alone_total{role=\"primary\",node_region=\"eu\"} 7"
+        ));
     }
 }
