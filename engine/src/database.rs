@@ -98,10 +98,11 @@ pub struct Options {
     /// one transaction whose bookmark they share; each one's outcome is
     /// still its own. Off: every write is its own transaction.
     pub group_commit: bool,
-    /// How long a group's leader waits, holding the writer, for more
-    /// writes to queue before it takes them, when at least
+    /// How long a group's leader waits at most, holding the writer, for
+    /// more writes to queue before it takes them, when at least
     /// [`GROUP_DELAY_SIBLINGS`] writes wait at the output gate (so more
-    /// are about to come back). PostgreSQL's `commit_delay` and
+    /// are about to come back); it stops waiting as soon as as many
+    /// writes as were at the gate have queued. PostgreSQL's `commit_delay` and
     /// `commit_siblings`: fewer, larger groups cost fewer messages,
     /// syncs and wake-ups per write under load, and a lone writer never
     /// waits. 0: no wait.

@@ -55,6 +55,9 @@ pub(crate) struct GroupQueue<J, R> {
 struct QueueState<J, R> {
     queue: VecDeque<Arc<Slot<J, R>>>,
     leading: bool,
+    /// A leader waiting in [`Leader::gather`]: how many queued jobs it
+    /// waits for, and its thread, unparked when they are there.
+    gatherer: Option<(usize, std::thread::Thread)>,
 }
 
 /// One queued job's place: its state, and how to wake its waiter (a
@@ -151,6 +154,7 @@ impl<J, R> Default for GroupQueue<J, R> {
             state: Arc::new(Mutex::new(QueueState {
                 queue: VecDeque::new(),
                 leading: false,
+                gatherer: None,
             })),
         }
     }
@@ -186,6 +190,11 @@ impl<J, R> GroupQueue<J, R> {
             changed: Condvar::new(),
         });
         st.queue.push_back(Arc::clone(&slot));
+        if let Some((want, leader)) = &st.gatherer {
+            if st.queue.len() >= *want {
+                leader.unpark();
+            }
+        }
         Entered::Queued(Queued {
             queue: Arc::clone(&self.state),
             slot,
@@ -320,6 +329,25 @@ impl<J, R> Leader<J, R> {
     /// Whether no job is queued behind this leader (a moment's answer).
     pub(crate) fn alone(&self) -> bool {
         self.queue.lock().queue.is_empty()
+    }
+
+    /// Waits, blocking this thread, until at least `want` jobs are queued
+    /// or `until` passes, whichever comes first; returns how many are
+    /// queued then.
+    pub(crate) fn gather(&self, want: usize, until: Instant) -> usize {
+        loop {
+            let mut st = self.queue.lock();
+            let now = Instant::now();
+            if st.queue.len() >= want || now >= until {
+                st.gatherer = None;
+                return st.queue.len();
+            }
+            st.gatherer = Some((want, std::thread::current()));
+            drop(st);
+            // An unpark between the unlock and here is kept for this
+            // park; a stale one only costs a loop.
+            std::thread::park_timeout(until - now);
+        }
     }
 
     /// Takes queued jobs, oldest first, while there are at most `max`
@@ -485,6 +513,38 @@ mod tests {
         }
         let got: Vec<u32> = waiters.into_iter().map(|h| h.join().unwrap()).collect();
         assert_eq!(got, [0, 10, 20]);
+    }
+
+    #[test]
+    fn a_gathering_leader_stops_waiting_once_the_writes_it_waits_for_are_queued() {
+        let q = Arc::new(Q::default());
+        let l = lead(&q);
+        // Nothing comes: it waits out its deadline.
+        let t = Instant::now();
+        assert_eq!(l.gather(1, t + Duration::from_millis(30)), 0);
+        assert!(t.elapsed() >= Duration::from_millis(30));
+        // Two writes arrive after it starts waiting, well within an hour.
+        let writers: Vec<_> = (0..2u32)
+            .map(|i| {
+                let q2 = Arc::clone(&q);
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(20));
+                    q2.submit(|| i, Duration::from_secs(30))
+                })
+            })
+            .collect();
+        let t = Instant::now();
+        assert_eq!(l.gather(2, t + Duration::from_secs(3600)), 2);
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "woken by the arrivals"
+        );
+        for (ticket, j) in l.take(8, u64::MAX, |_| 1) {
+            ticket.complete(j);
+        }
+        for w in writers {
+            assert!(matches!(w.join().expect("writer"), Turn::Done(_)));
+        }
     }
 
     #[test]

@@ -152,10 +152,13 @@ impl WriteGroups {
         self.led_alone.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Whether a leader should wait for more writes to queue: enough of
-    /// them are at the gate, about to come back.
-    pub(crate) fn worth_waiting(&self) -> bool {
-        !self.delay.is_zero() && self.at_gate.load(Ordering::Relaxed) >= GROUP_DELAY_SIBLINGS
+    /// Whether a leader should wait for more writes to queue, and for how
+    /// many: enough of them are at the gate, about to come back (Some of
+    /// them, at most a group's worth).
+    pub(crate) fn worth_waiting(&self) -> Option<usize> {
+        let at_gate = self.at_gate.load(Ordering::Relaxed);
+        (!self.delay.is_zero() && at_gate >= GROUP_DELAY_SIBLINGS)
+            .then_some(at_gate.min(MAX_GROUP - 1))
     }
 }
 
@@ -370,9 +373,10 @@ impl Database {
             return Err(self.writer_busy());
         };
         crate::sandbox::reset_if_dirty(&w.conn).map_err(QueryError::sql)?;
-        if groups.worth_waiting() {
+        if let Some(want) = groups.worth_waiting() {
             // Holding the writer: what queues meanwhile joins this group.
-            std::thread::sleep(groups.delay);
+            // Every write in flight back in the queue ends the wait early.
+            leader.gather(want, Instant::now() + groups.delay);
         }
         let others = leader.take(
             MAX_GROUP - 1,

@@ -387,21 +387,25 @@ fn writes_bringing_more_than_the_group_byte_budget_commit_in_several_groups() {
 #[test]
 fn a_leader_waits_for_more_writes_only_while_enough_writes_wait_at_the_gate() {
     let g = WriteGroups::new(Duration::from_micros(300));
-    assert!(!g.worth_waiting(), "a lone writer never waits");
+    assert_eq!(g.worth_waiting(), None, "a lone writer never waits");
     let mut at_gate: Vec<AtGate> = (0..GROUP_DELAY_SIBLINGS - 1)
         .map(|_| AtGate::enter(Some(&g)))
         .collect();
-    assert!(!g.worth_waiting());
+    assert_eq!(g.worth_waiting(), None);
     at_gate.push(AtGate::enter(Some(&g)));
-    assert!(g.worth_waiting(), "{GROUP_DELAY_SIBLINGS} at the gate");
+    assert_eq!(
+        g.worth_waiting(),
+        Some(GROUP_DELAY_SIBLINGS),
+        "{GROUP_DELAY_SIBLINGS} at the gate, waited for"
+    );
     at_gate.clear();
-    assert!(!g.worth_waiting(), "each one counted out as it leaves");
+    assert_eq!(g.worth_waiting(), None, "each one counted out as it leaves");
 
     let off = WriteGroups::new(Duration::ZERO);
     let _at_gate: Vec<AtGate> = (0..2 * GROUP_DELAY_SIBLINGS)
         .map(|_| AtGate::enter(Some(&off)))
         .collect();
-    assert!(!off.worth_waiting(), "a delay of 0 never waits");
+    assert_eq!(off.worth_waiting(), None, "a delay of 0 never waits");
 }
 
 #[test]
