@@ -324,9 +324,10 @@ pub struct PrimaryArgs {
     /// behind the writer otherwise commit together and share a bookmark).
     #[arg(long)]
     pub no_group_commit: bool,
-    /// Under load, how long a write group's leader waits for more writes
-    /// before committing (PostgreSQL's commit_delay; only while at least
-    /// 4 writes wait for confirmation). 0: never.
+    /// Under load, how long a write group's leader waits at most for more
+    /// writes before committing (PostgreSQL's commit_delay; only while at
+    /// least 4 writes wait for confirmation, and only until that many
+    /// have queued). 0: never.
     #[arg(
         long,
         default_value_t = walrelay_engine::Options::default().group_commit_delay_us,

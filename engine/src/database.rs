@@ -102,10 +102,13 @@ pub struct Options {
     /// more writes to queue before it takes them, when at least
     /// [`GROUP_DELAY_SIBLINGS`] writes wait at the output gate (so more
     /// are about to come back); it stops waiting as soon as as many
-    /// writes as were at the gate have queued. PostgreSQL's `commit_delay` and
-    /// `commit_siblings`: fewer, larger groups cost fewer messages,
+    /// writes as were at the gate have queued. PostgreSQL's `commit_delay`
+    /// and `commit_siblings`: fewer, larger groups cost fewer messages,
     /// syncs and wake-ups per write under load, and a lone writer never
-    /// waits. 0: no wait.
+    /// waits. 0: no wait. The default, 1 ms, is about two quorum rounds
+    /// here: long enough for the writes of a group still awaiting its
+    /// confirmation to come back and join (papers/performance.md, lever
+    /// 33); a deployment whose writers think between writes may want less.
     pub group_commit_delay_us: u64,
 }
 
@@ -131,7 +134,7 @@ impl Default for Options {
             limits: crate::limits::Limits::default(),
             epoch: None,
             group_commit: true,
-            group_commit_delay_us: 300,
+            group_commit_delay_us: 1_000,
         }
     }
 }
