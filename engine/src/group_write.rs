@@ -197,8 +197,8 @@ pub struct GroupCommitStats {
     /// transaction, a log record and a quorum round for one write.
     pub led_alone: u64,
     /// Writes waiting at the output gate now, a group's members included
-    /// until their confirmation wakes them (what a leader's
-    /// [`crate::Options::group_commit_delay_us`] is judged by).
+    /// from their hand-back until each has passed the gate (what a
+    /// leader's [`crate::Options::group_commit_delay_us`] is judged by).
     pub at_gate: u64,
 }
 
