@@ -53,6 +53,10 @@ impl Drop for Held {
     }
 }
 
+/// How long [`OwnerLock::acquire`] retries a lock that looks taken (see
+/// there): a fork-to-exec window, even on a loaded machine.
+pub const INHERITED_HOLD_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The lock file's suffix, after the database's own name.
 pub const LOCK_SUFFIX: &str = "-walrelay-lock";
 
@@ -85,8 +89,26 @@ pub fn lock_path(db: &Path) -> PathBuf {
 
 impl OwnerLock {
     /// Takes the database's lock, or shares this process's hold of it, or
-    /// says that another process has it; never waits.
+    /// says that another process has it. Waits only while the lock looks
+    /// taken, and at most [`INHERITED_HOLD_WAIT`]: a child this process
+    /// is starting holds a copy of every descriptor from its fork until
+    /// its exec closes them (close-on-exec), this lock's included, so a
+    /// hold this process has just released can still be held for that
+    /// moment.
     pub fn acquire(db: &Path) -> Result<OwnerLock, OwnerLockError> {
+        let deadline = std::time::Instant::now() + INHERITED_HOLD_WAIT;
+        loop {
+            match Self::try_acquire(db) {
+                Err(OwnerLockError::InUse { .. }) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// One attempt of [`Self::acquire`].
+    fn try_acquire(db: &Path) -> Result<OwnerLock, OwnerLockError> {
         let lock = lock_path(db);
         let io = |source| OwnerLockError::Io {
             lock: lock.clone(),
@@ -190,6 +212,42 @@ mod tests {
             try_flock(&other).expect("flock"),
             "free once the last handle is gone"
         );
+    }
+
+    #[test]
+    fn a_hold_released_within_the_inherited_hold_wait_is_waited_for_and_a_longer_one_refused() {
+        let dir = tempfile::tempdir().expect("dir");
+        let db = dir.path().join("db.sqlite");
+        // Another open file holding the lock, as a child between its fork
+        // and its exec holds this process's: released after 100 ms.
+        let other = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(lock_path(&db))
+            .expect("lock file");
+        assert!(try_flock(&other).expect("flock"));
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            drop(other);
+        });
+        let l = OwnerLock::acquire(&db).expect("waited for the brief hold");
+        releaser.join().expect("releaser");
+
+        // Held for good by another open file: refused once the wait is up.
+        let held = OpenOptions::new()
+            .write(true)
+            .open(lock_path(&db))
+            .expect("lock file");
+        drop(l);
+        assert!(try_flock(&held).expect("flock"));
+        let t = std::time::Instant::now();
+        assert!(matches!(
+            OwnerLock::acquire(&db),
+            Err(OwnerLockError::InUse { .. })
+        ));
+        assert!(t.elapsed() >= INHERITED_HOLD_WAIT);
     }
 
     #[test]
