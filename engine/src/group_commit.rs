@@ -18,6 +18,9 @@
 //!   jobs that queue meanwhile). Jobs left over past the maximum hand the
 //!   leadership to the oldest of them, whose job comes back to it with
 //!   the lead (a waiter that kept no copy of its job leads with that one).
+//! - Before taking, a leader may [`Leader::gather`]: block until a number
+//!   of jobs are queued or a deadline passes, whichever comes first (each
+//!   job queued while it waits checks the count and wakes it).
 //! - A queued job waits at most its `wait` to be taken; then it is removed
 //!   and comes back ([`Turn::TimedOut`]) having never run. A taken job
 //!   waits for its result without a deadline: its group is running, and
