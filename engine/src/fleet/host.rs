@@ -590,9 +590,11 @@ impl Host {
     /// Marks a database deleted, closes it and removes its data files.
     pub fn delete(&self, id: DatabaseId) -> Result<HostedState, HostError> {
         let state = self.set_lifecycle(id, Lifecycle::Deleted)?;
-        for suffix in ["db", "db-wal", "db-shm", "db-walrelay", "db-walrelay-lock"] {
+        let db = self.db_dir(id).join("db");
+        for suffix in ["db", "db-wal", "db-shm", "db-walrelay"] {
             let _ = std::fs::remove_file(self.db_dir(id).join(suffix));
         }
+        let _ = std::fs::remove_file(walrelay_vfs::owner_lock::lock_path(&db));
         Ok(state)
     }
 
