@@ -153,10 +153,15 @@ impl OwnerLock {
                 held.insert(key, Arc::downgrade(&h));
                 Ok(OwnerLock { held: h })
             }
-            Ok(false) => Err(OwnerLockError::InUse {
-                db: db.to_path_buf(),
-                lock,
-            }),
+            Ok(false) => {
+                // Made here but locked by another open before this one
+                // could lock it: that holder's file, never removed.
+                h.keep.store(true, Ordering::Release);
+                Err(OwnerLockError::InUse {
+                    db: db.to_path_buf(),
+                    lock,
+                })
+            }
             Err(e) => Err(io(e)),
         }
     }
