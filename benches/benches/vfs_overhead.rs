@@ -23,6 +23,14 @@
 //!   (cached statement, one read transaction) with ids drawn uniformly from
 //!   the 10,000 pre-populated rows by a fixed-seed LCG.
 //!
+//! - `paired ratios` (printed, not a criterion group): for OFF and NORMAL,
+//!   rounds of a block of inserts on each VFS back to back (the order
+//!   alternating by round); each round gives the ratio of the two blocks'
+//!   mean latencies, and the median and quartiles over the rounds are
+//!   printed. A slow moment of the machine lands on both blocks of its
+//!   round, so the median ratio holds still where the criterion means of
+//!   whole phases move by more than the 5% the target is about.
+//!
 //! Each (VFS, synchronous) pair has its own database file in a temporary
 //! directory, in WAL mode with `wal_autocheckpoint=0` on both VFSes. The WAL
 //! is kept bounded identically for both: a PASSIVE checkpoint through
@@ -288,6 +296,49 @@ fn configure(group: &mut BenchmarkGroup<'_, WallTime>) {
         .measurement_time(Duration::from_secs(4));
 }
 
+/// Rounds and inserts per block for the paired ratios (`--test`: a smoke run).
+fn paired_shape() -> (usize, u64) {
+    if std::env::args().any(|a| a == "--test") {
+        (3, 20)
+    } else {
+        (61, 400)
+    }
+}
+
+/// The median and quartiles of `walrelay / other` over paired rounds.
+fn paired_ratios(walrelay: &mut Fixture, other: &mut Fixture) -> [f64; 3] {
+    let (rounds, block) = paired_shape();
+    let mut ratios: Vec<f64> = (0..rounds)
+        .map(|r| {
+            let (w, o) = if r % 2 == 0 {
+                let w = walrelay.timed_inserts(block);
+                (w, other.timed_inserts(block))
+            } else {
+                let o = other.timed_inserts(block);
+                (walrelay.timed_inserts(block), o)
+            };
+            w.as_secs_f64() / o.as_secs_f64()
+        })
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    let at = |q: usize| ratios[(ratios.len() - 1) * q / 4];
+    [at(1), at(2), at(3)]
+}
+
+fn print_paired(sync: SyncLevel, fixtures: &mut [Fixture]) {
+    let [unix, excl, walrelay] = fixtures else {
+        unreachable!("one fixture per VFS in Vfs::ALL");
+    };
+    let (rounds, block) = paired_shape();
+    for (other, name) in [(excl, "unix-excl"), (unix, "unix")] {
+        let [q1, median, q3] = paired_ratios(walrelay, other);
+        println!(
+            "paired ratio sync={} walrelay / {name:<9}: median {median:.3}x (quartiles {q1:.3}-{q3:.3}, {rounds} rounds of {block} inserts each)",
+            sync.name()
+        );
+    }
+}
+
 fn vfs_overhead(c: &mut Criterion) {
     for sync in SyncLevel::ALL {
         let dir = tempfile::Builder::new()
@@ -324,6 +375,10 @@ fn vfs_overhead(c: &mut Criterion) {
                 bench.iter_custom(|iters| walrelay.timed_inserts_interleaved(base, iters))
             });
             group.finish();
+        }
+
+        if !matches!(sync, SyncLevel::Full) {
+            print_paired(sync, &mut fixtures);
         }
 
         for fx in &fixtures {
