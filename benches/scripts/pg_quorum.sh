@@ -18,10 +18,20 @@
 #   benches/scripts/pg_quorum.sh            # 20 s per measurement
 #   SECONDS_EACH=5 benches/scripts/pg_quorum.sh
 #   ONLY=pg benches/scripts/pg_quorum.sh    # PostgreSQL's side alone
+#   PAIRED_ROUNDS=5 benches/scripts/pg_quorum.sh
+#
+# PAIRED_ROUNDS=N adds N rounds at the end, with both systems up: each
+# round measures 16-client throughput on PostgreSQL (pgbench), walrelay
+# over HTTP (wrk) and walrelay in process (the quorum bench's 10 s
+# profiling phase), in an order that rotates by round, and prints the
+# round's ratios to PostgreSQL; then the median ratio over the rounds. A
+# slow spell of the machine then lands on both sides of a ratio instead
+# of on one system's single measurement.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 SECONDS_EACH=${SECONDS_EACH:-20}
+PAIRED_ROUNDS=${PAIRED_ROUNDS:-0}
 BASE_PORT=${BASE_PORT:-55400}
 WR_PORT=${WR_PORT:-7600}
 WORK=$(mktemp -d /tmp/pg_quorum.XXXXXX)
@@ -112,7 +122,8 @@ read -r PG_P50 PG_P99 <<<"$(log_percentiles)"
 PG_TPS=$(pgbench -c 16 -j 2 -T "$SECONDS_EACH" | awk '/^tps/ {printf "%d", $3}')
 PGOPTIONS="-c synchronous_commit=remote_apply" pgbench -c 1 -T "$SECONDS_EACH" -l >/dev/null
 read -r PG_RA_P50 _ <<<"$(log_percentiles)"
-stop_pg
+# The paired rounds need PostgreSQL again at the end; idle meanwhile.
+[ "$PAIRED_ROUNDS" -gt 0 ] && [ "${ONLY:-}" != pg ] || stop_pg
 if [ "${ONLY:-}" = pg ]; then
   printf 'PostgreSQL 15: 1 client p50 %s us p99 %s us; 16 clients %s tps; remote_apply p50 %s us\n' \
     "$PG_P50" "$PG_P99" "$PG_TPS" "$PG_RA_P50"
@@ -127,7 +138,8 @@ echo "== walrelay over HTTP: walrelay up --writers 0, wrk (keep-alive)"
 cargo build -q --release -p walrelay-engine --bin walrelay
 cargo build -q --release -p walrelay-benches --bin rtt_probe
 ./target/release/walrelay up --dir "$WORK/up" --base-port "$WR_PORT" --writers 0 --insecure \
-  --fleet-nodes 0 --seconds $((SECONDS_EACH * 4 + 60)) >"$WORK/up.log" 2>&1 &
+  --fleet-nodes 0 --seconds $((SECONDS_EACH * 4 + 60 + PAIRED_ROUNDS * (2 * SECONDS_EACH + 40))) \
+  >"$WORK/up.log" 2>&1 &
 PIDS+=($!)
 URL="http://127.0.0.1:$((WR_PORT + 10))/v1/databases/main/query"
 wait_for "curl -sf -X POST $URL -d '{\"sql\":\"SELECT 1\"}'" 600
@@ -194,3 +206,32 @@ printf '%-34s %14s %14s %14s\n' "replica, alternating: empty/point" "" "" "$(rd 
 printf '%-34s %14s %14s %14s\n' "  p50 (us), random keys; ratio" "" "" "$(rd ratio_p50)x"
 printf '%-34s %14s %14s %14s\n' "ack -> visible p50 (us)" "$PG_RA_P50 (ra)" "" "$(kv ack_to_visible_p50_us)"
 printf '%-34s %14s %14s %14s\n' "visible on first read (%)" "" "" "$(kv visible_pct)"
+
+[ "$PAIRED_ROUNDS" -gt 0 ] || exit 0
+echo
+echo "== paired rounds: 16 clients each, PostgreSQL / walrelay HTTP / walrelay in process"
+QUORUM_BIN=$(pwd)/$(ls -t target/release/deps/quorum-* | grep -v '\.d$' | head -1)
+pg_round() { pgbench -c 16 -j 2 -T "$SECONDS_EACH" | awk '/^tps/ {printf "%d", $3}'; }
+http_round() { wrk -t2 -c16 -d"${SECONDS_EACH}s" -s "$WORK/insert.lua" "$URL" | awk '/^Requests\/sec/ {printf "%d", $2}'; }
+inproc_round() {
+  (cd "$WORK" && WALRELAY_BENCH_PROFILE=16 "$QUORUM_BIN" --bench 2>/dev/null) |
+    awk '/16 sessions:/ { s += $3; n++ } END { if (n) printf "%d", s / n; else printf "0" }'
+}
+RATIOS_HTTP=()
+RATIOS_INPROC=()
+printf '%-6s %14s %14s %14s %10s %10s\n' round "PostgreSQL" "walrelay HTTP" "in process" "HTTP/PG" "proc/PG"
+for r in $(seq 1 "$PAIRED_ROUNDS"); do
+  case $((r % 3)) in
+    1) R_PG=$(pg_round); R_HTTP=$(http_round); R_IN=$(inproc_round) ;;
+    2) R_HTTP=$(http_round); R_IN=$(inproc_round); R_PG=$(pg_round) ;;
+    0) R_IN=$(inproc_round); R_PG=$(pg_round); R_HTTP=$(http_round) ;;
+  esac
+  RH=$(awk -v a="$R_HTTP" -v b="$R_PG" 'BEGIN { printf "%.2f", b ? a / b : 0 }')
+  RI=$(awk -v a="$R_IN" -v b="$R_PG" 'BEGIN { printf "%.2f", b ? a / b : 0 }')
+  RATIOS_HTTP+=("$RH")
+  RATIOS_INPROC+=("$RI")
+  printf '%-6s %14s %14s %14s %9sx %9sx\n' "$r" "$R_PG" "$R_HTTP" "$R_IN" "$RH" "$RI"
+done
+median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+printf 'median over %s rounds: walrelay HTTP / PostgreSQL %sx, walrelay in process / PostgreSQL %sx\n' \
+  "$PAIRED_ROUNDS" "$(median "${RATIOS_HTTP[@]}")" "$(median "${RATIOS_INPROC[@]}")"
