@@ -115,7 +115,11 @@ fn build_chains<'a>(
     for chain in &mut chains {
         // One write then its file's sync: the write carries the sync. With
         // more writes the sync stays, since RWF_DSYNC covers only its own
-        // write's range.
+        // write's range. So does it for bytes written to the file before
+        // this call: every caller (the segment logs, the shared log, the
+        // group syncer) syncs a file in the call that writes it, and a
+        // failed sync breaks the log, so nothing unsynced is left behind
+        // for a later sync to pick up.
         if let [Op::Write { dsync, .. }, Op::Sync] = chain.ops.make_contiguous() {
             *dsync = true;
             chain.ops.pop_back();
@@ -157,7 +161,10 @@ impl SyncRing {
 
     /// Writes each `(fd, offset, bytes)` and then fdatasyncs each of
     /// `sync_fds`, a file's sync only after all of its writes (given in
-    /// order) have fully succeeded. Returns the first error; on error some
+    /// order) have fully succeeded. A sync covers this call's writes; a
+    /// file with a single write here gets that write made durable by
+    /// itself (`RWF_DSYNC`), so bytes written to it earlier and not synced
+    /// then are not covered. Returns the first error; on error some
     /// writes may have happened and nothing is known to be durable.
     pub fn write_and_sync(
         &mut self,
