@@ -18,18 +18,18 @@
 //!   an untimed insert on the other, so both are measured under the same
 //!   conditions at the same moments (the plain group runs each VFS for its
 //!   whole measurement time in turn, and machine drift between them lands
-//!   on the ratio). The overhead target is judged on this pair.
+//!   on the ratio).
 //! - `point_read/sync=<LEVEL>`: latency of `SELECT v FROM t WHERE id = ?1`
 //!   (cached statement, one read transaction) with ids drawn uniformly from
 //!   the 10,000 pre-populated rows by a fixed-seed LCG.
-//!
 //! - `paired ratios` (printed, not a criterion group): for OFF and NORMAL,
 //!   rounds of a block of inserts on each VFS back to back (the order
 //!   alternating by round); each round gives the ratio of the two blocks'
 //!   mean latencies, and the median and quartiles over the rounds are
 //!   printed. A slow moment of the machine lands on both blocks of its
 //!   round, so the median ratio holds still where the criterion means of
-//!   whole phases move by more than the 5% the target is about.
+//!   whole phases move by more than the 5% the target is about; the
+//!   target is judged on these (papers/performance.md, VFS overhead).
 //!
 //! Each (VFS, synchronous) pair has its own database file in a temporary
 //! directory, in WAL mode with `wal_autocheckpoint=0` on both VFSes. The WAL
