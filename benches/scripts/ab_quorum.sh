@@ -17,6 +17,8 @@
 # phase after 10 s); its cluster lives in a temporary directory under
 # WALRELAY_BENCH_DIR (default: a fresh one under /tmp), removed at the end.
 set -euo pipefail
+# median (lib.sh)
+source "$(dirname "$0")/lib.sh"
 
 if [ $# -lt 2 ]; then
   sed -n '2,18p' "$0" >&2
@@ -60,6 +62,5 @@ for r in $(seq 1 "$ROUNDS"); do
   CPU_RATIOS+=("$CR")
   printf '%-6s %18s %18s %9sx %9sx\n' "$r" "$A_RATE, $A_CPU" "$B_RATE, $B_CPU" "$RR" "$CR"
 done
-median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 printf 'median over %s rounds at %s sessions: commits/s B/A %sx, CPU per commit B/A %sx\n' \
   "$ROUNDS" "$SESSIONS" "$(median "${RATE_RATIOS[@]}")" "$(median "${CPU_RATIOS[@]}")"

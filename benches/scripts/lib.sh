@@ -14,3 +14,6 @@ stop_pids() {
     wait "$pid" 2>/dev/null || true
   done
 }
+
+# The median of its numeric arguments (the lower one of the middle two).
+median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }

@@ -232,6 +232,5 @@ for r in $(seq 1 "$PAIRED_ROUNDS"); do
   RATIOS_INPROC+=("$RI")
   printf '%-6s %14s %14s %14s %9sx %9sx\n' "$r" "$R_PG" "$R_HTTP" "$R_IN" "$RH" "$RI"
 done
-median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 printf 'median over %s rounds: walrelay HTTP / PostgreSQL %sx, walrelay in process / PostgreSQL %sx\n' \
   "$PAIRED_ROUNDS" "$(median "${RATIOS_HTTP[@]}")" "$(median "${RATIOS_INPROC[@]}")"
