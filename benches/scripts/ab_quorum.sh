@@ -17,7 +17,7 @@
 # phase after 10 s); its cluster lives in a temporary directory under
 # WALRELAY_BENCH_DIR (default: a fresh one under /tmp), removed at the end.
 set -euo pipefail
-# median (lib.sh)
+# median, quorum_profile (lib.sh)
 source "$(dirname "$0")/lib.sh"
 
 if [ $# -lt 2 ]; then
@@ -32,18 +32,7 @@ WORK=$(mktemp -d /tmp/ab_quorum.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT INT TERM
 export WALRELAY_BENCH_DIR=${WALRELAY_BENCH_DIR:-$WORK}
 
-# "commits/s cpu_us" of one profiling phase, each the mean of its lines.
-one_run() {
-  WALRELAY_BENCH_PROFILE=$SESSIONS "$1" --bench 2>/dev/null | awk '
-    / sessions: / {
-      for (i = 1; i <= NF; i++) {
-        if ($i == "commits/s,") r += $(i - 1)
-        if ($i == "commit") c += $(i + 1)
-      }
-      n++
-    }
-    END { if (n) printf "%d %.1f", r / n, c / n; else printf "0 0" }'
-}
+one_run() { quorum_profile "$1" "$SESSIONS"; }
 
 RATE_RATIOS=()
 CPU_RATIOS=()

@@ -17,3 +17,18 @@ stop_pids() {
 
 # The median of its numeric arguments (the lower one of the middle two).
 median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+
+# "commits/s cpu_us" of the quorum bench's profiling phase: executable $1
+# run with WALRELAY_BENCH_PROFILE=$2 sessions (10 s), each figure the mean
+# of the phase's lines ("N sessions: R commits/s, CPU per commit C us, ...").
+quorum_profile() {
+  WALRELAY_BENCH_PROFILE=$2 "$1" --bench 2>/dev/null | awk '
+    / sessions: / {
+      for (i = 1; i <= NF; i++) {
+        if ($i == "commits/s,") r += $(i - 1)
+        if ($i == "commit") c += $(i + 1)
+      }
+      n++
+    }
+    END { if (n) printf "%d %.1f", r / n, c / n; else printf "0 0" }'
+}

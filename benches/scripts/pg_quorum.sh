@@ -213,10 +213,7 @@ echo "== paired rounds: 16 clients each, PostgreSQL / walrelay HTTP / walrelay i
 QUORUM_BIN=$(pwd)/$(ls -t target/release/deps/quorum-* | grep -v '\.d$' | head -1)
 pg_round() { pgbench -c 16 -j 2 -T "$SECONDS_EACH" | awk '/^tps/ {printf "%d", $3}'; }
 http_round() { wrk -t2 -c16 -d"${SECONDS_EACH}s" -s "$WORK/insert.lua" "$URL" | awk '/^Requests\/sec/ {printf "%d", $2}'; }
-inproc_round() {
-  (cd "$WORK" && WALRELAY_BENCH_PROFILE=16 "$QUORUM_BIN" --bench 2>/dev/null) |
-    awk '/16 sessions:/ { s += $3; n++ } END { if (n) printf "%d", s / n; else printf "0" }'
-}
+inproc_round() { (cd "$WORK" && quorum_profile "$QUORUM_BIN" 16) | cut -d' ' -f1; }
 RATIOS_HTTP=()
 RATIOS_INPROC=()
 printf '%-6s %14s %14s %14s %10s %10s\n' round "PostgreSQL" "walrelay HTTP" "in process" "HTTP/PG" "proc/PG"

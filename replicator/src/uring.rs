@@ -108,21 +108,17 @@ fn build_chains<'a>(
     }
     for &fd in sync_fds {
         let ops = &mut chain_of(&mut chains, fd).ops;
-        if !matches!(ops.back(), Some(Op::Sync)) {
-            ops.push_back(Op::Sync);
-        }
-    }
-    for chain in &mut chains {
-        // One write then its file's sync: the write carries the sync. With
-        // more writes the sync stays, since RWF_DSYNC covers only its own
-        // write's range. So does it for bytes written to the file before
-        // this call: every caller (the segment logs, the shared log, the
-        // group syncer) syncs a file in the call that writes it, and a
-        // failed sync breaks the log, so nothing unsynced is left behind
-        // for a later sync to pick up.
-        if let [Op::Write { dsync, .. }, Op::Sync] = chain.ops.make_contiguous() {
-            *dsync = true;
-            chain.ops.pop_back();
+        match ops.make_contiguous() {
+            // A file's one write carries its sync. With more writes the
+            // sync stays, since RWF_DSYNC covers only its own write's range.
+            // So does it for bytes written to the file before this call:
+            // every caller (the segment logs, the shared log, the group
+            // syncer) syncs a file in the call that writes it, and a failed
+            // sync breaks the log, so nothing unsynced is left behind for a
+            // later sync to pick up.
+            [Op::Write { dsync, .. }] => *dsync = true,
+            [.., Op::Sync] => {}
+            _ => ops.push_back(Op::Sync),
         }
     }
     chains
