@@ -64,9 +64,14 @@ fn main() {
     } = cluster::start(root.path(), n, key);
     let primary = Arc::new(primary);
     println!(
-        "transport {} / follower storage {}",
+        "transport {} / follower storage {}{}",
         primary.leader().backend(),
-        followers[0].storage_backend()
+        followers[0].storage_backend(),
+        if followers[0].direct_io() {
+            ", O_DIRECT"
+        } else {
+            ""
+        }
     );
     let s = primary
         .database()

@@ -22,7 +22,9 @@
 //!   the same cores.
 //! - Storage: the follower's [`segments`] log (preallocated segments,
 //!   each prepared ahead of need on a thread of its own, group
-//!   fdatasync through io_uring where available, torn-tail recovery, and
+//!   fdatasync through io_uring where available, appends written in
+//!   whole blocks with `O_DIRECT` where the filesystem takes it
+//!   (`direct_io`), torn-tail recovery, and
 //!   retention: a prefix archived in cold storage is released, the log
 //!   then starts after it).
 //! - Transports ([`net`]): io_uring on Linux, a portable std fallback,
@@ -49,6 +51,7 @@
 pub mod background;
 pub mod bookmark;
 pub mod chain;
+mod direct_io;
 pub mod election;
 pub mod epoch_file;
 pub mod follower;

@@ -29,7 +29,10 @@
 //! appended before it (group commit). On Linux the writes and fdatasyncs of a sync go to
 //! the kernel in one io_uring submission, each sync linked behind its
 //! segment's writes; where io_uring is unavailable (or `WALRELAY_NO_URING`
-//! is set) plain `pwrite` + `fdatasync` do the same. Staged records are
+//! is set) plain `pwrite` + `fdatasync` do the same. Either way a run of
+//! records goes to the disk as whole blocks through an `O_DIRECT`
+//! descriptor where the filesystem takes one (see `direct_io`: the block
+//! holding the log's end is kept in memory and written again). Staged records are
 //! not in the files until `sync`: catch-up (`read_after`) serves only
 //! durable ones.
 //!
@@ -48,6 +51,7 @@
 
 use crate::bookmark::Bookmark;
 use crate::chain::ChainHash;
+use crate::direct_io::{RunWrite, SegFile, Tail};
 use crate::history::History;
 use crate::prealloc::{self, Spare};
 use crate::record::{Encoded, RecordError};
@@ -172,6 +176,10 @@ struct Pending {
     segment: u64,
     offset: u64,
     bytes: Bytes,
+    /// For the first record staged in its segment since the last sync
+    /// (where a run of records written together starts): the segment's
+    /// bytes before `offset` in its block.
+    run_tail: Option<Tail>,
 }
 
 impl std::fmt::Debug for Pending {
@@ -229,15 +237,18 @@ pub struct SegmentLog {
     /// The size of every segment file, by index.
     sizes: BTreeMap<u64, u64>,
     entries: Vec<Entry>,
-    current: Option<(u64, File)>,
+    current: Option<(u64, SegFile)>,
     write_offset: u64,
+    /// The current segment's bytes before `write_offset` in its block (see
+    /// `direct_io`).
+    tail: Tail,
     /// The current segment's size (`segment_bytes`, or more for one that
     /// holds an oversized record).
     current_bytes: u64,
     /// Records appended since the last sync, in order.
     pending: Vec<Pending>,
     /// Segments rolled away from that still have pending records.
-    rolled: Vec<(u64, File)>,
+    rolled: Vec<(u64, SegFile)>,
     durable: Bookmark,
     io: Io,
     failed: bool,
@@ -329,6 +340,14 @@ impl SegmentLog {
         self.io.name()
     }
 
+    /// Whether appends go to the disk as direct writes (see `direct_io`):
+    /// the segment being written has a direct descriptor.
+    pub fn direct_io(&self) -> bool {
+        self.current
+            .as_ref()
+            .is_some_and(|(_, f)| f.direct.is_some())
+    }
+
     /// Makes new segments start small: the next one created is
     /// `first_bytes` if the log has none (else twice the newest), each
     /// later one twice the one before, up to `segment_bytes`. A database
@@ -370,15 +389,31 @@ impl SegmentLog {
         self.spares_used += u64::from(created.from_spare);
         let size = created.size;
         self.sizes.insert(index, size);
-        if let Some((old, old_file)) = self.current.replace((index, created.file)) {
+        if let Some((old, old_file)) = self.set_current(index, created.file, 0, size)? {
             // Its staged records are written at the next sync.
             if self.pending.last().is_some_and(|p| p.segment == old) {
                 self.rolled.push((old, old_file));
             }
         }
-        self.write_offset = 0;
-        self.current_bytes = size;
         Ok(())
+    }
+
+    /// Makes segment `index`, open as `file` (read-write), of `size`
+    /// bytes, the one appended to from `write_offset`; returns the one it
+    /// replaces.
+    fn set_current(
+        &mut self,
+        index: u64,
+        file: File,
+        write_offset: u64,
+        size: u64,
+    ) -> Result<Option<(u64, SegFile)>, SegmentError> {
+        let path = Self::segment_path(&self.dir, index);
+        self.tail = Tail::read(&file, write_offset).map_err(io_at(&path))?;
+        let file = SegFile::new(file, &path).map_err(io_at(&path))?;
+        self.write_offset = write_offset;
+        self.current_bytes = size;
+        Ok(self.current.replace((index, file)))
     }
 
     /// Once the current segment is half written, starts preparing the next
@@ -446,11 +481,14 @@ impl SegmentLog {
                 path: self.dir.clone(),
                 source: io::Error::other("no current segment"),
             })?;
+        let starts_run = self.pending.last().is_none_or(|p| p.segment != index);
         self.pending.push(Pending {
             segment: index,
             offset: self.write_offset,
             bytes: record.slice(..used),
+            run_tail: starts_run.then(|| self.tail.clone()),
         });
+        self.tail.advance(record);
         self.entries.push(Entry {
             bookmark: r.bookmark,
             chain: r.chain,
@@ -496,29 +534,39 @@ impl SegmentLog {
         Ok(upto)
     }
 
-    /// The staged writes, each with its segment's file, and the segments
-    /// they touch (each once, in order).
-    #[allow(clippy::type_complexity)]
-    fn staged(&self) -> Result<(Vec<(&File, &Pending)>, Vec<(u64, &File)>), SegmentError> {
-        let mut touched: Vec<(u64, &File)> = Vec::new();
-        let mut writes = Vec::with_capacity(self.pending.len());
-        for p in &self.pending {
+    /// The staged records as they go to the disk: one run per touched
+    /// segment (records staged in a segment since the last sync lie back
+    /// to back), each written directly where it can be (see `direct_io`).
+    fn staged_runs(&self) -> Result<Vec<(u64, RunWrite<'_>)>, SegmentError> {
+        let mut runs = Vec::new();
+        let mut at = 0;
+        while let Some(first) = self.pending.get(at) {
+            let segment = first.segment;
+            let n = self.pending[at..]
+                .iter()
+                .take_while(|p| p.segment == segment)
+                .count();
+            let run = &self.pending[at..at + n];
+            at += n;
             let file = self
                 .current
                 .iter()
                 .chain(self.rolled.iter())
-                .find(|(i, _)| *i == p.segment)
+                .find(|(i, _)| *i == segment)
                 .map(|(_, f)| f)
                 .ok_or_else(|| SegmentError::Io {
-                    path: Self::segment_path(&self.dir, p.segment),
+                    path: Self::segment_path(&self.dir, segment),
                     source: io::Error::other("staged record's segment is not open"),
                 })?;
-            if touched.last().is_none_or(|(i, _)| *i != p.segment) {
-                touched.push((p.segment, file));
-            }
-            writes.push((file, p));
+            let tail = first
+                .run_tail
+                .as_ref()
+                .expect("a segment's first staged record carries its run's tail");
+            let size = self.sizes.get(&segment).copied().unwrap_or(0);
+            let pieces = run.iter().map(|p| (p.offset, &p.bytes[..])).collect();
+            runs.push((segment, RunWrite::plan(file, size, tail.bytes(), pieces)));
         }
-        Ok((writes, touched))
+        Ok(runs)
     }
 
     /// The fdatasyncs a `sync` now would issue (one per touched segment).
@@ -535,35 +583,34 @@ impl SegmentLog {
     }
 
     fn write_pending(&self) -> Result<(), SegmentError> {
-        let (writes, touched) = self.staged()?;
+        let runs = self.staged_runs()?;
         let dir = &self.dir;
         match &self.io {
             Io::Std => {
-                for (file, p) in writes {
-                    file.write_all_at(&p.bytes, p.offset)
-                        .map_err(io_at(&Self::segment_path(dir, p.segment)))?;
+                for (index, run) in &runs {
+                    for (offset, bytes) in run.writes() {
+                        run.file()
+                            .write_all_at(bytes, offset)
+                            .map_err(io_at(&Self::segment_path(dir, *index)))?;
+                    }
                 }
-                for (index, file) in touched {
-                    file.sync_data()
-                        .map_err(io_at(&Self::segment_path(dir, index)))?;
+                for (index, run) in &runs {
+                    run.file()
+                        .sync_data()
+                        .map_err(io_at(&Self::segment_path(dir, *index)))?;
                 }
             }
             #[cfg(target_os = "linux")]
             Io::Uring(ring) => {
-                use std::os::fd::AsFd;
-                let writes: Vec<_> = writes
-                    .iter()
-                    .map(|(file, p)| (file.as_fd(), p.offset, &p.bytes[..]))
-                    .collect();
-                let syncs: Vec<_> = touched.iter().map(|(_, f)| f.as_fd()).collect();
-                // The ring is behind a lock only so that `staged` can
+                let (writes, syncs) = ring_requests(&runs);
+                // The ring is behind a lock only so that `runs` can
                 // borrow the files while it runs (one sync at a time
                 // anyway: `sync` takes `&mut self`).
                 ring.lock()
                     .write_and_sync(&writes, &syncs)
                     .map_err(|source| {
                         // One submission: the error is not tied to a segment.
-                        let path = match touched[..] {
+                        let path = match runs[..] {
                             [(index, _)] => Self::segment_path(dir, index),
                             _ => dir.clone(),
                         };
@@ -633,6 +680,31 @@ impl SegmentLog {
             entries: self.entries[start..start + chosen].to_vec(),
         })
     }
+}
+
+/// The writes and syncs of `runs` for one io_uring submission: each
+/// run's writes, and one sync per run's descriptor.
+#[cfg(target_os = "linux")]
+#[allow(clippy::type_complexity)]
+pub(crate) fn ring_requests<'r>(
+    runs: &'r [(u64, RunWrite<'_>)],
+) -> (
+    Vec<(std::os::fd::BorrowedFd<'r>, u64, &'r [u8])>,
+    Vec<std::os::fd::BorrowedFd<'r>>,
+) {
+    use std::os::fd::AsFd;
+    let mut writes = Vec::new();
+    let mut syncs = Vec::new();
+    for (_, run) in runs {
+        let fd = run.file().as_fd();
+        writes.extend(
+            run.writes()
+                .into_iter()
+                .map(|(offset, bytes)| (fd, offset, bytes)),
+        );
+        syncs.push(fd);
+    }
+    (writes, syncs)
 }
 
 /// Bytes between two records of a plan up to which they are read

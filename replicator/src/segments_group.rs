@@ -82,27 +82,22 @@ impl GroupSyncer {
                 let mut done: Vec<Option<Result<(), SegmentError>>> =
                     logs.iter().map(|_| None).collect();
                 let outcome = {
-                    use std::os::fd::AsFd;
-                    let mut writes = Vec::new();
-                    let mut syncs = Vec::new();
+                    let mut runs = Vec::new();
                     let mut staged_logs = Vec::new();
                     for (i, log) in logs.iter().enumerate() {
                         if log.failed {
                             done[i] = Some(Err(SegmentError::Failed));
                             continue;
                         }
-                        match log.staged() {
-                            Ok((w, t)) => {
-                                writes.extend(
-                                    w.into_iter()
-                                        .map(|(f, p)| (f.as_fd(), p.offset, &p.bytes[..])),
-                                );
-                                syncs.extend(t.into_iter().map(|(_, f)| f.as_fd()));
+                        match log.staged_runs() {
+                            Ok(r) => {
+                                runs.extend(r);
                                 staged_logs.push(i);
                             }
                             Err(e) => done[i] = Some(Err(e)),
                         }
                     }
+                    let (writes, syncs) = super::ring_requests(&runs);
                     let outcome = if syncs.is_empty() {
                         Ok(false)
                     } else {

@@ -82,6 +82,7 @@ impl SegmentLog {
             sizes: BTreeMap::new(),
             entries: Vec::new(),
             current: None,
+            tail: Default::default(),
             write_offset: 0,
             current_bytes: 0,
             pending: Vec::new(),
@@ -190,9 +191,7 @@ impl SegmentLog {
                 rec.records += 1;
                 at += used;
             }
-            log.current = Some((index, file));
-            log.write_offset = at as u64;
-            log.current_bytes = data.len() as u64;
+            log.set_current(index, file, at as u64, data.len() as u64)?;
             log.sizes.insert(index, data.len() as u64);
         }
         for index in leftover {
@@ -263,9 +262,8 @@ impl SegmentLog {
             .write(true)
             .open(Self::segment_path(&self.dir, from.segment))
             .map_err(io_at(&self.dir))?;
-        self.current_bytes = file.metadata().map_err(io_at(&self.dir))?.len();
-        self.current = Some((from.segment, file));
-        self.write_offset = from.offset;
+        let size = file.metadata().map_err(io_at(&self.dir))?.len();
+        self.set_current(from.segment, file, from.offset, size)?;
         // Cut back into an earlier segment, the log next rolls to one
         // after it: a spare made for the old next index goes.
         let next = self.next_index();

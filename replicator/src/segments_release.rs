@@ -251,6 +251,7 @@ impl SegmentLog {
         self.rolled.clear();
         self.current = None;
         self.write_offset = 0;
+        self.tail = Default::default();
         self.current_bytes = 0;
         self.sizes.clear();
         self.base = start;

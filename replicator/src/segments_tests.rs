@@ -346,7 +346,11 @@ fn a_failed_sync_stops_the_log_until_reopened() {
         // A read-only handle in place of the segment: the write fails.
         let (index, _) = log.current.take().expect("current");
         let path = SegmentLog::segment_path(dir.path(), index);
-        log.current = Some((index, File::open(&path).expect("read-only")));
+        let file = crate::direct_io::SegFile {
+            file: File::open(&path).expect("read-only"),
+            direct: None,
+        };
+        log.current = Some((index, file));
         assert!(matches!(log.sync(), Err(SegmentError::Io { .. })));
         assert_eq!(log.durable(), b(0));
         assert!(matches!(log.sync(), Err(SegmentError::Failed)));
@@ -392,7 +396,11 @@ fn after_a_failed_sync_a_reopen_keeps_only_what_was_durable_before_it() {
         log.append(&rec(3)).expect("append");
         let (index, _) = log.current.take().expect("current");
         let path = SegmentLog::segment_path(dir.path(), index);
-        log.current = Some((index, File::open(&path).expect("read-only")));
+        let file = crate::direct_io::SegFile {
+            file: File::open(&path).expect("read-only"),
+            direct: None,
+        };
+        log.current = Some((index, file));
         assert!(log.sync().is_err());
         drop(log);
         // The failed sync's bytes may still have reached the file (the
@@ -601,4 +609,33 @@ fn a_release_or_a_reset_with_a_spare_keeps_it_for_the_next_segment() {
     let (log, r) = open(dir.path(), IoBackend::Std);
     assert_eq!((r.records, log.start(), log.last()), (1, b(30), b(31)));
     assert_eq!(log.read_after(b(30)).expect("read"), vec![r31]);
+}
+
+#[test]
+fn appends_after_a_reopen_mid_block_keep_every_record_before_them() {
+    for backend in BACKENDS {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (mut log, _) = open(dir.path(), backend);
+        log.append(&rec(1)).expect("append");
+        assert_eq!(log.sync().expect("sync"), b(1));
+        #[cfg(target_os = "linux")]
+        if crate::uring::under_ci() {
+            assert!(log.direct_io(), "CI's temporary directory takes O_DIRECT");
+        }
+        assert_ne!(log.write_offset % crate::direct_io::BLOCK, 0);
+        drop(log);
+        // Reopened with its end inside a block: the next write rewrites
+        // that block's first bytes from what the reopen read back.
+        let mut log = reopens_whole(dir.path(), backend, 1);
+        log.append(&rec(2)).expect("append");
+        assert_eq!(log.sync().expect("sync"), b(2));
+        drop(log);
+        let mut log = reopens_whole(dir.path(), backend, 2);
+        for s in 3..=7 {
+            log.append(&rec(s)).expect("append");
+        }
+        assert_eq!(log.sync().expect("sync"), b(7));
+        drop(log);
+        reopens_whole(dir.path(), backend, 7);
+    }
 }

@@ -196,6 +196,11 @@ impl FollowerNode {
         self.state.core.lock().log.io_backend()
     }
 
+    /// Whether the log appends with direct writes (`SegmentLog::direct_io`).
+    pub fn direct_io(&self) -> bool {
+        self.state.core.lock().log.direct_io()
+    }
+
     // ---- for the archiver (see the module doc) ----
 
     /// The newest bookmark this follower knows confirmed and holds

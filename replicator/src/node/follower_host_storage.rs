@@ -51,6 +51,11 @@ impl FollowerHost {
             None => self.shared.syncer.lock().io_backend(),
         }
     }
+    /// Whether the shared log appends with direct writes (see
+    /// `SharedLog::direct_io`; false with `per_database_logs`).
+    pub fn direct_io(&self) -> bool {
+        self.shared.log.as_ref().is_some_and(|l| l.direct_io())
+    }
     /// The databases' shared log (None with `per_database_logs`).
     pub fn shared_log(&self) -> Option<&Arc<SharedLog>> {
         self.shared.log.as_ref()

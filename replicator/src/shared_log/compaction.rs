@@ -105,7 +105,7 @@ impl Inner {
         let mut prefix = true;
         let mut dead = Vec::new();
         for (&index, info) in &self.segments {
-            let busy = Some(index) == active || self.rolled.iter().any(|(i, _)| *i == index);
+            let busy = Some(index) == active || self.rolled.iter().any(|(i, _, _)| *i == index);
             let gone = !busy && info.live == 0 && (prefix || info.controls == 0);
             prefix &= gone;
             if gone {

@@ -74,7 +74,9 @@
 //! # Descriptors
 //!
 //! The log keeps one file open, the segment being written (plus, until
-//! the next sync, one it rolled away from); reads open and close theirs.
+//! the next sync, one it rolled away from), through two descriptors where
+//! the filesystem takes direct I/O (see `direct_io`); reads open and
+//! close theirs.
 //!
 //! # Limits (for now)
 //!
@@ -96,6 +98,7 @@ mod index;
 mod migrate;
 mod recovery;
 
+use crate::direct_io::{RunWrite, SegFile, Tail};
 use crate::ids::DatabaseId;
 use crate::prealloc::{self, Spare};
 use crate::record::Encoded;
@@ -188,9 +191,32 @@ struct SegInfo {
 #[derive(Debug)]
 struct Active {
     index: u64,
-    file: File,
+    file: SegFile,
     write_offset: u64,
     size: u64,
+    /// The bytes before `write_offset` in its block (see `direct_io`).
+    tail: Tail,
+}
+
+impl Active {
+    /// Segment `index` at `path`, open as `file`, appended to from
+    /// `write_offset`.
+    fn open(
+        index: u64,
+        path: &Path,
+        file: File,
+        write_offset: u64,
+        size: u64,
+    ) -> Result<Active, SegmentError> {
+        let tail = Tail::read(&file, write_offset).map_err(io_at(path))?;
+        Ok(Active {
+            index,
+            file: SegFile::new(file, path).map_err(io_at(path))?,
+            write_offset,
+            size,
+            tail,
+        })
+    }
 }
 
 /// Bytes appended but not written yet, contiguous in one segment.
@@ -198,6 +224,8 @@ struct Active {
 struct Staged {
     segment: u64,
     offset: u64,
+    /// The segment's bytes before `offset` in its block.
+    tail: Tail,
     bytes: Vec<u8>,
 }
 
@@ -207,8 +235,9 @@ struct Inner {
     config: SharedLogConfig,
     segments: BTreeMap<u64, SegInfo>,
     active: Option<Active>,
-    /// Segments rolled away from that still have staged bytes.
-    rolled: Vec<(u64, File)>,
+    /// Segments rolled away from that still have staged bytes, with
+    /// their sizes.
+    rolled: Vec<(u64, SegFile, u64)>,
     staged: Vec<Staged>,
     /// Databases with entries staged since the last sync.
     touched: BTreeSet<DatabaseId>,
@@ -303,15 +332,10 @@ impl Inner {
         );
         bump(&mut self.stats.segments_created, 1);
         bump(&mut self.stats.spares_used, u64::from(created.from_spare));
-        let old = self.active.replace(Active {
-            index,
-            file: created.file,
-            write_offset: 0,
-            size,
-        });
-        if let Some(old) = old {
+        let active = Active::open(index, &path, created.file, 0, size)?;
+        if let Some(old) = self.active.replace(active) {
             if self.staged.iter().any(|s| s.segment == old.index) {
-                self.rolled.push((old.index, old.file));
+                self.rolled.push((old.index, old.file, old.size));
             }
         }
         tracing::debug!(
@@ -361,9 +385,11 @@ impl Inner {
             _ => self.staged.push(Staged {
                 segment,
                 offset,
+                tail: a.tail.clone(),
                 bytes: frame.to_vec(),
             }),
         }
+        a.tail.advance(frame);
         self.prepare_next();
         Ok(Loc {
             segment,
@@ -450,45 +476,73 @@ impl Inner {
         t
     }
 
-    fn file(&self, segment: u64) -> Result<&File, SegmentError> {
+    /// A staged segment's file and size.
+    fn file(&self, segment: u64) -> Result<(&SegFile, u64), SegmentError> {
         self.active
             .iter()
-            .map(|a| (a.index, &a.file))
-            .chain(self.rolled.iter().map(|(i, f)| (*i, f)))
-            .find(|(i, _)| *i == segment)
-            .map(|(_, f)| f)
+            .map(|a| (a.index, &a.file, a.size))
+            .chain(self.rolled.iter().map(|(i, f, size)| (*i, f, *size)))
+            .find(|(i, _, _)| *i == segment)
+            .map(|(_, f, size)| (f, size))
             .ok_or_else(|| SegmentError::Io {
                 path: segment_path(&self.dir, segment),
                 source: io::Error::other("staged bytes' segment is not open"),
             })
     }
 
+    /// Each staged run as it goes to the disk (see `direct_io`), and per
+    /// touched segment the descriptor its writes went through (the one
+    /// to sync: a segment is staged as one run per sync, since appends
+    /// are contiguous).
+    #[allow(clippy::type_complexity)]
+    fn run_writes(&self) -> Result<(Vec<(u64, RunWrite<'_>)>, Vec<(u64, &File)>), SegmentError> {
+        let mut writes = Vec::with_capacity(self.staged.len());
+        let mut syncs: Vec<(u64, &File)> = Vec::new();
+        for s in &self.staged {
+            let (seg, size) = self.file(s.segment)?;
+            let w = RunWrite::plan(seg, size, s.tail.bytes(), vec![(s.offset, &s.bytes[..])]);
+            let fd = w.file();
+            match syncs.last() {
+                Some((i, f)) if *i == s.segment => assert!(
+                    std::ptr::eq(*f, fd),
+                    "one segment's runs of a sync go through one descriptor"
+                ),
+                _ => syncs.push((s.segment, fd)),
+            }
+            writes.push((s.segment, w));
+        }
+        Ok((writes, syncs))
+    }
+
     fn write_staged(&self) -> Result<(), SegmentError> {
-        let touched = self.touched_segments();
+        let (writes, syncs) = self.run_writes()?;
         match &self.io {
             Io::Std => {
-                for s in &self.staged {
-                    self.file(s.segment)?
-                        .write_all_at(&s.bytes, s.offset)
-                        .map_err(io_at(&segment_path(&self.dir, s.segment)))?;
+                for (seg, w) in &writes {
+                    for (offset, bytes) in w.writes() {
+                        w.file()
+                            .write_all_at(bytes, offset)
+                            .map_err(io_at(&segment_path(&self.dir, *seg)))?;
+                    }
                 }
-                for seg in touched {
-                    self.file(seg)?
-                        .sync_data()
+                for (seg, file) in syncs {
+                    file.sync_data()
                         .map_err(io_at(&segment_path(&self.dir, seg)))?;
                 }
             }
             #[cfg(target_os = "linux")]
             Io::Uring(ring) => {
                 use std::os::fd::AsFd;
-                let mut writes = Vec::with_capacity(self.staged.len());
-                for s in &self.staged {
-                    writes.push((self.file(s.segment)?.as_fd(), s.offset, &s.bytes[..]));
-                }
-                let mut syncs = Vec::with_capacity(touched.len());
-                for seg in &touched {
-                    syncs.push(self.file(*seg)?.as_fd());
-                }
+                let writes: Vec<_> = writes
+                    .iter()
+                    .flat_map(|(_, w)| {
+                        let fd = w.file().as_fd();
+                        w.writes()
+                            .into_iter()
+                            .map(move |(offset, bytes)| (fd, offset, bytes))
+                    })
+                    .collect();
+                let syncs: Vec<_> = syncs.iter().map(|(_, f)| f.as_fd()).collect();
                 ring.lock()
                     .write_and_sync(&writes, &syncs)
                     .map_err(io_at(&self.dir))?;
@@ -530,6 +584,16 @@ impl SharedLog {
     /// `"io_uring"` or `"std"`.
     pub fn io_backend(&self) -> &'static str {
         self.inner.lock().io.name()
+    }
+
+    /// Whether appends go to the disk as direct writes (see
+    /// `direct_io`): the segment being written has a direct descriptor.
+    pub fn direct_io(&self) -> bool {
+        self.inner
+            .lock()
+            .active
+            .as_ref()
+            .is_some_and(|a| a.file.direct.is_some())
     }
 
     pub fn stats(&self) -> SharedLogStats {

@@ -382,12 +382,7 @@ impl SharedLog {
                     .write(true)
                     .open(&path)
                     .map_err(io_at(&path))?;
-                Some(Active {
-                    index,
-                    file,
-                    write_offset,
-                    size,
-                })
+                Some(Active::open(index, &path, file, write_offset, size)?)
             }
             None => None,
         };

@@ -122,6 +122,10 @@ fn interleaved(backend: IoBackend) {
             }
             log.sync().expect("sync");
         }
+        #[cfg(target_os = "linux")]
+        if crate::uring::under_ci() {
+            assert!(log.direct_io(), "CI's temporary directory takes O_DIRECT");
+        }
         for (i, e) in expect.iter().enumerate() {
             check(&log, DatabaseId(i as u64 + 1), e);
         }
