@@ -1,0 +1,133 @@
+//! The read side of a segment log: a batch of records located in the
+//! log's segment files ([`ReadPlan`], made by `SegmentLog::plan_batch`, or
+//! by the shared log over its own segments), read with one read per run of
+//! close records, and checked when read without the log's lock.
+
+use super::{Entry, SegmentError, SegmentLog, io_at};
+use crate::bookmark::Bookmark;
+use crate::chain::ChainHash;
+use crate::record::Encoded;
+use bytes::Bytes;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+/// Bytes between two records of a plan up to which they are read
+/// together (reading a little more beats another read).
+pub const READ_GAP: u64 = 64 << 10;
+
+/// A batch of records located in the log's files, read by [`read`]
+/// (see [`SegmentLog::plan_batch`]).
+///
+/// [`read`]: ReadPlan::read
+#[derive(Debug, Clone)]
+pub struct ReadPlan {
+    pub(super) dir: PathBuf,
+    pub(super) entries: Vec<Entry>,
+}
+
+impl ReadPlan {
+    /// A plan over segment files `<dir>/<index:016x>.seg` another log
+    /// keeps (the shared log's): per record its bookmark, chain, segment,
+    /// offset and length.
+    pub(crate) fn from_parts(
+        dir: PathBuf,
+        parts: impl IntoIterator<Item = (Bookmark, ChainHash, u64, u64, u64)>,
+    ) -> ReadPlan {
+        let entries = parts
+            .into_iter()
+            .map(|(bookmark, chain, segment, offset, len)| Entry {
+                bookmark,
+                chain,
+                segment,
+                offset,
+                len,
+            })
+            .collect();
+        ReadPlan { dir, entries }
+    }
+
+    /// How many records the plan reads.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The reads `read` makes: runs of the plan's records (by index) in
+    /// one segment whose bytes lie close together, each with the span
+    /// covering them. In a segment log a segment's records are back to
+    /// back (one read per segment); in the shared log a database's records
+    /// are interleaved with others', and compaction may have moved an
+    /// older one behind a newer one: a gap over [`READ_GAP`] starts a new
+    /// read rather than reading everyone's records in between.
+    fn reads(&self) -> Vec<(u64, u64, u64, std::ops::Range<usize>)> {
+        let mut out: Vec<(u64, u64, u64, std::ops::Range<usize>)> = Vec::new();
+        for (i, e) in self.entries.iter().enumerate() {
+            let end = e.offset + e.len;
+            if let Some((seg, lo, hi, run)) = out.last_mut() {
+                let near =
+                    e.offset <= hi.saturating_add(READ_GAP) && end.saturating_add(READ_GAP) >= *lo;
+                if *seg == e.segment && near {
+                    *lo = (*lo).min(e.offset);
+                    *hi = (*hi).max(end);
+                    run.end = i + 1;
+                    continue;
+                }
+            }
+            out.push((e.segment, e.offset, end, i..i + 1));
+        }
+        out
+    }
+
+    /// Bytes `read` reads from the files.
+    pub fn span_bytes(&self) -> u64 {
+        self.reads().iter().map(|(_, lo, hi, _)| hi - lo).sum()
+    }
+
+    /// The encoded records, in order: each run of close records with one
+    /// read.
+    pub fn read(&self) -> Result<Vec<Bytes>, SegmentError> {
+        let mut out = Vec::with_capacity(self.entries.len());
+        let mut open: Option<(u64, File)> = None;
+        for (segment, lo, hi, run) in self.reads() {
+            let path = SegmentLog::segment_path(&self.dir, segment);
+            if open.as_ref().is_none_or(|(s, _)| *s != segment) {
+                open = Some((segment, File::open(&path).map_err(io_at(&path))?));
+            }
+            let Some((_, file)) = &open else {
+                continue;
+            };
+            let mut buf = vec![0u8; (hi - lo) as usize];
+            file.read_exact_at(&mut buf, lo).map_err(io_at(&path))?;
+            let buf = Bytes::from(buf);
+            for e in &self.entries[run] {
+                let at = (e.offset - lo) as usize;
+                out.push(buf.slice(at..at + e.len as usize));
+            }
+        }
+        Ok(out)
+    }
+
+    /// [`read`](ReadPlan::read), each record decoded (its CRC checked) and
+    /// checked to be the one located there (bookmark and chain): for a read
+    /// made after the log's lock was released. [`SegmentError::Moved`]
+    /// otherwise.
+    pub fn read_checked(&self) -> Result<Vec<Bytes>, SegmentError> {
+        let out = self.read()?;
+        for (bytes, e) in out.iter().zip(&self.entries) {
+            match Encoded::decode(bytes) {
+                Ok((r, used))
+                    if r.bookmark == e.bookmark && r.chain == e.chain && used == bytes.len() => {}
+                _ => {
+                    return Err(SegmentError::Moved {
+                        bookmark: e.bookmark,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+}
