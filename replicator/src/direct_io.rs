@@ -19,14 +19,15 @@
 //!            at k*BLOCK, (tail + run) rounded up to whole blocks
 //! ```
 //!
-//! Why: on a virtio disk, a buffered write through io_uring is handed to
-//! a kernel worker thread (ext4 cannot write buffered without blocking),
-//! and its `RWF_DSYNC` then writes the page cache back; a direct write is
-//! issued from the submitting thread and lands on the disk once. Measured
-//! on this machine (papers/performance.md, lever 38): one writer's 9 KB
-//! appends with `RWF_DSYNC`, 2,000 each way, took p50 185-206 us against
-//! 364-391 us, one context switch per write against 3-4, and a third of
-//! the machine's CPU.
+//! Why: a buffered write through io_uring is handed to a kernel worker
+//! thread (ext4 cannot write buffered without blocking), and its
+//! `RWF_DSYNC` then writes the page cache back; a direct write is issued
+//! from the submitting thread and lands on the disk once. Measured on this
+//! machine's virtio disk (`cargo bench -p walrelay-benches --bench
+//! floors`, 9,000-byte appends alternated call by call; papers/
+//! performance.md, lever 38): p50 0.81-0.88x, the process's CPU per call
+//! 0.38-0.43x and its context switches 0.37-0.48x those of the buffered
+//! form.
 //!
 //! Crash safety is that of the page cache: writing a page back rewrites
 //! the whole page, earlier bytes included, as this does. A block torn by a
