@@ -286,17 +286,23 @@ mod tests {
         assert!(s[5010..].iter().all(|&b| b == 0));
     }
 
-    #[test]
-    fn a_run_that_would_pad_past_the_segment_goes_through_the_page_cache() {
-        let dir = tempfile::tempdir().expect("dir");
-        let path = dir.path().join("seg");
-        std::fs::write(&path, vec![0u8; 6000]).expect("write");
+    /// A segment file of `size` zeros in `dir`, open as a log opens it.
+    fn zeroed_segment(dir: &Path, size: u64) -> (std::path::PathBuf, SegFile) {
+        let path = dir.join("seg");
+        std::fs::write(&path, vec![0u8; size as usize]).expect("write");
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .open(&path)
             .expect("open");
         let seg = SegFile::new(file, &path).expect("seg");
+        (path, seg)
+    }
+
+    #[test]
+    fn a_run_that_would_pad_past_the_segment_goes_through_the_page_cache() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (_, seg) = zeroed_segment(dir.path(), 6000);
         let bytes = [5u8; 100];
         match RunWrite::plan(&seg, 6000, &[0; 904], vec![(5000, &bytes[..])]) {
             RunWrite::Buffered { pieces, .. } => assert_eq!(pieces, vec![(5000, &bytes[..])]),
@@ -315,15 +321,8 @@ mod tests {
     #[test]
     fn direct_runs_rewrite_the_tail_and_leave_the_file_as_buffered_writes_would() {
         let dir = tempfile::tempdir().expect("dir");
-        let path = dir.path().join("seg");
         let size = 5 * BLOCK;
-        std::fs::write(&path, vec![0u8; size as usize]).expect("write");
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .expect("open");
-        let seg = SegFile::new(file, &path).expect("seg");
+        let (path, seg) = zeroed_segment(dir.path(), size);
         if seg.direct.is_none() && crate::uring::under_ci() {
             panic!("CI's temporary directory must take O_DIRECT");
         }
