@@ -174,6 +174,11 @@ impl Padded {
         Padded { raw, start, len }
     }
 
+    /// `len` zeros, rounded up to whole blocks.
+    pub(crate) fn zeros(len: usize) -> Padded {
+        Padded::new(&[], &[&vec![0u8; len]])
+    }
+
     pub(crate) fn as_slice(&self) -> &[u8] {
         &self.raw[self.start..self.start + self.len]
     }

@@ -10,11 +10,14 @@
 //! whole, so a crash never leaves a short segment behind (recovery removes
 //! a leftover `.seg.tmp`).
 //!
-//! The fill writes back as it goes, a chunk at a time
-//! (`sync_file_range`), rather than leaving the whole segment to its
-//! closing sync: every follower of a cluster fills at about the same
-//! moment, and five 64 MiB bursts at once held their log syncs (and so
-//! the quorum) for tens of milliseconds.
+//! The fill writes back as it goes, a chunk at a time, rather than
+//! leaving the whole segment to its closing sync: every follower of a
+//! cluster fills at about the same moment, and five 64 MiB bursts at once
+//! held their log syncs (and so the quorum) for tens of milliseconds.
+//! Where the filesystem takes direct I/O the chunks are direct writes
+//! (see `direct_io`), which reach the disk as they are made; elsewhere
+//! they go through the page cache, each written back behind the next
+//! (`sync_file_range`).
 //!
 //! Zero-filling and syncing a 64 MiB segment takes 100 ms and more; done
 //! inline at the roll it stalls the follower's transport thread, and every
@@ -31,6 +34,7 @@
 //! preparations of one index never run at once, and a log reopened in the
 //! same directory never shares a `.seg.tmp` with a thread still writing it.
 
+use crate::direct_io::{self, Padded};
 use crate::segments::SegmentError;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -77,7 +81,14 @@ pub(crate) fn zero_filled(
         .truncate(true)
         .open(tmp)
         .map_err(io_at(tmp))?;
-    let zeros = vec![0u8; size.min(CHUNK) as usize];
+    // Whole blocks go through a direct descriptor where the filesystem
+    // takes one: no page cache to fill, copy into and write back (about
+    // 9 ms of CPU per 64 MiB against 22 here), and each write is paced by
+    // the disk itself. What is left (a size that is not whole blocks, or
+    // no direct I/O) is written through the page cache, a chunk at a time
+    // behind `write_back`.
+    let direct = direct_io::open(tmp).map_err(io_at(tmp))?;
+    let zeros = Padded::zeros(size.min(CHUNK) as usize);
     let mut at = 0u64;
     while at < size {
         if cancelled() {
@@ -86,9 +97,19 @@ pub(crate) fn zero_filled(
                 "segment preparation cancelled",
             )));
         }
-        let n = (size - at).min(zeros.len() as u64) as usize;
-        file.write_all_at(&zeros[..n], at).map_err(io_at(tmp))?;
-        write_back(&file, at, n as u64).map_err(io_at(tmp))?;
+        let n = (size - at).min(CHUNK) as usize;
+        let whole_blocks = n as u64 % direct_io::BLOCK == 0;
+        match &direct {
+            Some(d) if whole_blocks => {
+                d.write_all_at(&zeros.as_slice()[..n], at)
+                    .map_err(io_at(tmp))?;
+            }
+            _ => {
+                file.write_all_at(&zeros.as_slice()[..n], at)
+                    .map_err(io_at(tmp))?;
+                write_back(&file, at, n as u64).map_err(io_at(tmp))?;
+            }
+        }
         at += n as u64;
     }
     if cancelled() {
@@ -370,6 +391,20 @@ mod tests {
         let (file, size) = spare.take(3, 4096).expect("covers it");
         assert_eq!((file.metadata().expect("meta").len(), size), (8192, 8192));
         assert!(tmp_path(&path).exists(), "taken: left for the rename");
+    }
+
+    #[test]
+    fn a_segment_is_zeros_to_its_size_whether_or_not_that_is_whole_blocks() {
+        let dir = tempfile::tempdir().expect("dir");
+        for size in [4096, 3 * CHUNK, 2 * CHUNK + 4096 + 100, 100] {
+            let tmp = dir.path().join("0000000000000001.seg.tmp");
+            // What a crash left under the temporary name is overwritten.
+            std::fs::write(&tmp, vec![0xffu8; 5000]).expect("leftover");
+            let file = zero_filled(&tmp, size, None).expect("filled");
+            assert_eq!(file.metadata().expect("meta").len(), size);
+            let bytes = std::fs::read(&tmp).expect("read");
+            assert!(bytes.iter().all(|&b| b == 0), "{size} bytes of zeros");
+        }
     }
 
     #[test]
