@@ -11,11 +11,11 @@
 //! completion workers not) and its context switches (every thread of the
 //! process), from getrusage(2).
 
-use crate::floor::{Percentiles, percentiles};
-use std::fs::{File, OpenOptions};
+use crate::floor::{Percentiles, percentiles, process_usage, zero_filled};
+use std::fs::OpenOptions;
 use std::io;
 use std::os::fd::AsFd;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use walrelay_replicator::uring::SyncRing;
@@ -39,39 +39,6 @@ pub struct AppendForm {
 pub struct AppendComparison {
     pub buffered: AppendForm,
     pub direct: Option<AppendForm>,
-}
-
-fn usage() -> (u64, u64) {
-    let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage writes one rusage into the zeroed buffer we own;
-    // RUSAGE_SELF is always valid.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr()) };
-    if rc != 0 {
-        return (0, 0);
-    }
-    // SAFETY: getrusage succeeded, so it initialised the struct.
-    let u = unsafe { u.assume_init() };
-    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    (
-        us(u.ru_utime) + us(u.ru_stime),
-        (u.ru_nvcsw + u.ru_nivcsw) as u64,
-    )
-}
-
-fn zero_filled(dir: &Path, name: &str) -> io::Result<File> {
-    let path = dir.join(name);
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)?;
-    let zeros = vec![0u8; 1 << 20];
-    for i in 0..FILE_BYTES >> 20 {
-        f.write_all_at(&zeros, i << 20)?;
-    }
-    f.sync_all()?;
-    Ok(f)
 }
 
 /// A block-aligned window of `len` bytes inside an owned buffer.
@@ -113,12 +80,13 @@ pub fn append_dsync(
         ));
     }
     let mut ring = SyncRing::new(8)?;
-    let buffered = zero_filled(dir, "append-buffered")?;
-    let direct_file = zero_filled(dir, "append-direct")?;
+    let buffered = zero_filled(dir, "append-buffered-", FILE_BYTES as usize)?;
+    let buffered = buffered.as_file();
+    let direct_file = zero_filled(dir, "append-direct-", FILE_BYTES as usize)?;
     let direct = match OpenOptions::new()
         .write(true)
         .custom_flags(libc::O_DIRECT)
-        .open(dir.join("append-direct"))
+        .open(direct_file.path())
     {
         Ok(f) => Some(f),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => None,
@@ -129,11 +97,11 @@ pub fn append_dsync(
     let (mut b_end, mut d_end) = (0u64, 0u64);
     let (mut b, mut d) = (Samples::default(), Samples::default());
     let timed = |s: &mut Samples, f: &mut dyn FnMut() -> io::Result<()>| -> io::Result<()> {
-        let (cpu0, sw0) = usage();
+        let (cpu0, sw0) = process_usage();
         let t = Instant::now();
         f()?;
         s.latency.push(t.elapsed());
-        let (cpu1, sw1) = usage();
+        let (cpu1, sw1) = process_usage();
         s.cpu_us += cpu1.saturating_sub(cpu0);
         s.switches += sw1.saturating_sub(sw0);
         Ok(())
@@ -166,9 +134,6 @@ pub fn append_dsync(
         let from = tail + record_bytes - new_tail;
         buf.copy_within(start + from..start + from + new_tail, start);
     }
-    drop(direct_file);
-    let _ = std::fs::remove_file(dir.join("append-buffered"));
-    let _ = std::fs::remove_file(dir.join("append-direct"));
     Ok(AppendComparison {
         buffered: b.form(),
         direct: direct.map(|_| d.form()),

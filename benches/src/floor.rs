@@ -10,6 +10,9 @@
 //!   writing a file of a given size durably, the floor of a restore (the
 //!   objects it fetches in, the database out); [`evict`] drops a file from
 //!   the page cache first, for a cold read.
+//! - [`zero_filled`] and [`process_usage`]: a preallocated file to write
+//!   into, and the process's CPU time and context switches, for the
+//!   floors here and in [`crate::append`].
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -32,6 +35,24 @@ pub const REPLY_BYTES: usize = 8;
 
 /// Bounds a blocked read so a dead peer fails the run instead of hanging CI.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A temporary file in `dir` (named, not O_TMPFILE, so it is an ordinary
+/// file like the log's) of `len` bytes of real zeros (not `set_len`: a
+/// sparse file would allocate on first write), synced with `sync_all`,
+/// which also makes its size durable, so later fdatasyncs carry data only.
+/// Removed when dropped.
+pub fn zero_filled(dir: &Path, prefix: &str, len: usize) -> io::Result<tempfile::NamedTempFile> {
+    let tmp = tempfile::Builder::new().prefix(prefix).tempfile_in(dir)?;
+    let chunk = vec![0u8; (1 << 20).min(len)];
+    let mut at = 0;
+    while at < len {
+        let n = chunk.len().min(len - at);
+        tmp.as_file().write_all_at(&chunk[..n], at as u64)?;
+        at += n;
+    }
+    tmp.as_file().sync_all()?;
+    Ok(tmp)
+}
 
 /// Times `iterations` durable overwrites of `size_bytes` each.
 ///
@@ -61,23 +82,8 @@ fn durable_overwrite_in(
         ));
     }
     let file_len = prealloc_bytes.max(size_bytes);
-    // Named (not O_TMPFILE) so it is an ordinary file like the log's.
-    let tmp = tempfile::Builder::new()
-        .prefix("floor-overwrite-")
-        .tempfile_in(dir)?;
+    let tmp = zero_filled(dir, "floor-overwrite-", file_len)?;
     let file: &File = tmp.as_file();
-
-    // Real zeros, not set_len: a sparse file would allocate on first write.
-    let chunk = vec![0u8; (1 << 20).min(file_len)];
-    let mut at = 0;
-    while at < file_len {
-        let n = chunk.len().min(file_len - at);
-        file.write_all_at(&chunk[..n], at as u64)?;
-        at += n;
-    }
-    // sync_all (fsync) also makes the size durable, so later fdatasyncs
-    // carry data only.
-    file.sync_all()?;
 
     let mut buf = vec![0u8; size_bytes];
     let mut samples = Vec::with_capacity(iterations);
@@ -116,18 +122,7 @@ pub fn concurrent_durable_overwrite(
     let file_len = PREALLOC_BYTES.max(size_bytes);
     let mut handles = Vec::with_capacity(files);
     for _ in 0..files {
-        let tmp = tempfile::Builder::new()
-            .prefix("floor-concurrent-")
-            .tempfile_in(dir)?;
-        let chunk = vec![0u8; (1 << 20).min(file_len)];
-        let mut at = 0;
-        while at < file_len {
-            let n = chunk.len().min(file_len - at);
-            tmp.as_file().write_all_at(&chunk[..n], at as u64)?;
-            at += n;
-        }
-        tmp.as_file().sync_all()?;
-        handles.push(tmp);
+        handles.push(zero_filled(dir, "floor-concurrent-", file_len)?);
     }
     let start_round = Arc::new(Barrier::new(files + 1));
     let (done_tx, done_rx) = mpsc::channel::<io::Result<Instant>>();
@@ -370,18 +365,28 @@ pub fn quorum_floor(overwrite: &Percentiles, round_trip: &Percentiles) -> Percen
 /// CPU time (user + system) this process has used so far, in µs, from
 /// getrusage(2): what every node of an in-process cluster spent.
 pub fn process_cpu_us() -> u64 {
+    process_usage().0
+}
+
+/// This process's CPU time so far (µs) and its context switches
+/// (voluntary and not, every thread's), from getrusage(2); zeros if it
+/// fails.
+pub fn process_usage() -> (u64, u64) {
     let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: getrusage writes one rusage into the zeroed buffer we own;
     // RUSAGE_SELF is always valid.
     let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr()) };
     if rc != 0 {
-        return 0;
+        return (0, 0);
     }
     // SAFETY: getrusage succeeded, so it initialised the struct (and it
     // was zeroed before).
     let u = unsafe { u.assume_init() };
     let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    us(u.ru_utime) + us(u.ru_stime)
+    (
+        us(u.ru_utime) + us(u.ru_stime),
+        (u.ru_nvcsw + u.ru_nivcsw) as u64,
+    )
 }
 
 #[cfg(test)]

@@ -159,6 +159,52 @@ impl Io {
         }
     }
 
+    /// Writes each run (tagged with its segment's index) and makes it
+    /// durable, one sync per run's descriptor: on io_uring all in one
+    /// submission, each sync linked behind its run's writes. An error
+    /// comes with the segment it is tied to (none for a submission).
+    pub(crate) fn write_runs(
+        &self,
+        runs: &[(u64, RunWrite<'_>)],
+    ) -> Result<(), (Option<u64>, io::Error)> {
+        match self {
+            Io::Std => {
+                for (index, run) in runs {
+                    for (offset, bytes) in run.writes() {
+                        run.file()
+                            .write_all_at(bytes, offset)
+                            .map_err(|e| (Some(*index), e))?;
+                    }
+                }
+                for (index, run) in runs {
+                    run.file().sync_data().map_err(|e| (Some(*index), e))?;
+                }
+                Ok(())
+            }
+            #[cfg(target_os = "linux")]
+            Io::Uring(ring) => {
+                use std::os::fd::AsFd;
+                let mut writes = Vec::new();
+                let mut syncs = Vec::new();
+                for (_, run) in runs {
+                    let fd = run.file().as_fd();
+                    writes.extend(
+                        run.writes()
+                            .into_iter()
+                            .map(|(offset, bytes)| (fd, offset, bytes)),
+                    );
+                    syncs.push(fd);
+                }
+                // The ring is behind a lock only so that the runs can
+                // borrow the files while it runs (one sync at a time
+                // anyway: a log's `sync` takes `&mut self`).
+                ring.lock()
+                    .write_and_sync(&writes, &syncs)
+                    .map_err(|e| (None, e))
+            }
+        }
+    }
+
     pub(crate) fn choose(backend: IoBackend) -> Io {
         if backend == IoBackend::Std || uring_forbidden() {
             return Io::Std;
@@ -585,40 +631,14 @@ impl SegmentLog {
     fn write_pending(&self) -> Result<(), SegmentError> {
         let runs = self.staged_runs()?;
         let dir = &self.dir;
-        match &self.io {
-            Io::Std => {
-                for (index, run) in &runs {
-                    for (offset, bytes) in run.writes() {
-                        run.file()
-                            .write_all_at(bytes, offset)
-                            .map_err(io_at(&Self::segment_path(dir, *index)))?;
-                    }
-                }
-                for (index, run) in &runs {
-                    run.file()
-                        .sync_data()
-                        .map_err(io_at(&Self::segment_path(dir, *index)))?;
-                }
-            }
-            #[cfg(target_os = "linux")]
-            Io::Uring(ring) => {
-                let (writes, syncs) = ring_requests(&runs);
-                // The ring is behind a lock only so that `runs` can
-                // borrow the files while it runs (one sync at a time
-                // anyway: `sync` takes `&mut self`).
-                ring.lock()
-                    .write_and_sync(&writes, &syncs)
-                    .map_err(|source| {
-                        // One submission: the error is not tied to a segment.
-                        let path = match runs[..] {
-                            [(index, _)] => Self::segment_path(dir, index),
-                            _ => dir.clone(),
-                        };
-                        SegmentError::Io { path, source }
-                    })?;
-            }
-        }
-        Ok(())
+        self.io.write_runs(&runs).map_err(|(segment, source)| {
+            // One io_uring submission ties no error to a segment.
+            let path = match (segment, &runs[..]) {
+                (Some(index), _) | (None, &[(index, _)]) => Self::segment_path(dir, index),
+                _ => dir.clone(),
+            };
+            SegmentError::Io { path, source }
+        })
     }
 
     /// The encoded records after `after`, in order (catch-up). Only durable
@@ -680,31 +700,6 @@ impl SegmentLog {
             entries: self.entries[start..start + chosen].to_vec(),
         })
     }
-}
-
-/// The writes and syncs of `runs` for one io_uring submission: each
-/// run's writes, and one sync per run's descriptor.
-#[cfg(target_os = "linux")]
-#[allow(clippy::type_complexity)]
-pub(crate) fn ring_requests<'r>(
-    runs: &'r [(u64, RunWrite<'_>)],
-) -> (
-    Vec<(std::os::fd::BorrowedFd<'r>, u64, &'r [u8])>,
-    Vec<std::os::fd::BorrowedFd<'r>>,
-) {
-    use std::os::fd::AsFd;
-    let mut writes = Vec::new();
-    let mut syncs = Vec::new();
-    for (_, run) in runs {
-        let fd = run.file().as_fd();
-        writes.extend(
-            run.writes()
-                .into_iter()
-                .map(|(offset, bytes)| (fd, offset, bytes)),
-        );
-        syncs.push(fd);
-    }
-    (writes, syncs)
 }
 
 #[path = "segments_read.rs"]

@@ -77,7 +77,7 @@ impl GroupSyncer {
                 }
             }
             #[cfg(target_os = "linux")]
-            Io::Uring(ring) => {
+            Io::Uring(_) => {
                 let uptos: Vec<Bookmark> = logs.iter().map(|l| l.last()).collect();
                 let mut done: Vec<Option<Result<(), SegmentError>>> =
                     logs.iter().map(|_| None).collect();
@@ -97,11 +97,10 @@ impl GroupSyncer {
                             Err(e) => done[i] = Some(Err(e)),
                         }
                     }
-                    let (writes, syncs) = super::ring_requests(&runs);
-                    let outcome = if syncs.is_empty() {
+                    let outcome = if runs.is_empty() {
                         Ok(false)
                     } else {
-                        ring.lock().write_and_sync(&writes, &syncs).map(|()| true)
+                        self.io.write_runs(&runs).map(|()| true).map_err(|(_, e)| e)
                     };
                     (outcome, staged_logs)
                 };

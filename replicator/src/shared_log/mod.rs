@@ -109,7 +109,6 @@ use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -490,65 +489,19 @@ impl Inner {
             })
     }
 
-    /// Each staged run as it goes to the disk (see `direct_io`), and per
-    /// touched segment the descriptor its writes went through (the one
-    /// to sync: a segment is staged as one run per sync, since appends
-    /// are contiguous).
-    #[allow(clippy::type_complexity)]
-    fn run_writes(&self) -> Result<(Vec<(u64, RunWrite<'_>)>, Vec<(u64, &File)>), SegmentError> {
-        let mut writes = Vec::with_capacity(self.staged.len());
-        let mut syncs: Vec<(u64, &File)> = Vec::new();
+    /// Writes everything staged as runs (see `direct_io`; one per touched
+    /// segment, appends being contiguous) and makes them durable.
+    fn write_staged(&self) -> Result<(), SegmentError> {
+        let mut runs = Vec::with_capacity(self.staged.len());
         for s in &self.staged {
             let (seg, size) = self.file(s.segment)?;
-            let w = RunWrite::plan(seg, size, s.tail.bytes(), vec![(s.offset, &s.bytes[..])]);
-            let fd = w.file();
-            match syncs.last() {
-                Some((i, f)) if *i == s.segment => assert!(
-                    std::ptr::eq(*f, fd),
-                    "one segment's runs of a sync go through one descriptor"
-                ),
-                _ => syncs.push((s.segment, fd)),
-            }
-            writes.push((s.segment, w));
+            let pieces = vec![(s.offset, &s.bytes[..])];
+            runs.push((s.segment, RunWrite::plan(seg, size, s.tail.bytes(), pieces)));
         }
-        Ok((writes, syncs))
-    }
-
-    fn write_staged(&self) -> Result<(), SegmentError> {
-        let (writes, syncs) = self.run_writes()?;
-        match &self.io {
-            Io::Std => {
-                for (seg, w) in &writes {
-                    for (offset, bytes) in w.writes() {
-                        w.file()
-                            .write_all_at(bytes, offset)
-                            .map_err(io_at(&segment_path(&self.dir, *seg)))?;
-                    }
-                }
-                for (seg, file) in syncs {
-                    file.sync_data()
-                        .map_err(io_at(&segment_path(&self.dir, seg)))?;
-                }
-            }
-            #[cfg(target_os = "linux")]
-            Io::Uring(ring) => {
-                use std::os::fd::AsFd;
-                let writes: Vec<_> = writes
-                    .iter()
-                    .flat_map(|(_, w)| {
-                        let fd = w.file().as_fd();
-                        w.writes()
-                            .into_iter()
-                            .map(move |(offset, bytes)| (fd, offset, bytes))
-                    })
-                    .collect();
-                let syncs: Vec<_> = syncs.iter().map(|(_, f)| f.as_fd()).collect();
-                ring.lock()
-                    .write_and_sync(&writes, &syncs)
-                    .map_err(io_at(&self.dir))?;
-            }
-        }
-        Ok(())
+        self.io.write_runs(&runs).map_err(|(segment, source)| {
+            let path = segment.map_or_else(|| self.dir.clone(), |i| segment_path(&self.dir, i));
+            SegmentError::Io { path, source }
+        })
     }
 }
 
