@@ -388,6 +388,80 @@ fn missing_malformed_unknown_or_wrong_secret_credentials_are_401_and_change_noth
     );
 }
 
+/// Sends a request head on `stream` (keep-alive) and, when `body` is
+/// given, its body in a second write; reads one answer: its status, its
+/// `Connection` header, and whether the server then closed the connection.
+fn exchange(
+    stream: &mut std::net::TcpStream,
+    authorization: &str,
+    body: Option<&str>,
+) -> (u16, Option<String>) {
+    let head = format!(
+        "POST /v1/databases/main/query HTTP/1.1\r\nhost: walrelay\r\n\
+         content-type: application/json\r\nauthorization: {authorization}\r\n\
+         content-length: {}\r\n\r\n",
+        COUNT.len()
+    );
+    stream.write_all(head.as_bytes()).expect("send the head");
+    if let Some(b) = body {
+        stream.write_all(b.as_bytes()).expect("send the body");
+    }
+    // The head, then exactly content-length bytes of body.
+    let mut raw = Vec::new();
+    let mut byte = [0u8; 1];
+    while !raw.ends_with(b"\r\n\r\n") {
+        let n = stream.read(&mut byte).expect("receive");
+        assert_eq!(n, 1, "the connection closed before an answer: {raw:?}");
+        raw.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&raw).to_string();
+    let header = |name: &str| {
+        head.lines().skip(1).find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_ascii_lowercase())
+        })
+    };
+    let length: usize = header("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("a content-length: {head}"));
+    let mut rest = vec![0u8; length];
+    stream.read_exact(&mut rest).expect("the body");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("a status line: {head}"));
+    (status, header("connection"))
+}
+
+#[test]
+fn a_request_refused_before_its_body_arrives_is_answered_with_connection_close() {
+    let fx = fixture();
+    let admin = fx.c.admin_token().expect("admin").expose();
+    for (node, url) in fx.nodes() {
+        let addr = url.strip_prefix("http://").expect("an http URL");
+        let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("timeout");
+        // Answered, body read: the connection stays open for the next.
+        let (status, connection) = exchange(&mut stream, &format!("Bearer {admin}"), Some(COUNT));
+        assert_eq!((status, connection), (200, None), "{node}: a good request");
+        // Refused from its head alone, the body held back: the answer says
+        // the connection closes (a pooling client must not reuse it) ...
+        let (status, connection) = exchange(&mut stream, "Bearer hunter2", None);
+        assert_eq!(status, 401, "{node}");
+        assert_eq!(connection.as_deref(), Some("close"), "{node}");
+        // ... and it does, once the body the client still sends is in.
+        stream.write_all(COUNT.as_bytes()).expect("the late body");
+        let mut after = Vec::new();
+        let _ = stream.read_to_end(&mut after);
+        assert!(after.is_empty(), "{node}: nothing more is answered");
+    }
+}
+
 #[test]
 fn a_token_for_another_database_is_403_and_changes_nothing() {
     let fx = fixture();

@@ -171,6 +171,9 @@ fn an_import_runs_through_a_replica_and_is_all_or_nothing() {
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.json()["result"]["num_queries"], 2);
     assert_eq!(r.json()["result"]["meta"]["served_by_primary"], true);
+    // The import is acknowledged at the primary's commit; the replicas
+    // apply it after. Compare from a settled state.
+    h.wait_replicas();
     let before = h.state();
     let r = import(
         &h,

@@ -68,10 +68,8 @@ fn up_runs_an_authenticated_cluster_reports_latency_and_lag_and_restarts_after_c
         assert_eq!(r.status, 401, "node {node}: {r:?}");
         let r = up.query_as(node, "first-unconstrained", &select_one(), Some("wrt_0_0"));
         assert_eq!(r.status, 401, "node {node}: {r:?}");
-        assert_eq!(
-            up.query(node, "first-unconstrained", &select_one()).status,
-            200
-        );
+        let r = up.query(node, "first-unconstrained", &select_one());
+        assert_eq!(r.status, 200, "node {node}: {r:?}");
     }
     let (status, lines) = up.interrupt();
     assert!(status.success(), "{lines:#?}");

@@ -33,3 +33,4 @@ pub mod server;
 pub mod time_travel;
 pub mod token_store;
 pub mod transfer;
+mod unread_body;
