@@ -1,12 +1,16 @@
 //! Runtime limits over HTTP: each limit's refusal in D1's error shape with
-//! its status and code, a client that hangs up cancels its query, and a
-//! stopping server cancels what runs and stops within its grace period.
+//! its status and code, a client that hangs up cancels its query, a
+//! stopping server cancels what runs and stops within its grace period,
+//! and the server's own bounds: connections open at once, and how long a
+//! connection may wait without a request.
 
 mod common;
 
-use common::{RUNAWAY, metric, send_query};
+use common::{RUNAWAY, closed_within, metric, read_answer, send_query};
 use serde_json::Value as Json;
+use std::io::Write;
 use std::net::SocketAddr;
+use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use walrelay_engine::http::server::{HttpConfig, HttpServer, Node, Role, serve};
@@ -24,6 +28,10 @@ struct Fixture {
 }
 
 fn fixture(readers: usize, f: impl FnOnce(&mut Limits)) -> Fixture {
+    fixture_with(readers, f, HttpConfig::default())
+}
+
+fn fixture_with(readers: usize, f: impl FnOnce(&mut Limits), http: HttpConfig) -> Fixture {
     let dir = tempfile::tempdir().expect("dir");
     let mut limits = Limits::default();
     f(&mut limits);
@@ -38,7 +46,7 @@ fn fixture(readers: usize, f: impl FnOnce(&mut Limits)) -> Fixture {
     .expect("open");
     let node = Node::new(
         Role::Primary(db.clone()),
-        HttpConfig::default(),
+        http,
         walrelay_engine::http::auth::Auth::Insecure,
     );
     let server = serve(Arc::new(node), SocketAddr::from(([127, 0, 0, 1], 0))).expect("serve");
@@ -169,4 +177,91 @@ fn a_stopping_server_cancels_its_running_queries_and_stops_within_its_grace_peri
     f.wait_until("every query ended", || f.db.readers_in_use().0 == 0);
     drop(sockets);
     println!("stopped in {took:?}");
+}
+
+#[test]
+fn connections_past_the_limit_are_answered_503_and_closed_and_a_freed_slot_serves_again() {
+    let f = fixture_with(
+        4,
+        |_| {},
+        HttpConfig {
+            max_connections: 3,
+            ..HttpConfig::default()
+        },
+    );
+    // Three connections that say nothing hold every slot.
+    let mut idle: Vec<TcpStream> = (0..3)
+        .map(|_| TcpStream::connect(f.addr()).expect("connect"))
+        .collect();
+    for attempt in 0..2 {
+        let mut extra = TcpStream::connect(f.addr()).expect("connect");
+        extra
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("timeout");
+        let r = read_answer(&mut extra);
+        assert_eq!(r.status, 503, "attempt {attempt}: {r:?}");
+        assert_eq!(r.header("retry-after").as_deref(), Some("1"), "{r:?}");
+        assert_eq!(r.header("connection").as_deref(), Some("close"), "{r:?}");
+        assert_eq!(r.json()["errors"][0]["code"], UNAVAILABLE, "{r:?}");
+        assert!(closed_within(&mut extra, Duration::from_secs(30)));
+    }
+    // One hangs up: its slot serves the next client.
+    drop(idle.pop());
+    f.wait_until("a freed slot serves a query", || {
+        let mut s = send_query(f.addr(), "SELECT 1", None);
+        s.set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("timeout");
+        read_answer(&mut s).status == 200
+    });
+    drop(idle);
+    let text = ureq::get(format!("{}/metrics", f.url()))
+        .call()
+        .expect("metrics")
+        .body_mut()
+        .read_to_string()
+        .expect("text");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("walrelay_refused_total{") && l.contains("status=\"503\"")),
+        "refusals past the connection limit are counted: {text}"
+    );
+}
+
+#[test]
+fn a_connection_waiting_without_a_request_is_closed_after_the_idle_timeout_but_a_long_query_is_answered()
+ {
+    let f = fixture_with(
+        4,
+        |l| l.query_timeout_ms = 1_500,
+        HttpConfig {
+            idle_timeout_ms: 300,
+            ..HttpConfig::default()
+        },
+    );
+    let generous = Duration::from_secs(20);
+    // Connected, never a byte.
+    let mut silent = TcpStream::connect(f.addr()).expect("connect");
+    assert!(closed_within(&mut silent, generous), "a silent connection");
+    // A head sent a byte every 100 ms never completes in time.
+    let mut slow = TcpStream::connect(f.addr()).expect("connect");
+    let head = b"POST /v1/databases/main/query HTTP/1.1\r\nhost: x\r\nx-padding: ";
+    let started = Instant::now();
+    let mut cut = false;
+    for b in head.iter().chain(std::iter::repeat(&b'a')) {
+        if slow.write_all(&[*b]).is_err() {
+            cut = true;
+            break;
+        }
+        assert!(started.elapsed() < generous, "a slow head was never cut");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(cut);
+    // A query that runs five times the idle timeout is answered on its
+    // connection, which is then closed once it has idled that long.
+    let mut busy = send_query(f.addr(), RUNAWAY, None);
+    busy.set_read_timeout(Some(generous)).expect("timeout");
+    let r = read_answer(&mut busy);
+    assert_eq!(r.status, 400, "{r:?}");
+    assert_eq!(r.json()["errors"][0]["code"], TIMEOUT, "{r:?}");
+    assert!(closed_within(&mut busy, generous), "idle after its answer");
 }

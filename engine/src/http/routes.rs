@@ -15,7 +15,6 @@ use axum::http::header::AUTHORIZATION;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -353,21 +352,14 @@ pub fn serve(node: Arc<Node>, addr: SocketAddr) -> io::Result<HttpServer> {
         .with_state(Arc::clone(&node));
     let (tx, rx) = tokio::sync::watch::channel(false);
     let grace = Duration::from_millis(SHUTDOWN_GRACE_MS);
+    let for_serving = Arc::clone(&node);
     let thread = std::thread::Builder::new()
         .name("walrelay-http-main".into())
         .spawn(move || {
             let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
                 let _ = rx.wait_for(|s| *s).await;
             };
-            // Answers go out at once: without TCP_NODELAY a response
-            // written in two parts waits for the client's delayed ACK
-            // (tens of milliseconds) whenever Nagle holds the second.
-            let listener = listener.tap_io(|tcp| {
-                if let Err(e) = tcp.set_nodelay(true) {
-                    tracing::debug!(error = %e, "TCP_NODELAY not set on an HTTP connection");
-                }
-            });
-            let serving = axum::serve(listener, app).with_graceful_shutdown(stopped(rx.clone()));
+            let serving = super::listen::serve_bounded(listener, app, for_serving, rx.clone());
             runtime.block_on(async move {
                 // Graceful: no new connections, in-flight requests finish
                 // (they were cancelled) — but for at most `grace`.

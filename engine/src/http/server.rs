@@ -104,6 +104,12 @@ pub struct HttpConfig {
     /// Largest import body (the SQL file); a larger one is refused with
     /// 413 before it is read.
     pub max_import_bytes: usize,
+    /// Most HTTP connections open at once; one more is answered 503 and
+    /// closed (see `listen`).
+    pub max_connections: usize,
+    /// A connection waiting this long for a request head (idle between
+    /// requests, or sending one slowly) is closed.
+    pub idle_timeout_ms: u64,
 }
 
 impl Default for HttpConfig {
@@ -120,6 +126,13 @@ impl Default for HttpConfig {
             fleet_store: None,
             max_export_bytes: 64 << 20,
             max_import_bytes: 32 << 20,
+            // Well under the usual descriptor limit, with room for the
+            // node's databases and replication sockets.
+            max_connections: 1_000,
+            // Longer than clients keep an idle connection pooled (ureq 15
+            // s, browsers and proxies similar), short enough that idle
+            // and slow connections do not pile up.
+            idle_timeout_ms: 30_000,
         }
     }
 }

@@ -1,0 +1,128 @@
+//! Accepting a node's HTTP connections, within bounds.
+//!
+//! - **Connections:** at most [`HttpConfig::max_connections`] are open at
+//!   once. One more is answered at once with a 503 in D1's error shape
+//!   (`Retry-After: 1`, `Connection: close`) and closed, so a client that
+//!   opens connections without end cannot take the process's
+//!   descriptors (SQLite's files and the replication sockets need them).
+//! - **Idle time:** a connection waiting for a request head for
+//!   [`HttpConfig::idle_timeout_ms`] is closed, whether it sits idle
+//!   between keep-alive requests or sends a head byte by byte. A request
+//!   being answered is not timed here: its query has its own time limit.
+//! - **Stopping:** no new connections; open ones finish the request in
+//!   hand (the node cancels it) and close.
+//!
+//! Answers go out at once: without TCP_NODELAY a response written in two
+//! parts waits for the client's delayed ACK (tens of milliseconds)
+//! whenever Nagle holds the second.
+//!
+//! [`HttpConfig::max_connections`]: super::server::HttpConfig::max_connections
+//! [`HttpConfig::idle_timeout_ms`]: super::server::HttpConfig::idle_timeout_ms
+
+use super::server::{Answer, Node, codes};
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
+
+/// Serves `app` on `listener` until `stop` turns true, then waits for the
+/// open connections to finish.
+pub(super) async fn serve_bounded(
+    listener: TcpListener,
+    app: Router,
+    node: Arc<Node>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let max = node.config().max_connections;
+    let idle = Duration::from_millis(node.config().idle_timeout_ms);
+    let slots = Arc::new(Semaphore::new(max));
+    // Each connection holds a receiver: `closed` is when the last is gone.
+    let (all_closed, open) = watch::channel(());
+    let mut saturated = false;
+    loop {
+        let stream = tokio::select! {
+            biased;
+            () = stopped(&mut stop) => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors, or the peer gave up before the
+                    // accept: wait a little rather than spin.
+                    tracing::warn!(error = %e, "accepting an HTTP connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            if !saturated {
+                tracing::warn!(
+                    max_connections = max,
+                    "HTTP connections at their limit: refusing more with 503 until one closes"
+                );
+            }
+            saturated = true;
+            refuse(&node, &stream, max);
+            continue;
+        };
+        saturated = false;
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set on an HTTP connection");
+        }
+        let service = TowerToHyperService::new(app.clone());
+        let mut stop = stop.clone();
+        let open = open.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let _open = open;
+            let mut builder = http1::Builder::new();
+            builder.timer(TokioTimer::new()).header_read_timeout(idle);
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::trace!(error = %e, "an HTTP connection ended");
+                    }
+                }
+                () = stopped(&mut stop) => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+    }
+    drop(listener);
+    drop(open);
+    all_closed.closed().await;
+}
+
+/// Until `stop` turns true (or its sender is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Answers a connection past the limit with a 503 and closes it. The
+/// answer is a few hundred bytes into a fresh socket's empty send buffer:
+/// it is written at once or not at all, never waited on.
+fn refuse(node: &Node, stream: &TcpStream, max: usize) {
+    let answer = node.refuse(Answer::error(
+        503,
+        codes::UNAVAILABLE,
+        format!("this node has {max} HTTP connections open, its limit: retry shortly"),
+    ));
+    let mut raw = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+        answer.body.len()
+    )
+    .into_bytes();
+    raw.extend_from_slice(&answer.body);
+    if let Err(e) = stream.try_write(&raw) {
+        tracing::debug!(error = %e, "a refused HTTP connection was not told why");
+    }
+}
