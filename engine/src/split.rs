@@ -107,6 +107,22 @@ fn prepare_window(conn: &Connection, window: &[u8]) -> rusqlite::Result<Prepared
     })
 }
 
+/// SQLite reads SQL text only up to a NUL character, whatever length it
+/// is given: text after one would be dropped without a word (`SELECT 1\0;
+/// DELETE FROM t` would run the SELECT and report success). So a text
+/// holding one is refused, as a SQL error naming where.
+pub(crate) fn refuse_nul(sql: &str) -> rusqlite::Result<()> {
+    match sql.bytes().position(|b| b == 0) {
+        None => Ok(()),
+        Some(at) => Err(rusqlite::Error::SqliteFailure(
+            ffi::Error::new(ffi::SQLITE_ERROR),
+            Some(format!(
+                "the SQL text holds a NUL character (at byte {at}); SQLite would read no further"
+            )),
+        )),
+    }
+}
+
 fn too_long(max_sql_bytes: usize) -> QueryError {
     QueryError::SqlTooLong {
         message: format!("statement too long: longer than {max_sql_bytes} bytes"),
@@ -123,6 +139,7 @@ pub(crate) fn next_statement(
     from: usize,
     max_sql_bytes: usize,
 ) -> Result<Option<Head>, QueryError> {
+    refuse_nul(sql.get(from..).unwrap_or_default()).map_err(QueryError::sql)?;
     let bytes = sql.as_bytes();
     let max = max_sql_bytes.max(1);
     let mut pos = from;

@@ -95,6 +95,7 @@ pub(crate) fn prepare<'c>(
     sql: &str,
     how: Prepare,
 ) -> rusqlite::Result<Prepared<'c>> {
+    crate::split::refuse_nul(sql)?;
     match prepare_once(conn, sql, how) {
         Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::Unknown) => {
             if refresh_schema(conn).is_err() {

@@ -66,6 +66,22 @@ fn invalid_sql_is_a_typed_sql_error() {
 }
 
 #[test]
+fn sql_text_holding_a_nul_character_is_refused_not_cut_short_at_it() {
+    let fx = fixture();
+    for sql in [
+        "SELECT 1\0; DELETE FROM t",
+        "DELETE FROM t WHERE id = 1\0 OR 1",
+        "INSERT INTO t(name) VALUES ('x')\0",
+    ] {
+        let e = unchanged(&fx, |s| s.prepare(sql).run().expect_err("a NUL"));
+        assert!(
+            matches!(&e, QueryError::Sql { message, .. } if message.contains("NUL")),
+            "{sql:?}: {e:?}"
+        );
+    }
+}
+
+#[test]
 fn more_than_one_statement_in_a_query_is_refused() {
     let fx = fixture();
     let e = unchanged(&fx, |s| {

@@ -101,6 +101,31 @@ fn a_failing_statement_among_several_changes_nothing() {
 }
 
 #[test]
+fn sql_holding_a_nul_character_is_refused_on_every_node_not_cut_short_at_it() {
+    let h = cluster();
+    for sql in [
+        "SELECT 1\u{0}; DELETE FROM kv",
+        "INSERT INTO kv VALUES ('n', 1); DELETE FROM kv\u{0} WHERE k = 'none'",
+        "DELETE FROM kv WHERE k = 'a'\u{0} OR 1",
+    ] {
+        h.refuse(
+            &format!("{sql:?}"),
+            &body(json!({ "sql": sql })),
+            400,
+            7500,
+            "NUL character",
+        );
+        h.refuse(
+            &format!("{sql:?} in a batch"),
+            &body(json!([{ "sql": "SELECT 1" }, { "sql": sql }])),
+            400,
+            7500,
+            "NUL character",
+        );
+    }
+}
+
+#[test]
 fn parameters_bind_to_the_last_of_several_statements() {
     let h = cluster();
     let url = h.c.primary_http.url();
