@@ -327,16 +327,9 @@ async fn handle(
     if let Err(answer) = node.authorize(authorization, Target::ControlPlane { write }) {
         return respond(answer).into_response();
     }
-    let body = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+    let body = match super::routes::read_body(&node, &headers, body, MAX_BODY_BYTES).await {
         Ok(b) => b,
-        Err(_) => {
-            return respond(node.refuse(Answer::error(
-                413,
-                codes::TOO_LARGE,
-                format!("control-plane requests are limited to {MAX_BODY_BYTES} bytes"),
-            )))
-            .into_response();
-        }
+        Err(answer) => return respond(answer).into_response(),
     };
     let n = Arc::clone(&node);
     let answer = tokio::task::spawn_blocking(move || {

@@ -104,8 +104,13 @@ pub(super) async fn internal_route(
             "internal calls need the cluster key",
         );
     }
-    let Ok(body) = axum::body::to_bytes(body, MAX_INTERNAL_BODY_BYTES).await else {
-        return error(StatusCode::PAYLOAD_TOO_LARGE, "the body is too large");
+    let idle = std::time::Duration::from_millis(node.config().idle_timeout_ms);
+    let body = match super::routes::collect(body, MAX_INTERNAL_BODY_BYTES, idle).await {
+        Ok(b) => b,
+        Err(super::routes::BodyRead::TooLarge) => {
+            return error(StatusCode::PAYLOAD_TOO_LARGE, "the body is too large");
+        }
+        Err(_) => return error(StatusCode::REQUEST_TIMEOUT, "the body did not arrive"),
     };
     tokio::task::spawn_blocking(move || {
         let local = || {

@@ -94,8 +94,11 @@ pub(super) fn caller_for(
 }
 
 /// Reads a request body of at most `limit` bytes: a larger declared
-/// length is refused unread, and at most one byte past the limit is ever
-/// read (never an allocation the client chose). A refusal is counted.
+/// length is refused unread, at most one byte past the limit is ever
+/// read (never an allocation the client chose), and a body that stops
+/// arriving for the node's idle timeout is refused (408), so a client
+/// cannot hold a request open by sending its body slowly. A refusal is
+/// counted.
 pub(super) async fn read_body(
     node: &Node,
     headers: &HeaderMap,
@@ -106,31 +109,61 @@ pub(super) async fn read_body(
         .get("content-length")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
+    let idle = Duration::from_millis(node.config().idle_timeout_ms);
     let read = match declared {
         Some(n) if n > limit as u64 => Err(BodyRead::TooLarge),
-        _ => axum::body::to_bytes(body, limit.saturating_add(1))
-            .await
-            .map_err(|e| {
-                if is_length_limit(&e) {
-                    BodyRead::TooLarge
-                } else {
-                    BodyRead::Failed(e.to_string())
-                }
-            }),
+        _ => collect(body, limit, idle).await,
     };
     match read {
-        Ok(b) if b.len() > limit => {
-            Err(node.refuse(Answer::error(413, codes::TOO_LARGE, too_large(limit))))
-        }
         Ok(b) => Ok(b),
         Err(BodyRead::TooLarge) => {
             Err(node.refuse(Answer::error(413, codes::TOO_LARGE, too_large(limit))))
         }
+        Err(BodyRead::Stalled) => Err(node.refuse(Answer::error(
+            408,
+            codes::TIMEOUT,
+            format!(
+                "the request body stopped arriving: nothing for {} ms",
+                idle.as_millis()
+            ),
+        ))),
         Err(BodyRead::Failed(why)) => Err(node.refuse(Answer::error(
             400,
             codes::BAD_REQUEST,
             format!("could not read the request body: {why}"),
         ))),
+    }
+}
+
+/// Collects a body of at most `limit` bytes, each frame due within
+/// `idle` of the one before.
+pub(super) async fn collect(
+    mut body: axum::body::Body,
+    limit: usize,
+    idle: Duration,
+) -> Result<bytes::Bytes, BodyRead> {
+    use axum::body::HttpBody;
+    let mut out = bytes::BytesMut::new();
+    loop {
+        let next = std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx));
+        let frame = match tokio::time::timeout(idle, next).await {
+            Err(_) => return Err(BodyRead::Stalled),
+            Ok(None) => return Ok(out.freeze()),
+            Ok(Some(Err(e))) => return Err(BodyRead::Failed(e.to_string())),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        // Trailers carry nothing a route reads.
+        if let Ok(data) = frame.into_data() {
+            if data.len() > limit.saturating_sub(out.len()) {
+                return Err(BodyRead::TooLarge);
+            }
+            if out.is_empty() && body.is_end_stream() {
+                // The whole body in one frame (the usual small request):
+                // no copy.
+                return Ok(data);
+            }
+            out.extend_from_slice(&data);
+        }
     }
 }
 
@@ -255,23 +288,11 @@ async fn raw_route(
 }
 
 /// Why a request body was not read.
-enum BodyRead {
+pub(super) enum BodyRead {
     TooLarge,
+    /// Nothing arrived for the idle timeout.
+    Stalled,
     Failed(String),
-}
-
-/// Whether a body error is the size limit (http-body's `LengthLimitError`,
-/// which axum wraps; matched by its message to avoid a dependency for one
-/// type).
-fn is_length_limit(e: &axum::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = source {
-        if err.to_string().contains("length limit exceeded") {
-            return true;
-        }
-        source = err.source();
-    }
-    false
 }
 
 /// `GET /metrics`: node-wide, so it needs an all-databases token (of
