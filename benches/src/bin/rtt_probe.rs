@@ -20,6 +20,10 @@
 //!     replica point read against its HTTP floor: on one connection, a
 //!     `SELECT 1` and a point read of a random key of table `kv`
 //!     alternate for SECONDS, so both see the same machine load
+//! rtt_probe pair A B SECONDS
+//!     two servers' HTTP floors (two builds, say): one connection to each,
+//!     `SELECT 1` sent to A and B in turn for SECONDS; reports both p50s
+//!     and B/A, so a change in the HTTP path is judged under one load
 //! ```
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -56,7 +60,8 @@ fn main() {
         ["load", addr, secs, lag_log] => load(addr, secs.parse().unwrap_or(0), Path::new(lag_log)),
         ["visible", primary, replica, secs] => visible(primary, replica, secs.parse().unwrap_or(0)),
         ["read", replica, secs] => read(replica, secs.parse().unwrap_or(0)),
-        _ => Err("usage: rtt_probe floor DIR N | echo LISTEN | ping ADDR N | load HOST:PORT SECONDS LAG_LOG | visible PRIMARY REPLICA SECONDS | read REPLICA SECONDS".into()),
+        ["pair", a, b, secs] => pair(a, b, secs.parse().unwrap_or(0)),
+        _ => Err("usage: rtt_probe floor DIR N | echo LISTEN | ping ADDR N | load HOST:PORT SECONDS LAG_LOG | visible PRIMARY REPLICA SECONDS | read REPLICA SECONDS | pair A B SECONDS".into()),
     };
     if let Err(e) = r {
         eprintln!("rtt_probe: {e}");
@@ -316,6 +321,38 @@ fn visible(primary: &str, replica: &str, seconds: u64) -> Result<()> {
     println!(
         "commits={total} visible_first_read={seen} visible_pct={:.2} ack_to_visible_p50_us={v50} ack_to_visible_p99_us={v99}",
         100.0 * seen as f64 / total.max(1) as f64
+    );
+    Ok(())
+}
+
+/// `SELECT 1` on A and on B in turn, one connection each (see the module
+/// docs).
+fn pair(a: &str, b: &str, seconds: u64) -> Result<()> {
+    if seconds == 0 {
+        return Err("SECONDS must be > 0".into());
+    }
+    let (mut ca, mut cb) = (Http::connect(a)?, Http::connect(b)?);
+    let select = r#"{"sql":"SELECT 1"}"#;
+    let (mut ta, mut tb) = (Vec::new(), Vec::new());
+    let started = Instant::now();
+    while started.elapsed() < WARMUP + Duration::from_secs(seconds) {
+        let t = Instant::now();
+        ca.ok(select)?;
+        let da = t.elapsed();
+        let t = Instant::now();
+        cb.ok(select)?;
+        let db = t.elapsed();
+        if started.elapsed() > WARMUP {
+            ta.push(da);
+            tb.push(db);
+        }
+    }
+    let (a50, a99) = us(&percentiles(&mut ta));
+    let (b50, b99) = us(&percentiles(&mut tb));
+    println!(
+        "requests={} a_p50_us={a50} a_p99_us={a99} b_p50_us={b50} b_p99_us={b99} ratio_p50={:.3}",
+        ta.len(),
+        b50 as f64 / a50.max(1) as f64
     );
     Ok(())
 }

@@ -22,6 +22,7 @@
 use super::server::{Answer, Node, codes};
 use axum::Router;
 use hyper::server::conn::http1;
+use hyper::service::{Service, service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use std::sync::Arc;
@@ -73,7 +74,16 @@ pub(super) async fn serve_bounded(
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(error = %e, "TCP_NODELAY not set on an HTTP connection");
         }
-        let service = TowerToHyperService::new(app.clone());
+        let router = TowerToHyperService::new(app.clone());
+        let service = service_fn(move |request| {
+            let (request, ended) = super::unread_body::watch(request);
+            let answer = router.call(request);
+            async move {
+                let mut response = answer.await?;
+                super::unread_body::mark(&mut response, ended.as_deref());
+                Ok::<_, std::convert::Infallible>(response)
+            }
+        });
         let mut stop = stop.clone();
         let open = open.clone();
         tokio::spawn(async move {

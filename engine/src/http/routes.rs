@@ -367,9 +367,6 @@ pub fn serve(node: Arc<Node>, addr: SocketAddr) -> io::Result<HttpServer> {
             post(super::time_travel::restore_route),
         )
         .layer(axum::extract::DefaultBodyLimit::disable())
-        .layer(axum::middleware::from_fn(
-            super::unread_body::close_if_unread,
-        ))
         .with_state(Arc::clone(&node));
     let (tx, rx) = tokio::sync::watch::channel(false);
     let grace = Duration::from_millis(SHUTDOWN_GRACE_MS);

@@ -9,40 +9,39 @@
 //! that pools connections learns that only when its next request on that
 //! connection fails. So every answer whose request body was not read to
 //! its end says so, and the client opens a new connection instead.
+//!
+//! Applied around the router to every request of a connection
+//! (`listen.rs`): [`watch`] before it runs, [`mark`] on its answer.
 
-use axum::body::{Body, Bytes, HttpBody};
-use axum::extract::Request;
+use axum::body::{Bytes, HttpBody};
 use axum::http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
-use axum::http::{HeaderMap, HeaderValue};
-use axum::middleware::Next;
-use axum::response::Response;
+use axum::http::{HeaderMap, HeaderValue, Request, Response};
+use hyper::body::Incoming;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
-/// The middleware: runs the route with the body watched, and marks the
-/// answer `Connection: close` when the body was not read to its end.
-pub(super) async fn close_if_unread(request: Request, next: Next) -> Response {
-    if !declares_body(request.headers()) {
-        return next.run(request).await;
-    }
-    let ended = Arc::new(AtomicBool::new(false));
-    let watched = Arc::clone(&ended);
-    let request = request.map(|inner| {
-        Body::new(Watched {
-            inner,
-            ended: watched,
-        })
-    });
-    let mut response = next.run(request).await;
-    if !ended.load(Ordering::Acquire) {
+/// Set once a request's body has been read to its end.
+pub(super) type Ended = Arc<AtomicBool>;
+
+/// The request with its body watched, and the flag to check once it is
+/// answered (None: it declared no body, nothing to read).
+pub(super) fn watch(request: Request<Incoming>) -> (Request<Watched>, Option<Ended>) {
+    let ended = declares_body(request.headers()).then(|| Arc::new(AtomicBool::new(false)));
+    let flag = ended.clone();
+    (request.map(|inner| Watched { inner, ended: flag }), ended)
+}
+
+/// Marks `response` `Connection: close` when its request's body was not
+/// read to its end.
+pub(super) fn mark<B>(response: &mut Response<B>, ended: Option<&AtomicBool>) {
+    if ended.is_some_and(|e| !e.load(Ordering::Acquire)) {
         tracing::debug!("answered before the request body was read: the connection closes");
         response
             .headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));
     }
-    response
 }
 
 /// Whether a request carries a body: a non-zero `Content-Length`, or any
@@ -55,19 +54,19 @@ fn declares_body(headers: &HeaderMap) -> bool {
 }
 
 /// A request body that records when it has been read to its end.
-struct Watched {
-    inner: Body,
-    ended: Arc<AtomicBool>,
+pub(super) struct Watched {
+    inner: Incoming,
+    ended: Option<Ended>,
 }
 
 impl HttpBody for Watched {
     type Data = Bytes;
-    type Error = axum::Error;
+    type Error = hyper::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         // The end is the last frame for a reader that stops on
         // `is_end_stream`, or the `None` after it for one that does not.
@@ -76,8 +75,8 @@ impl HttpBody for Watched {
             Poll::Ready(Some(Ok(_))) => self.inner.is_end_stream(),
             _ => false,
         };
-        if ended {
-            self.ended.store(true, Ordering::Release);
+        if ended && let Some(e) = &self.ended {
+            e.store(true, Ordering::Release);
         }
         polled
     }
