@@ -26,9 +26,12 @@ use hyper::service::{Service, service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
+
+/// How often a node at its connection limit says so.
+const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// Serves `app` on `listener` until `stop` turns true, then waits for the
 /// open connections to finish.
@@ -43,7 +46,8 @@ pub(super) async fn serve_bounded(
     let slots = Arc::new(Semaphore::new(max));
     // Each connection holds a receiver: `closed` is when the last is gone.
     let (all_closed, open) = watch::channel(());
-    let mut saturated = false;
+    // Refusals are warned about at most every WARN_EVERY, with a count.
+    let (mut refused, mut warned_at) = (0u64, None::<Instant>);
     loop {
         let stream = tokio::select! {
             biased;
@@ -60,17 +64,18 @@ pub(super) async fn serve_bounded(
             },
         };
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            if !saturated {
+            refused += 1;
+            if warned_at.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
                 tracing::warn!(
                     max_connections = max,
-                    "HTTP connections at their limit: refusing more with 503 until one closes"
+                    refused,
+                    "HTTP connections at their limit: refusing more with 503 until some close"
                 );
+                (refused, warned_at) = (0, Some(Instant::now()));
             }
-            saturated = true;
             refuse(&node, &stream, max);
             continue;
         };
-        saturated = false;
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(error = %e, "TCP_NODELAY not set on an HTTP connection");
         }
@@ -120,11 +125,12 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 /// answer is a few hundred bytes into a fresh socket's empty send buffer:
 /// it is written at once or not at all, never waited on.
 fn refuse(node: &Node, stream: &TcpStream, max: usize) {
-    let answer = node.refuse(Answer::error(
+    let answer = Answer::error(
         503,
         codes::UNAVAILABLE,
         format!("this node has {max} HTTP connections open, its limit: retry shortly"),
-    ));
+    );
+    node.count_refusal(answer.status);
     let mut raw = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
          retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",

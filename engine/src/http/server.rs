@@ -510,6 +510,13 @@ impl Node {
         answer
     }
 
+    /// Counts a refusal logged elsewhere, once for many (a connection past
+    /// the limit: `listen` warns when the limit is first reached, not for
+    /// each refused connection, which would let a flood flood the log).
+    pub(super) fn count_refusal(&self, status: u16) {
+        self.metrics.refused(status);
+    }
+
     /// Records confirm-lag samples taken from the replica elsewhere (a
     /// process that also prints them): each sample is counted once, by
     /// whoever drains it.
