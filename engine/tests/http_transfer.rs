@@ -399,3 +399,68 @@ fn an_unknown_transfer_link_is_a_404_for_download_and_upload() {
     );
     d1_error(&r, 404, 7404, "no such transfer link", "upload");
 }
+
+#[test]
+fn past_the_running_transfers_an_import_or_export_is_503_with_retry_after_until_one_ends() {
+    use std::io::Write;
+    let h = HttpCluster::start(LocalClusterConfig::default(), &["CREATE TABLE t(x)"]);
+    let url = h.c.primary_http.url();
+    let addr = h.c.primary_http.addr();
+    // Imports whose bodies are still on their way hold every slot.
+    let holding: Vec<std::net::TcpStream> = (0..walrelay_engine::http::transfer::MAX_RUNNING)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(addr).expect("connect");
+            write!(
+                s,
+                "POST /v1/databases/main/import HTTP/1.1\r\nhost: x\r\nauthorization: {}\r\n\
+                 content-length: 1000\r\n\r\nINSERT INTO t VALUES (1);",
+                h.admin()
+            )
+            .expect("send");
+            s
+        })
+        .collect();
+    let full = || {
+        let r = import(&h, &url, b"INSERT INTO t VALUES (2);", None);
+        r.status == 503
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !full() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slots never filled"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // An import that took a slot while they filled may still be on its
+    // way to the replicas.
+    h.wait_replicas();
+    let before = h.state();
+    for (what, r) in [
+        (
+            "an import",
+            import(&h, &url, b"INSERT INTO t VALUES (3);", None),
+        ),
+        ("an export", export(&h, &url)),
+    ] {
+        d1_error(&r, 503, 7503, "exports and imports are running", what);
+        assert_eq!(r.retry_after.as_deref(), Some("1"), "{what}");
+    }
+    before.assert_same(&h.state(), "refused transfers");
+    // The held imports' clients go away: the slots come back.
+    drop(holding);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let r = import(&h, &url, b"INSERT INTO t VALUES (4);", None);
+        if r.status == 200 {
+            break;
+        }
+        assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slots never came back"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(export(&h, &url).status, 200);
+}

@@ -31,7 +31,10 @@
 //! credential, like a presigned URL. Everything held is bounded: at most
 //! [`MAX_EXPORTS`] exports and [`MAX_UPLOADS`] uploads (the oldest is
 //! dropped to make room), each for [`TRANSFER_TTL`], and at most
-//! [`MAX_IMPORT_RESULTS`] finished imports for polling.
+//! [`MAX_IMPORT_RESULTS`] finished imports for polling. At most
+//! [`MAX_RUNNING`] exports, imports and uploads are in progress on a node
+//! at once (each holds up to its size limit in memory while it runs); one
+//! more is answered 503 with `Retry-After`, before its body is read.
 
 use super::answer::respond;
 use super::api::{Envelope, MetaJson};
@@ -57,6 +60,9 @@ pub const MAX_EXPORTS: usize = 4;
 pub const MAX_UPLOADS: usize = 4;
 /// Finished imports remembered for `poll`.
 pub const MAX_IMPORT_RESULTS: usize = 16;
+/// Exports being made, and imports and uploads being read or run, at
+/// once per node.
+pub const MAX_RUNNING: usize = 4;
 
 /// What an import did, as answered.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -100,6 +106,17 @@ struct Held {
 #[derive(Default)]
 pub struct Transfers {
     held: Mutex<Held>,
+    running: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// One of the [`MAX_RUNNING`] transfer slots, given back when dropped.
+pub(super) struct Running(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let was = self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        assert!(was > 0, "a transfer slot given back twice");
+    }
 }
 
 impl std::fmt::Debug for Transfers {
@@ -126,6 +143,31 @@ impl Held {
 }
 
 impl Transfers {
+    /// A slot for one export, import or upload, or the 503 to answer when
+    /// all [`MAX_RUNNING`] are taken.
+    pub(super) fn start(&self) -> Result<Running, Answer> {
+        use std::sync::atomic::Ordering;
+        let taken = self
+            .running
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_RUNNING).then_some(n + 1)
+            });
+        match taken {
+            Ok(_) => Ok(Running(Arc::clone(&self.running))),
+            Err(_) => {
+                let mut a = Answer::error(
+                    503,
+                    codes::UNAVAILABLE,
+                    format!(
+                        "{MAX_RUNNING} exports and imports are running on this node, its limit: retry shortly"
+                    ),
+                );
+                a.retry_after_s = Some(1);
+                Err(a)
+            }
+        }
+    }
+
     /// Holds an export for download; its token.
     pub(super) fn hold_export(&self, filename: String, sql: String) -> Result<String, Answer> {
         let token = new_token()?;
@@ -276,6 +318,7 @@ impl Node {
         cancel: &CancelToken,
     ) -> Result<Dump, Answer> {
         let name = self.resolve_database(name).map_err(|a| self.refuse(a))?;
+        let _running = self.transfers().start().map_err(|a| self.refuse(a))?;
         let db = match self.local_database(&name.name) {
             Ok(db) => db,
             // A fleet database neither hosted nor replicated here: its
@@ -494,6 +537,10 @@ pub(super) async fn import_route(
         )))
         .into_response();
     }
+    let running = match node.transfers().start() {
+        Ok(r) => r,
+        Err(a) => return respond(node.refuse(a)).into_response(),
+    };
     let limit = node.config().max_import_bytes;
     let body = match read_body(&node, &headers, body, limit).await {
         Ok(b) => b,
@@ -501,6 +548,7 @@ pub(super) async fn import_route(
     };
     respond(
         blocking(&node, move |n, token| {
+            let _running = running;
             n.import(&caller, &resolved.name, &body, token)
         })
         .await,
@@ -550,6 +598,10 @@ pub(super) async fn upload_route(
     if !node.transfers().has_upload(&token) {
         return unknown_link(&node);
     }
+    let _running = match node.transfers().start() {
+        Ok(r) => r,
+        Err(a) => return respond(node.refuse(a)).into_response(),
+    };
     let limit = node.config().max_import_bytes;
     let body = match read_body(&node, &headers, body, limit).await {
         Ok(b) => b,

@@ -9,6 +9,7 @@ use super::{HttpCluster, Reply, admin_bearer};
 pub struct BytesReply {
     pub status: u16,
     pub content_type: Option<String>,
+    pub retry_after: Option<String>,
     pub body: Vec<u8>,
 }
 
@@ -53,11 +54,13 @@ impl HttpCluster {
         };
         let req = req.body(body.to_vec()).expect("a request");
         let mut resp = self.agent.run(req).expect("the node answers");
-        let content_type = resp
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let (content_type, retry_after) = (header("content-type"), header("retry-after"));
         let body = resp
             .body_mut()
             .with_config()
@@ -67,6 +70,7 @@ impl HttpCluster {
         BytesReply {
             status: resp.status().as_u16(),
             content_type,
+            retry_after,
             body,
         }
     }
