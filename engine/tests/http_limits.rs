@@ -280,3 +280,57 @@ fn a_connection_waiting_for_a_request_or_its_body_is_closed_after_the_idle_timeo
     assert_eq!(r.json()["errors"][0]["code"], TIMEOUT, "{r:?}");
     assert!(closed_within(&mut busy, generous), "idle after its answer");
 }
+
+#[test]
+fn a_client_that_takes_none_of_its_answer_is_disconnected_after_the_idle_timeout_freeing_its_slot()
+{
+    use std::io::Read;
+    let f = fixture_with(
+        4,
+        |_| {},
+        HttpConfig {
+            idle_timeout_ms: 300,
+            max_connections: 1,
+            ..HttpConfig::default()
+        },
+    );
+    // A 24 MB answer (12,000 rows of 2 KB), far more than the sockets'
+    // buffers hold, never read.
+    let mut greedy = send_query(
+        f.addr(),
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 12000) \
+         SELECT x, hex(zeroblob(1000)) AS h FROM c",
+        None,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    // What the server wrote before it gave up, then the end.
+    greedy
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let (mut got, mut buf) = (Vec::new(), vec![0u8; 1 << 16]);
+    let ended = loop {
+        match greedy.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => break e.kind() == std::io::ErrorKind::ConnectionReset,
+        }
+    };
+    assert!(
+        got.starts_with(b"HTTP/1.1 200 OK"),
+        "{}",
+        String::from_utf8_lossy(&got[..got.len().min(300)])
+    );
+    assert!(ended, "the server closed the connection");
+    let got = got.len();
+    assert!(
+        got < 24_000_000,
+        "only part of the answer left: {got} bytes"
+    );
+    // Its only slot is free again.
+    f.wait_until("the next client is served", || {
+        let mut s = send_query(f.addr(), "SELECT 1", None);
+        s.set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
+        read_answer(&mut s).status == 200
+    });
+}

@@ -9,6 +9,8 @@
 //!   [`HttpConfig::idle_timeout_ms`] is closed, whether it sits idle
 //!   between keep-alive requests or sends a head byte by byte. A request
 //!   being answered is not timed here: its query has its own time limit.
+//!   Nor may an answer wait that long for the client to take any of it
+//!   (`write_timeout`).
 //! - **Stopping:** no new connections; open ones finish the request in
 //!   hand (the node cancels it) and close.
 //!
@@ -96,6 +98,7 @@ pub(super) async fn serve_bounded(
             let _open = open;
             let mut builder = http1::Builder::new();
             builder.timer(TokioTimer::new()).header_read_timeout(idle);
+            let stream = super::write_timeout::WriteTimed::new(stream, idle);
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
             tokio::select! {

@@ -35,3 +35,4 @@ pub mod time_travel;
 pub mod token_store;
 pub mod transfer;
 mod unread_body;
+mod write_timeout;

@@ -108,7 +108,8 @@ pub struct HttpConfig {
     /// closed (see `listen`).
     pub max_connections: usize,
     /// A connection waiting this long for a request head (idle between
-    /// requests, or sending one slowly) is closed.
+    /// requests, or sending one slowly), for the next part of a request
+    /// body, or for the client to take any of its answer is closed.
     pub idle_timeout_ms: u64,
 }
 
