@@ -318,7 +318,11 @@ pub struct PrimaryArgs {
     pub database_name: String,
     /// The largest write transaction (bytes of pages it changes); a larger
     /// one is refused before it commits.
-    #[arg(long, default_value_t = walrelay_engine::Limits::default().max_transaction_bytes)]
+    #[arg(
+        long,
+        default_value_t = walrelay_engine::Limits::default().max_transaction_bytes,
+        value_parser = clap::value_parser!(u64).range(walrelay_engine::MIN_TRANSACTION_BYTES..)
+    )]
     pub max_transaction_bytes: u64,
     /// Every write its own transaction: no group commit (writes that queue
     /// behind the writer otherwise commit together and share a bookmark).

@@ -319,6 +319,13 @@ impl Database {
         if options.readers == 0 {
             return Err(OpenError::Options("readers must be at least 1".into()));
         }
+        if options.limits.max_transaction_bytes < crate::limits::MIN_TRANSACTION_BYTES {
+            return Err(OpenError::Options(format!(
+                "max_transaction_bytes must be at least {} (four 4 KiB pages), got {}",
+                crate::limits::MIN_TRANSACTION_BYTES,
+                options.limits.max_transaction_bytes
+            )));
+        }
         if options.group_commit_delay_us > MAX_GROUP_COMMIT_DELAY_US {
             return Err(OpenError::Options(format!(
                 "group_commit_delay_us must be at most {MAX_GROUP_COMMIT_DELAY_US} (it holds the writer)"

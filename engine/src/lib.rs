@@ -123,7 +123,7 @@ pub use database::{
 pub use error::{CheckpointError, OpenError, QueryError, SessionError};
 pub use execution::CancelToken;
 pub use group_write::GroupCommitStats;
-pub use limits::Limits;
+pub use limits::{Limits, MIN_TRANSACTION_BYTES};
 pub use replica::{Replica, ReplicaFeed, ReplicaOptions, pair};
 pub use sandbox::Refusal;
 pub use session::{Access, Constraint, Meta, QueryResult, RawResult, Session, Statement};

@@ -38,6 +38,12 @@ pub struct Limits {
     pub max_transaction_bytes: u64,
 }
 
+/// The smallest `max_transaction_bytes` a database opens with: four 4 KiB
+/// pages, room for the engine's own first writes (an epoch's first
+/// record, a table's creation) and a one-row insert. Below it writes
+/// would be refused, the first one as a confusing "disk full".
+pub const MIN_TRANSACTION_BYTES: u64 = 16 << 10;
+
 impl Default for Limits {
     fn default() -> Limits {
         Limits {

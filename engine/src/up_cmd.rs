@@ -15,6 +15,9 @@ use std::time::{Duration, Instant};
 use walrelay_replicator::ClusterKey;
 use walrelay_replicator::net::Backend;
 
+/// Most demo writers `up` runs (each is a thread on the primary's side).
+const MAX_WRITERS: u64 = 64;
+
 /// Options of `walrelay up`.
 #[derive(clap::Args)]
 pub struct UpArgs {
@@ -22,14 +25,14 @@ pub struct UpArgs {
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// The primary listens here; followers on the next ports.
-    #[arg(long, default_value_t = 7100)]
+    #[arg(long, default_value_t = 7100, value_parser = clap::value_parser!(u16).range(1..))]
     pub base_port: u16,
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=9))]
     pub followers: usize,
     #[arg(long, default_value_t = 2)]
     pub replicas: usize,
-    /// Concurrent demo writers on the primary.
-    #[arg(long, default_value_t = 4)]
+    /// Concurrent demo writers on the primary (each a thread).
+    #[arg(long, default_value_t = 4, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_WRITERS))]
     pub writers: usize,
     /// Stop after this many seconds (0: run until Ctrl-C).
     #[arg(long, default_value_t = 0)]
@@ -39,7 +42,11 @@ pub struct UpArgs {
     pub net: Backend,
     /// The largest write transaction, in bytes of pages (the primary's
     /// `--max-transaction-bytes`).
-    #[arg(long, default_value_t = walrelay_engine::Limits::default().max_transaction_bytes)]
+    #[arg(
+        long,
+        default_value_t = walrelay_engine::Limits::default().max_transaction_bytes,
+        value_parser = clap::value_parser!(u64).range(walrelay_engine::MIN_TRANSACTION_BYTES..)
+    )]
     pub max_transaction_bytes: u64,
     /// Every write its own transaction on the primary (the primary's
     /// `--no-group-commit`).

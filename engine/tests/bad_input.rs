@@ -421,3 +421,38 @@ fn opening_a_database_twice_in_one_process_is_refused_and_changes_nothing() {
     drop(db);
     Database::open(&path, Options::default()).expect("reopen after close");
 }
+
+#[test]
+fn a_transaction_size_limit_below_the_minimum_is_refused_at_open_and_the_minimum_works() {
+    use walrelay_engine::{Limits, MIN_TRANSACTION_BYTES};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let open = |bytes: u64| {
+        Database::open(
+            dir.path().join("db.sqlite"),
+            Options {
+                limits: Limits {
+                    max_transaction_bytes: bytes,
+                    ..Limits::default()
+                },
+                ..Options::default()
+            },
+        )
+    };
+    for bytes in [0, 1, MIN_TRANSACTION_BYTES - 1] {
+        match open(bytes) {
+            Err(OpenError::Options(m)) => assert!(m.contains("max_transaction_bytes"), "{m}"),
+            Err(e) => panic!("{bytes}: {e}"),
+            Ok(_) => panic!("{bytes}: opened"),
+        }
+    }
+    assert!(
+        !dir.path().join("db.sqlite").exists(),
+        "a refused open creates nothing"
+    );
+    let db = open(MIN_TRANSACTION_BYTES).expect("the minimum opens");
+    let s = db.session(Constraint::FirstPrimary).expect("session");
+    s.prepare("CREATE TABLE t(x)").run().expect("create");
+    s.prepare("INSERT INTO t VALUES ('one row')")
+        .run()
+        .expect("insert");
+}

@@ -177,3 +177,35 @@ fn up_stops_promptly_on_ctrl_c_with_runaway_queries_running_and_starts_again() {
         "{lines:#?}"
     );
 }
+
+#[test]
+fn up_refuses_options_out_of_range_with_a_clear_error_and_starts_nothing() {
+    let dir = tempfile::tempdir().expect("dir");
+    for (args, says) in [
+        (&["--writers", "100000"][..], "0..=64"),
+        (&["--followers", "0"][..], "1..=9"),
+        (&["--base-port", "0"][..], "1..=65535"),
+        (&["--max-transaction-bytes", "0"][..], "16384.."),
+        (
+            &["--group-commit-delay-us", "99999999999"][..],
+            "0..=100000",
+        ),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_walrelay"))
+            .args(["up", "--dir", &dir.path().display().to_string()])
+            .args(args)
+            .output()
+            .expect("run walrelay up");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("invalid value") && stderr.contains(says),
+            "{args:?}: {stderr}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path()).expect("dir").count(),
+        0,
+        "nothing was written"
+    );
+}
