@@ -107,6 +107,10 @@ impl ReplicationAuthArgs {
     }
 }
 
+/// Most demo writers a command runs (`primary --demo-writers`, `up
+/// --writers`): each is a thread.
+pub const MAX_DEMO_WRITERS: u64 = 64;
+
 /// The name of the key file `up` keeps in its data directory.
 pub const CLUSTER_KEY_FILE: &str = "cluster.key";
 
@@ -301,8 +305,8 @@ pub struct PrimaryArgs {
     /// Transport: auto, std or io_uring.
     #[arg(long, default_value = "auto", value_parser = backend)]
     pub net: Backend,
-    /// Concurrent demo writers (0: none).
-    #[arg(long, default_value_t = 0)]
+    /// Concurrent demo writers (0: none; each a thread).
+    #[arg(long, default_value_t = 0, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_DEMO_WRITERS))]
     pub demo_writers: usize,
     /// Stop after this many seconds (0: run until a signal).
     #[arg(long, default_value_t = 0)]

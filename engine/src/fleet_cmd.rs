@@ -107,7 +107,7 @@ pub struct NodeArgs {
     #[command(flatten)]
     pub replication_auth: ReplicationAuthArgs,
     /// Heartbeat interval of an open database (D1: 30 s), plus jitter.
-    #[arg(long, default_value_t = 30_000)]
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..))]
     pub heartbeat_ms: u64,
     #[arg(long, default_value_t = 5_000)]
     pub heartbeat_jitter_ms: u64,
@@ -141,7 +141,7 @@ pub struct NodeArgs {
     #[arg(long, default_value_t = 10_000)]
     pub failover_after_ms: u64,
     /// With --control-plane: how often every host node is probed.
-    #[arg(long, default_value_t = 1_000)]
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(10..))]
     pub probe_ms: u64,
     /// With --control-plane: the queue databases' size changes ride to
     /// the catalog: `local` (a file in DIR/limits) or an existing Redis

@@ -15,9 +15,6 @@ use std::time::{Duration, Instant};
 use walrelay_replicator::ClusterKey;
 use walrelay_replicator::net::Backend;
 
-/// Most demo writers `up` runs (each is a thread on the primary's side).
-const MAX_WRITERS: u64 = 64;
-
 /// Options of `walrelay up`.
 #[derive(clap::Args)]
 pub struct UpArgs {
@@ -32,7 +29,7 @@ pub struct UpArgs {
     #[arg(long, default_value_t = 2)]
     pub replicas: usize,
     /// Concurrent demo writers on the primary (each a thread).
-    #[arg(long, default_value_t = 4, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_WRITERS))]
+    #[arg(long, default_value_t = 4, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=crate::cmd::MAX_DEMO_WRITERS))]
     pub writers: usize,
     /// Stop after this many seconds (0: run until Ctrl-C).
     #[arg(long, default_value_t = 0)]
@@ -83,7 +80,7 @@ pub struct UpArgs {
     #[arg(long, default_value_t = 3)]
     pub fleet_nodes: usize,
     /// The fleet's heartbeat interval (D1: 30 s).
-    #[arg(long, default_value_t = 30_000)]
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..))]
     pub heartbeat_ms: u64,
     /// The fleet's catalog: `embedded` or a postgres:// URL.
     #[arg(long, default_value = "embedded")]

@@ -190,6 +190,7 @@ fn up_refuses_options_out_of_range_with_a_clear_error_and_starts_nothing() {
             &["--group-commit-delay-us", "99999999999"][..],
             "0..=100000",
         ),
+        (&["--heartbeat-ms", "0"][..], "100.."),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_walrelay"))
             .args(["up", "--dir", &dir.path().display().to_string()])
