@@ -275,8 +275,9 @@ pub struct HostConfig {
 /// `papers/fleet.md`.
 pub const FDS_PER_OPEN_DATABASE: u64 = 8;
 
-/// Descriptors kept for sockets, logs and everything else.
-const FD_RESERVE: u64 = 512;
+/// Descriptors kept for the HTTP connections a node may hold, and for
+/// replication sockets, logs and everything else.
+const FD_RESERVE: u64 = crate::http::server::DEFAULT_MAX_CONNECTIONS as u64 + 512;
 
 /// The open-database cap the descriptor limit allows.
 pub fn max_open_for_fd_limit() -> usize {

@@ -113,6 +113,12 @@ pub struct HttpConfig {
     pub idle_timeout_ms: u64,
 }
 
+/// [`HttpConfig::max_connections`] by default: well under the usual
+/// descriptor limit, with room for the node's databases and replication
+/// sockets (a fleet node's open-database cap keeps this many descriptors
+/// aside).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1_000;
+
 impl Default for HttpConfig {
     fn default() -> HttpConfig {
         HttpConfig {
@@ -127,9 +133,7 @@ impl Default for HttpConfig {
             fleet_store: None,
             max_export_bytes: 64 << 20,
             max_import_bytes: 32 << 20,
-            // Well under the usual descriptor limit, with room for the
-            // node's databases and replication sockets.
-            max_connections: 1_000,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             // Longer than clients keep an idle connection pooled (ureq 15
             // s, browsers and proxies similar), short enough that idle
             // and slow connections do not pile up.
