@@ -406,7 +406,7 @@ fn exchange(
     if let Some(b) = body {
         stream.write_all(b.as_bytes()).expect("send the body");
     }
-    let answer = common::read_answer(stream);
+    let answer = common::raw_http::read_answer(stream);
     (answer.status, answer.header("connection"))
 }
 
@@ -431,7 +431,7 @@ fn a_request_refused_before_its_body_arrives_is_answered_with_connection_close()
         // ... and it does, once the body the client still sends is in.
         stream.write_all(COUNT.as_bytes()).expect("the late body");
         assert!(
-            common::closed_within(&mut stream, Duration::from_secs(30)),
+            common::raw_http::closed_within(&mut stream, Duration::from_secs(30)),
             "{node}: closed, nothing more answered"
         );
     }

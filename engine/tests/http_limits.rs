@@ -6,7 +6,8 @@
 
 mod common;
 
-use common::{RUNAWAY, closed_within, metric, read_answer, send_query};
+use common::raw_http::{closed_within, read_answer, send_query};
+use common::{RUNAWAY, metric};
 use serde_json::Value as Json;
 use std::io::Write;
 use std::net::SocketAddr;

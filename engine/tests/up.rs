@@ -143,7 +143,11 @@ fn up_stops_promptly_on_ctrl_c_with_runaway_queries_running_and_starts_again() {
     for (port, n) in [(base + 10, 5), (base + 11, 2), (base + 12, 2)] {
         for _ in 0..n {
             let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-            runaways.push(common::send_query(addr, common::RUNAWAY, Some(&token)));
+            runaways.push(common::raw_http::send_query(
+                addr,
+                common::RUNAWAY,
+                Some(&token),
+            ));
         }
     }
     // Let them reach SQLite.
