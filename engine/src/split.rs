@@ -110,7 +110,9 @@ fn prepare_window(conn: &Connection, window: &[u8]) -> rusqlite::Result<Prepared
 /// SQLite reads SQL text only up to a NUL character, whatever length it
 /// is given: text after one would be dropped without a word (`SELECT 1\0;
 /// DELETE FROM t` would run the SELECT and report success). So a text
-/// holding one is refused, as a SQL error naming where.
+/// holding one is refused, as a SQL error naming where: once per text,
+/// where it starts to run ([`Cursor`] for several statements,
+/// `statement::prepare` for one), not per statement split from it.
 pub(crate) fn refuse_nul(sql: &str) -> rusqlite::Result<()> {
     match sql.bytes().position(|b| b == 0) {
         None => Ok(()),
@@ -139,7 +141,6 @@ pub(crate) fn next_statement(
     from: usize,
     max_sql_bytes: usize,
 ) -> Result<Option<Head>, QueryError> {
-    refuse_nul(sql.get(from..).unwrap_or_default()).map_err(QueryError::sql)?;
     let bytes = sql.as_bytes();
     let max = max_sql_bytes.max(1);
     let mut pos = from;
@@ -260,7 +261,14 @@ impl<'a> Cursor<'a> {
                 return Ok(None);
             };
             let first = self.pos == 0;
-            let head = match next_statement(conn, sql, self.pos, self.max_sql_bytes) {
+            let checked = if first {
+                refuse_nul(sql).map_err(QueryError::sql)
+            } else {
+                Ok(())
+            };
+            let head = match checked
+                .and_then(|()| next_statement(conn, sql, self.pos, self.max_sql_bytes))
+            {
                 Ok(h) => h,
                 Err(e) => {
                     // Stop here: this statement is the batch's failure.

@@ -104,7 +104,7 @@ pub(super) async fn internal_route(
             "internal calls need the cluster key",
         );
     }
-    let idle = std::time::Duration::from_millis(node.config().idle_timeout_ms);
+    let idle = node.config().idle_timeout();
     let body = match super::routes::collect(body, MAX_INTERNAL_BODY_BYTES, idle).await {
         Ok(b) => b,
         Err(super::routes::BodyRead::TooLarge) => {

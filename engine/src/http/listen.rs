@@ -44,7 +44,7 @@ pub(super) async fn serve_bounded(
     mut stop: watch::Receiver<bool>,
 ) {
     let max = node.config().max_connections;
-    let idle = Duration::from_millis(node.config().idle_timeout_ms);
+    let idle = node.config().idle_timeout();
     let slots = Arc::new(Semaphore::new(max));
     // Each connection holds a receiver: `closed` is when the last is gone.
     let (all_closed, open) = watch::channel(());
@@ -120,7 +120,7 @@ pub(super) async fn serve_bounded(
 }
 
 /// Until `stop` turns true (or its sender is gone).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
+pub(super) async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 

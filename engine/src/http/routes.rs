@@ -109,7 +109,7 @@ pub(super) async fn read_body(
         .get("content-length")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let idle = Duration::from_millis(node.config().idle_timeout_ms);
+    let idle = node.config().idle_timeout();
     let read = match declared {
         Some(n) if n > limit as u64 => Err(BodyRead::TooLarge),
         _ => collect(body, limit, idle).await,
@@ -374,17 +374,15 @@ pub fn serve(node: Arc<Node>, addr: SocketAddr) -> io::Result<HttpServer> {
     let thread = std::thread::Builder::new()
         .name("walrelay-http-main".into())
         .spawn(move || {
-            let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-                let _ = rx.wait_for(|s| *s).await;
-            };
-            let serving = super::listen::serve_bounded(listener, app, for_serving, rx.clone());
+            let mut stop = rx.clone();
+            let serving = super::listen::serve_bounded(listener, app, for_serving, rx);
             runtime.block_on(async move {
                 // Graceful: no new connections, in-flight requests finish
                 // (they were cancelled) — but for at most `grace`.
                 tokio::select! {
                     _ = serving => {}
                     _ = async {
-                        stopped(rx).await;
+                        super::listen::stopped(&mut stop).await;
                         tokio::time::sleep(grace).await;
                     } => {}
                 }

@@ -119,6 +119,13 @@ pub struct HttpConfig {
 /// aside).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1_000;
 
+impl HttpConfig {
+    /// [`HttpConfig::idle_timeout_ms`] as a duration.
+    pub fn idle_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.idle_timeout_ms)
+    }
+}
+
 impl Default for HttpConfig {
     fn default() -> HttpConfig {
         HttpConfig {

@@ -103,19 +103,18 @@ struct Held {
 
 /// A node's transfer state: exports to download, uploads to ingest,
 /// finished imports to poll. Every queue is bounded in count and age.
-#[derive(Default)]
 pub struct Transfers {
     held: Mutex<Held>,
-    running: Arc<std::sync::atomic::AtomicUsize>,
+    /// [`MAX_RUNNING`] slots; a permit is given back when dropped.
+    running: Arc<tokio::sync::Semaphore>,
 }
 
-/// One of the [`MAX_RUNNING`] transfer slots, given back when dropped.
-pub(super) struct Running(Arc<std::sync::atomic::AtomicUsize>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let was = self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-        assert!(was > 0, "a transfer slot given back twice");
+impl Default for Transfers {
+    fn default() -> Transfers {
+        Transfers {
+            held: Mutex::default(),
+            running: Arc::new(tokio::sync::Semaphore::new(MAX_RUNNING)),
+        }
     }
 }
 
@@ -145,27 +144,18 @@ impl Held {
 impl Transfers {
     /// A slot for one export, import or upload, or the 503 to answer when
     /// all [`MAX_RUNNING`] are taken.
-    pub(super) fn start(&self) -> Result<Running, Answer> {
-        use std::sync::atomic::Ordering;
-        let taken = self
-            .running
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < MAX_RUNNING).then_some(n + 1)
-            });
-        match taken {
-            Ok(_) => Ok(Running(Arc::clone(&self.running))),
-            Err(_) => {
-                let mut a = Answer::error(
-                    503,
-                    codes::UNAVAILABLE,
-                    format!(
-                        "{MAX_RUNNING} exports and imports are running on this node, its limit: retry shortly"
-                    ),
-                );
-                a.retry_after_s = Some(1);
-                Err(a)
-            }
-        }
+    pub(super) fn start(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Answer> {
+        Arc::clone(&self.running).try_acquire_owned().map_err(|_| {
+            let mut a = Answer::error(
+                503,
+                codes::UNAVAILABLE,
+                format!(
+                    "{MAX_RUNNING} exports and imports are running on this node, its limit: retry shortly"
+                ),
+            );
+            a.retry_after_s = Some(1);
+            a
+        })
     }
 
     /// Holds an export for download; its token.
