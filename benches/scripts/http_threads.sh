@@ -54,11 +54,11 @@ groups() {
 }
 busy_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
 
-wrk -t2 -c"$CONNS" -d2s -s "$WORK/insert.lua" "$URL" >/dev/null # warm up
+wrk -t"$(( CONNS < 2 ? 1 : 2 ))" -c"$CONNS" -d2s -s "$WORK/insert.lua" "$URL" >/dev/null # warm up
 read -r G0 W0 <<<"$(groups)"
 B0=$(busy_ticks)
 python3 benches/scripts/thread_cpu.py snap "$WORK/before.json"
-OUT=$(wrk -t2 -c"$CONNS" -d"${SECONDS_EACH}s" -s "$WORK/insert.lua" "$URL")
+OUT=$(wrk -t"$(( CONNS < 2 ? 1 : 2 ))" -c"$CONNS" -d"${SECONDS_EACH}s" -s "$WORK/insert.lua" "$URL")
 python3 benches/scripts/thread_cpu.py snap "$WORK/after.json"
 B1=$(busy_ticks)
 read -r G1 W1 <<<"$(groups)"

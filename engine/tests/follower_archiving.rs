@@ -274,8 +274,8 @@ fn stopping_a_follower_archives_what_every_database_confirmed_before_it_exits() 
     for p in primaries {
         p.stop(Duration::from_secs(10)).expect("primary stops");
     }
-    // The leaders' heartbeats (every 50 ms) tell the followers the last
-    // records are confirmed.
+    // The leaders' last confirmation, sent as each stops, tells the
+    // followers the last records are confirmed.
     std::thread::sleep(Duration::from_millis(500));
     let store = Store::open(f.store.to_str().expect("utf-8")).expect("store");
     for id in DATABASES {

@@ -8,7 +8,12 @@
 //! - **Quorum.** The confirmed watermark is the highest bookmark that W of
 //!   the N followers acknowledged as durable ([`QuorumTracker`]). Each
 //!   advance is reported ([`LeaderAction::Confirmed`], the output gate) and
-//!   broadcast to replicas and followers.
+//!   sent at once to every streaming replica, which reveals on it.
+//!   Followers learn the watermark from the heartbeats (every
+//!   `heartbeat_interval_us`) and when they connect: they use it only to
+//!   serve catch-up to others, to archive and to release, all of which may
+//!   lag by a heartbeat, and a Confirm per record woke each of them for
+//!   nothing (papers/performance.md, lever 43).
 //! - **Tail.** The leader keeps the records a peer may still need: every
 //!   unconfirmed record, and confirmed ones up to `tail_limit_bytes`. A
 //!   peer that connects at a position inside the tail is streamed the rest;
@@ -127,6 +132,8 @@ pub enum CloseReason {
     /// A follower's log left this leader's history: it was sent the
     /// history to cut back to, and resumes on its next connection.
     Truncated,
+    /// This leader stops ([`Leader::farewell`]).
+    Stopping,
 }
 
 /// What the leader asks its IO to do, in order.
@@ -256,6 +263,31 @@ impl Leader {
             .count()
     }
 
+    /// What a leader that stops still owes: its confirmed watermark to
+    /// every streaming follower (they otherwise learn it only from the
+    /// next heartbeat, which a stopped leader does not send), then a close
+    /// of every connection, which lets what was sent go out first.
+    pub fn farewell(&mut self) -> Vec<LeaderAction> {
+        let mut out = Vec::new();
+        for (id, p) in &self.peers {
+            if p.streaming && matches!(p.kind, Kind::Follower(_)) {
+                Self::send(
+                    &mut out,
+                    *id,
+                    Message::Confirm {
+                        confirmed: self.confirmed(),
+                        confirmed_us: self.clock_us,
+                    },
+                );
+            }
+        }
+        let peers: Vec<PeerId> = self.peers.keys().copied().collect();
+        for id in peers {
+            self.close(id, CloseReason::Stopping, &mut out);
+        }
+        out
+    }
+
     fn send(out: &mut Vec<LeaderAction>, peer: PeerId, message: Message) {
         out.push(LeaderAction::Send { peer, message });
     }
@@ -372,6 +404,14 @@ impl Leader {
             .collect()
     }
 
+    fn streaming_replica_ids(&self) -> Vec<PeerId> {
+        self.peers
+            .iter()
+            .filter(|(_, p)| p.streaming && matches!(p.kind, Kind::Replica))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
     /// Where `position` stands against this leader's history: the tail
     /// index to stream from. `chain` (None: not known, a replica's
     /// confirmed position) must match where the tail can tell.
@@ -432,9 +472,10 @@ impl Leader {
         let refuse = match reason {
             CloseReason::Behind => RefuseReason::Behind,
             CloseReason::Diverged => RefuseReason::Diverged,
-            CloseReason::Protocol | CloseReason::Resync | CloseReason::Truncated => {
-                RefuseReason::WrongDatabase
-            }
+            CloseReason::Protocol
+            | CloseReason::Resync
+            | CloseReason::Truncated
+            | CloseReason::Stopping => RefuseReason::WrongDatabase,
         };
         Self::send(
             out,
@@ -580,7 +621,7 @@ impl Leader {
         }
     }
 
-    /// Reports and broadcasts a confirmed watermark that moved.
+    /// Reports a confirmed watermark that moved, and tells the replicas.
     fn after_quorum_change(&mut self, out: &mut Vec<LeaderAction>) {
         let before = self.reported_confirmed;
         let after = self.confirmed();
@@ -600,7 +641,7 @@ impl Leader {
                 self.last
             );
             out.push(LeaderAction::Confirmed(after));
-            for id in self.streaming_ids() {
+            for id in self.streaming_replica_ids() {
                 Self::send(
                     out,
                     id,
@@ -707,5 +748,75 @@ mod tests {
             message: handshake(Role::Follower, 4),
         });
         assert_eq!(a, vec![LeaderAction::Fenced(Epoch(4))]);
+    }
+
+    /// Who a leader sends `Confirm` in `actions`.
+    fn confirms_to(actions: &[LeaderAction]) -> Vec<(PeerId, Bookmark)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                LeaderAction::Send {
+                    peer,
+                    message: Message::Confirm { confirmed, .. },
+                } => Some((*peer, *confirmed)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_confirmation_goes_to_replicas_at_once_and_to_followers_with_the_heartbeat() {
+        let mut l = leader();
+        for (peer, index) in [(PeerId(1), 0), (PeerId(2), 1)] {
+            l.handle(LeaderEvent::FollowerConnected { peer, index });
+            l.handle(LeaderEvent::Received {
+                peer,
+                message: handshake(Role::Follower, 3),
+            });
+        }
+        l.handle(LeaderEvent::ReplicaConnected { peer: PeerId(9) });
+        l.handle(LeaderEvent::Received {
+            peer: PeerId(9),
+            message: handshake(Role::Replica, 3),
+        });
+        let r = crate::record::Record {
+            bookmark: Bookmark::new(Epoch(3), Sequence(1)),
+            previous: Bookmark::ZERO,
+            prev_chain: ChainHash::GENESIS,
+            commit_us: 0,
+            page_size: 512,
+            db_pages: 1,
+            pages: vec![(1, bytes::Bytes::from(vec![0u8; 512]))],
+        }
+        .to_encoded()
+        .expect("record");
+        let (at, chain) = (r.bookmark, r.chain);
+        let sent = l.committed(r).expect("committed");
+        assert_eq!(sent.len(), 3, "the record goes to every streaming peer");
+        let mut confirms = Vec::new();
+        for peer in [PeerId(1), PeerId(2)] {
+            confirms.extend(confirms_to(&l.handle(LeaderEvent::Received {
+                peer,
+                message: Message::Ack { durable: at, chain },
+            })));
+        }
+        assert_eq!(l.confirmed(), at, "W = 2 of 3 acknowledged");
+        assert_eq!(
+            confirms,
+            vec![(PeerId(9), at)],
+            "only the replica is told now"
+        );
+        let beat = l.handle(LeaderEvent::Tick { now_us: 10_000 });
+        let told: Vec<PeerId> = beat
+            .iter()
+            .filter_map(|a| match a {
+                LeaderAction::Send {
+                    peer,
+                    message: Message::Heartbeat { confirmed, .. },
+                } if *confirmed == at => Some(*peer),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(told, vec![PeerId(1), PeerId(2), PeerId(9)]);
     }
 }

@@ -16,7 +16,7 @@
 //! - Formats, each owned by one module: the log record ([`record`]), the
 //!   wire messages ([`wire`]), a follower's accepted epoch ([`epoch_file`]).
 //! - Sans-IO protocol cores, events in and actions out: the [`leader`]
-//!   (fan-out, W-of-N quorum through [`quorum`], confirm broadcast, a tail
+//!   (fan-out, W-of-N quorum through [`quorum`], confirms to replicas, a tail
 //!   for lagging peers, fencing), the durability [`follower`] and the
 //!   replica [`subscriber`]. A seeded simulator and the real runtimes drive
 //!   the same cores.

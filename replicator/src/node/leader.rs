@@ -26,6 +26,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
+/// How long a stopping leader waits for its followers' connections to
+/// close after its last confirmation went out ([`LeaderNode::shutdown`]):
+/// a loopback or LAN close takes a round trip; a peer that does not answer
+/// is cut off after this.
+pub const FAREWELL_WAIT: Duration = Duration::from_millis(500);
+
 /// How to run a leader.
 #[derive(Debug, Clone)]
 pub struct LeaderNodeConfig {
@@ -221,6 +227,10 @@ impl LeaderNode {
     /// it; the runtime's memory is freed once the last handle is dropped
     /// (the transport held the runtime, and the runtime the transport).
     /// Idempotent.
+    ///
+    /// The followers are told the confirmed watermark first (they learn it
+    /// from heartbeats otherwise), and their connections are closed after
+    /// what was sent, waited for at most [`FAREWELL_WAIT`].
     pub fn shutdown(&self) {
         if self
             .state
@@ -230,6 +240,15 @@ impl LeaderNode {
             return;
         }
         if let Some(t) = self.state.transport.get() {
+            {
+                let mut core = self.state.core.lock();
+                let actions = core.leader.farewell();
+                self.state.run(&core, actions);
+            }
+            let deadline = Instant::now() + FAREWELL_WAIT;
+            while !self.state.core.lock().followers.is_empty() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             t.shutdown();
         }
         let woken = self.state.watch.lock().waiters.all();
@@ -483,6 +502,9 @@ impl NetHandler for State {
     }
 
     fn message(&self, conn: ConnId, message: Message) {
+        if self.shut.load(Ordering::SeqCst) {
+            return; // stopping: nothing is confirmed any more
+        }
         let mut core = self.core.lock();
         core.leader.set_clock_us(wall_clock_us());
         let actions = core.leader.handle(LeaderEvent::Received {
