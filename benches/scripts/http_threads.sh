@@ -42,11 +42,7 @@ VALUE=$(printf 'x%.0s' $(seq 1 100))
 BODY=${BODY:-"{\"sql\":\"INSERT INTO kv(v) VALUES (?1)\",\"params\":[\"$VALUE\"]}"}
 # The body must answer 200: a typo would measure error answers.
 curl -sf -X POST "$URL" -d "$BODY" >/dev/null
-cat >"$WORK/insert.lua" <<LUA
-wrk.method = "POST"
-wrk.headers["content-type"] = "application/json"
-wrk.body = '$BODY'
-LUA
+wrk_post_script "$WORK/insert.lua" "$BODY"
 groups() {
   curl -s "http://127.0.0.1:$((PORT + 10))/metrics" |
     awk '/^walrelay_group_commits_total/ { g = $2 } /^walrelay_group_commit_writes_total/ { w = $2 }

@@ -32,3 +32,10 @@ quorum_profile() {
     }
     END { if (n) printf "%d %.1f", r / n, c / n; else printf "0 0" }'
 }
+
+# Writes wrk's script for a keep-alive POST of JSON body $2 to file $1 (the
+# body holds no single quote).
+wrk_post_script() {
+  printf '%s\n' 'wrk.method = "POST"' 'wrk.headers["content-type"] = "application/json"' \
+    "wrk.body = '$2'" >"$1"
+}

@@ -144,16 +144,8 @@ PIDS+=($!)
 URL="http://127.0.0.1:$((WR_PORT + 10))/v1/databases/main/query"
 wait_for "curl -sf -X POST $URL -d '{\"sql\":\"SELECT 1\"}'" 600
 curl -sf -X POST "$URL" -d '{"sql":"CREATE TABLE IF NOT EXISTS kv(id INTEGER PRIMARY KEY, v TEXT)"}' >/dev/null
-cat >"$WORK/insert.lua" <<EOF
-wrk.method = "POST"
-wrk.headers["content-type"] = "application/json"
-wrk.body = '{"sql":"INSERT INTO kv(v) VALUES (?1)","params":["$VALUE"]}'
-EOF
-cat >"$WORK/empty.lua" <<'EOF'
-wrk.method = "POST"
-wrk.headers["content-type"] = "application/json"
-wrk.body = '{"sql":"SELECT 1"}'
-EOF
+wrk_post_script "$WORK/insert.lua" "{\"sql\":\"INSERT INTO kv(v) VALUES (?1)\",\"params\":[\"$VALUE\"]}"
+wrk_post_script "$WORK/empty.lua" '{"sql":"SELECT 1"}'
 # wrk's --latency percentiles, in microseconds: "p50 p99".
 wrk_latency() {
   wrk -t1 -c1 -d"${SECONDS_EACH}s" --latency -s "$1" "$URL" | awk '
@@ -167,11 +159,7 @@ HTTP_RPS=$(wrk -t2 -c16 -d"${SECONDS_EACH}s" -s "$WORK/insert.lua" "$URL" | awk 
 
 # Reads on the region-a replica: a point read by key against the same
 # server's empty request (its own HTTP floor).
-cat >"$WORK/point.lua" <<'LUA'
-wrk.method = "POST"
-wrk.headers["content-type"] = "application/json"
-wrk.body = '{"sql":"SELECT v FROM kv WHERE id = ?1","params":[1]}'
-LUA
+wrk_post_script "$WORK/point.lua" '{"sql":"SELECT v FROM kv WHERE id = ?1","params":[1]}'
 PRIMARY_URL=$URL
 URL="http://127.0.0.1:$((WR_PORT + 11))/v1/databases/main/query"
 read -r REPLICA_FLOOR_P50 _ <<<"$(wrk_latency "$WORK/empty.lua")"
