@@ -269,20 +269,15 @@ impl Leader {
     /// of every connection, which lets what was sent go out first.
     pub fn farewell(&mut self) -> Vec<LeaderAction> {
         let mut out = Vec::new();
-        for (id, p) in &self.peers {
+        let peers: Vec<(PeerId, Peer)> = self.peers.iter().map(|(id, p)| (*id, *p)).collect();
+        for (id, p) in peers {
             if p.streaming && matches!(p.kind, Kind::Follower(_)) {
-                Self::send(
-                    &mut out,
-                    *id,
-                    Message::Confirm {
-                        confirmed: self.confirmed(),
-                        confirmed_us: self.clock_us,
-                    },
-                );
+                let message = Message::Confirm {
+                    confirmed: self.confirmed(),
+                    confirmed_us: self.clock_us,
+                };
+                Self::send(&mut out, id, message);
             }
-        }
-        let peers: Vec<PeerId> = self.peers.keys().copied().collect();
-        for id in peers {
             self.close(id, CloseReason::Stopping, &mut out);
         }
         out

@@ -99,6 +99,13 @@ impl Answer {
         Answer::json(status, None, &Response::error(code, message))
     }
 
+    /// The same answer, telling the client when to try again
+    /// (`Retry-After`, in seconds).
+    pub(crate) fn retry_after(mut self, seconds: u32) -> Answer {
+        self.retry_after_s = Some(seconds);
+        self
+    }
+
     /// An answer with a body encoded elsewhere (time travel's).
     pub(crate) fn raw_json(status: u16, body: Vec<u8>) -> Answer {
         Answer {

@@ -85,11 +85,7 @@ fn control_error(e: &ControlError) -> Answer {
             codes::BAD_REQUEST,
             format!("the account already holds its limit of {n} databases"),
         ),
-        other => {
-            let mut a = Answer::error(503, codes::UNAVAILABLE, other.to_string());
-            a.retry_after_s = Some(1);
-            a
-        }
+        other => Answer::error(503, codes::UNAVAILABLE, other.to_string()).retry_after(1),
     }
 }
 
@@ -286,15 +282,12 @@ impl Node {
                     ),
                 }
             }
-            Err(e) => {
-                let mut a = Answer::error(
-                    503,
-                    codes::UNAVAILABLE,
-                    format!("the control plane is unreachable: {e}"),
-                );
-                a.retry_after_s = Some(1);
-                a
-            }
+            Err(e) => Answer::error(
+                503,
+                codes::UNAVAILABLE,
+                format!("the control plane is unreachable: {e}"),
+            )
+            .retry_after(1),
         }
     }
 }

@@ -27,20 +27,12 @@ fn fleet_error(e: &FleetError) -> Answer {
             )
         }
         FleetError::Host(HostError::NotActive(_)) => {
-            let mut a = Answer::error(503, codes::UNAVAILABLE, "the database is being created");
-            a.retry_after_s = Some(1);
-            a
+            Answer::error(503, codes::UNAVAILABLE, "the database is being created").retry_after(1)
         }
         FleetError::Host(HostError::Busy(_)) => {
-            let mut a = Answer::error(503, codes::UNAVAILABLE, e.to_string());
-            a.retry_after_s = Some(1);
-            a
+            Answer::error(503, codes::UNAVAILABLE, e.to_string()).retry_after(1)
         }
-        other => {
-            let mut a = Answer::error(503, codes::UNAVAILABLE, other.to_string());
-            a.retry_after_s = Some(1);
-            a
-        }
+        other => Answer::error(503, codes::UNAVAILABLE, other.to_string()).retry_after(1),
     }
 }
 
@@ -346,15 +338,12 @@ impl Node {
         };
         match super::client::post_query(self.agent(), node_url, &request, 64 << 20) {
             Ok(raw) => Answer::relayed(raw),
-            Err(e) => {
-                let mut a = Answer::error(
-                    503,
-                    codes::UNAVAILABLE,
-                    format!("the database's node {node_url} did not answer: {e}"),
-                );
-                a.retry_after_s = Some(1);
-                a
-            }
+            Err(e) => Answer::error(
+                503,
+                codes::UNAVAILABLE,
+                format!("the database's node {node_url} did not answer: {e}"),
+            )
+            .retry_after(1),
         }
     }
 }

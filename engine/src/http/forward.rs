@@ -127,17 +127,14 @@ impl Primaries {
 pub(crate) fn answer(result: Result<RawAnswer, ForwardError>) -> Answer {
     match result {
         Ok(raw) => Answer::relayed(raw),
-        Err(ForwardError::NoPrimary { tried, waited_ms }) => {
-            let mut a = Answer::error(
-                503,
-                codes::UNAVAILABLE,
-                format!(
-                    "no primary answered ({tried} attempts in {waited_ms} ms); the request did not run"
-                ),
-            );
-            a.retry_after_s = Some(1);
-            a
-        }
+        Err(ForwardError::NoPrimary { tried, waited_ms }) => Answer::error(
+            503,
+            codes::UNAVAILABLE,
+            format!(
+                "no primary answered ({tried} attempts in {waited_ms} ms); the request did not run"
+            ),
+        )
+        .retry_after(1),
         // Whether the primary ran the request is unknown once it was sent:
         // say so, so a client does not blindly retry a write.
         Err(ForwardError::Unknown { url, error }) => Answer::error(

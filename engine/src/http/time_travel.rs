@@ -137,9 +137,7 @@ fn ok(result: TimeTravelResult) -> Answer {
 fn store_error(e: &RestoreError) -> Answer {
     match e {
         RestoreError::NotArchived { .. } => {
-            let mut a = Answer::error(503, codes::UNAVAILABLE, e.to_string());
-            a.retry_after_s = Some(5);
-            a
+            Answer::error(503, codes::UNAVAILABLE, e.to_string()).retry_after(5)
         }
         RestoreError::BeforeRetention { .. }
         | RestoreError::NotInHistory { .. }
@@ -320,15 +318,15 @@ impl Node {
             Err(why) => return self.refuse(Answer::error(400, codes::BAD_REQUEST, why)),
         };
         if !tt.admit_restore() {
-            let mut a = Answer::error(
+            let a = Answer::error(
                 429,
                 codes::UNAVAILABLE,
                 format!(
                     "at most {RESTORES_PER_WINDOW} restores per {} minutes per database",
                     RESTORE_WINDOW.as_secs() / 60
                 ),
-            );
-            a.retry_after_s = Some(60);
+            )
+            .retry_after(60);
             return self.refuse(a);
         }
         let previous = db.latest_bookmark();

@@ -146,15 +146,13 @@ impl Transfers {
     /// all [`MAX_RUNNING`] are taken.
     pub(super) fn start(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Answer> {
         Arc::clone(&self.running).try_acquire_owned().map_err(|_| {
-            let mut a = Answer::error(
+                        Answer::error(
                 503,
                 codes::UNAVAILABLE,
                 format!(
                     "{MAX_RUNNING} exports and imports are running on this node, its limit: retry shortly"
                 ),
-            );
-            a.retry_after_s = Some(1);
-            a
+            ).retry_after(1)
         })
     }
 
