@@ -27,6 +27,7 @@ PIDS=()
 cleanup() { stop_pids "${PIDS[@]}"; rm -rf "$WORK"; }
 trap cleanup EXIT INT TERM
 
+need_wrk
 cargo build -q --release -p walrelay-engine --bin walrelay
 # shellcheck disable=SC2086 # UP_ARGS is a list of options
 ./target/release/walrelay up --dir "$WORK/up" --base-port "$PORT" --writers 0 --insecure \

@@ -39,3 +39,9 @@ wrk_post_script() {
   printf '%s\n' 'wrk.method = "POST"' 'wrk.headers["content-type"] = "application/json"' \
     "wrk.body = '$2'" >"$1"
 }
+
+# Whether command $1 is installed.
+need() { command -v "$1" >/dev/null 2>&1; }
+
+# Installs wrk from Debian's packages where it is missing.
+need_wrk() { need wrk || { apt-get update -qq && apt-get install -y -qq wrk; }; }

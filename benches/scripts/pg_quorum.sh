@@ -55,14 +55,13 @@ stop_all() {
 }
 trap stop_all EXIT INT TERM
 
-need() { command -v "$1" >/dev/null 2>&1; }
 if ! ls /usr/lib/postgresql/15/bin/initdb >/dev/null 2>&1; then
   # Debian's package, kept from starting its own cluster.
   printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
   apt-get update -qq && apt-get install -y -qq postgresql-15
   rm -f /usr/sbin/policy-rc.d
 fi
-need wrk || apt-get install -y -qq wrk
+need_wrk
 PG=/usr/lib/postgresql/15/bin
 
 as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }

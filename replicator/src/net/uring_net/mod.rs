@@ -1,11 +1,14 @@
 //! The Linux transport: one thread owns an io_uring and does every socket
-//! read and write through it, many requests per `io_uring_enter`.
+//! read, and every write a sender cannot make at once, through it, many
+//! requests per `io_uring_enter`.
 //!
-//! Other threads never touch a connected socket: `send` and `close` post a
-//! command to an inbox and wake the ring (a byte on a socket pair the ring
-//! always has a recv on), so they never block on a peer and never call the
-//! handler. Accepting and dialing are blocking, on their own threads as in
-//! [`super::std_net`]; the socket is then handed to the ring.
+//! Other threads never block on a connected socket and never call the
+//! handler: `close` posts a command to an inbox and wakes the ring (a byte
+//! on a socket pair the ring always has a recv on); `send` writes the
+//! frame into the socket itself with one non-blocking `sendmsg` when the
+//! ring has nothing of that connection's to send, and posts it otherwise
+//! (see [`outlet`]). Accepting and dialing are blocking, on their own
+//! threads as in [`super::std_net`]; the socket is then handed to the ring.
 //!
 //! Each connection keeps one recv outstanding into its own buffer (frames
 //! are split out of it, no copy) and at most one `sendmsg` of its queued
@@ -22,17 +25,19 @@
 //! The ring thread and its connections live in `ring.rs`; see there for
 //! what keeps its requests sound.
 
+mod outlet;
 mod ring;
 #[cfg(test)]
 mod tests;
 
 use super::CONNECT_TIMEOUT;
-use super::auth::{Auth, Session};
+use super::auth::{Auth, Opener, Session};
 use super::{ConnId, NetHandler, Transport};
 use crate::wire::{Message, encode_parts};
-use bytes::Bytes;
-use parking_lot::Mutex;
+use outlet::{Outlet, Parts, Sent};
+use parking_lot::{Mutex, RwLock};
 use ring::{Ring, new_ring};
+use std::collections::HashMap;
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
@@ -45,10 +50,11 @@ enum Cmd {
     /// A connected (and, under a key, authenticated) socket; writes may
     /// start, reads wait for `Start` (the handler learns of the connection
     /// first).
-    Add(ConnId, TcpStream, Option<Session>),
+    Add(ConnId, TcpStream, Option<Opener>, Arc<Outlet>),
     Start(ConnId),
-    /// A frame in one or two parts (header + shared record); may be empty.
-    Send(ConnId, Bytes, Bytes),
+    /// A frame, sealed (header, shared record, tag), or the rest of one
+    /// the socket took only in part; parts may be empty.
+    Send(ConnId, Parts),
     Close(ConnId),
     Fail(ConnId, String),
     /// Reported from the ring thread: the caller of `connect` may hold
@@ -73,6 +79,9 @@ struct Shared {
     /// Write end of the wake-up pair (non-blocking).
     waker: UnixStream,
     ring_thread: OnceLock<ThreadId>,
+    /// Each connection's sending side, from its registration until the
+    /// ring drops it.
+    outlets: RwLock<HashMap<ConnId, Arc<Outlet>>>,
 }
 
 impl Shared {
@@ -80,7 +89,7 @@ impl Shared {
     fn post(&self, cmd: Cmd) -> Result<(), String> {
         // The ring thread drains the inbox before it waits again: posting
         // from its own handler calls needs no wake-up.
-        let on_ring = self.ring_thread.get() == Some(&std::thread::current().id());
+        let on_ring = self.on_ring();
         let wake = {
             let mut inbox = self.inbox.lock();
             if let Some(why) = &inbox.shut {
@@ -97,6 +106,10 @@ impl Shared {
         Ok(())
     }
 
+    fn on_ring(&self) -> bool {
+        self.ring_thread.get() == Some(&std::thread::current().id())
+    }
+
     fn wake(&self) {
         // WouldBlock means the pair is full: a wake-up is pending anyway.
         let _ = (&self.waker).write(&[1]);
@@ -105,8 +118,16 @@ impl Shared {
     fn register(&self, stream: TcpStream, session: Option<Session>) -> io::Result<ConnId> {
         stream.set_nodelay(true)?;
         let conn = self.next.fetch_add(1, Ordering::Relaxed);
-        self.post(Cmd::Add(conn, stream, session))
-            .map_err(io::Error::other)?;
+        let (seal, open) = match session {
+            Some(s) => (Some(s.seal), Some(s.open)),
+            None => (None, None),
+        };
+        let outlet = Arc::new(Outlet::new(stream.try_clone()?, seal));
+        self.outlets.write().insert(conn, Arc::clone(&outlet));
+        if let Err(why) = self.post(Cmd::Add(conn, stream, open, outlet)) {
+            self.outlets.write().remove(&conn);
+            return Err(io::Error::other(why));
+        }
         Ok(conn)
     }
 
@@ -150,6 +171,7 @@ impl UringTransport {
             }),
             waker,
             ring_thread: OnceLock::new(),
+            outlets: RwLock::new(HashMap::new()),
         });
         let for_ring = Arc::clone(&shared);
         // The ring is made on its own thread (its single issuer), which
@@ -170,6 +192,20 @@ impl UringTransport {
             io::Error::other("the io_uring thread ended before its ring was made")
         })??;
         Ok(UringTransport { shared })
+    }
+}
+
+impl UringTransport {
+    /// Frames written directly by their senders and frames posted to the
+    /// ring, summed over the open connections.
+    #[cfg(test)]
+    fn sent_counts(&self) -> (u64, u64) {
+        self.shared
+            .outlets
+            .read()
+            .values()
+            .map(|o| o.counts())
+            .fold((0, 0), |(d, r), (a, b)| (d + a, r + b))
     }
 }
 
@@ -236,14 +272,29 @@ impl Transport for UringTransport {
     fn send(&self, conn: ConnId, message: &Message) {
         // An Append's record (also inside a channel frame) is shared,
         // not copied.
-        let cmd = match encode_parts(message) {
-            Ok((head, body)) => Cmd::Send(conn, head, body),
-            Err(e) => Cmd::Fail(conn, e.to_string()),
+        let (head, body) = match encode_parts(message) {
+            Ok(parts) => parts,
+            Err(e) => {
+                let _ = self.shared.post(Cmd::Fail(conn, e.to_string()));
+                return;
+            }
         };
-        let _ = self.shared.post(cmd);
+        let Some(outlet) = self.shared.outlets.read().get(&conn).cloned() else {
+            return; // never registered, or already gone
+        };
+        // The ring thread's own frames join its next submission.
+        let direct = !self.shared.on_ring();
+        let post = |parts| self.shared.post(Cmd::Send(conn, parts)).is_ok();
+        if let Sent::Failed(e) = outlet.send(head, body, direct, post) {
+            let _ = self.shared.post(Cmd::Fail(conn, e.to_string()));
+        }
     }
 
     fn close(&self, conn: ConnId) {
+        // Frames sent before this go out first; later ones are dropped.
+        if let Some(outlet) = self.shared.outlets.read().get(&conn) {
+            outlet.shut();
+        }
         let _ = self.shared.post(Cmd::Close(conn));
     }
 

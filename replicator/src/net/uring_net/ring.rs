@@ -8,8 +8,9 @@
 //! once every request has completed, and leaked otherwise (a fatal ring
 //! error, a panicking handler).
 
-use super::super::auth::{Opener, Sealer, Session};
+use super::super::auth::Opener;
 use super::super::{MAX_QUEUED_BYTES, READ_CHUNK, WRITE_TIMEOUT};
+use super::outlet::{Outlet, Parts};
 use super::{Cmd, ConnId, Shared};
 use bytes::{Buf, Bytes, BytesMut};
 use io_uring::{IoUring, Probe, opcode, squeue, types};
@@ -152,21 +153,19 @@ struct Conn {
     msg: MsgHdr,
     sending: bool,
     sent_at: Instant,
-    /// Under a key: tags what is queued (in queue order) and checks what
-    /// arrives.
-    seal: Option<Sealer>,
+    /// Under a key: checks the tags of what arrives (what leaves is
+    /// tagged by its sender, in `outlet`).
     open: Option<Opener>,
+    /// The sending side other threads share: the ring owns it while it
+    /// holds any of the connection's frames.
+    outlet: Arc<Outlet>,
 }
 
 impl Conn {
-    fn new(stream: TcpStream, session: Option<Session>) -> Box<Conn> {
-        let (seal, open) = match session {
-            Some(s) => (Some(s.seal), Some(s.open)),
-            None => (None, None),
-        };
+    fn new(stream: TcpStream, open: Option<Opener>, outlet: Arc<Outlet>) -> Box<Conn> {
         Box::new(Conn {
-            seal,
             open,
+            outlet,
             stream,
             started: false,
             closing: false,
@@ -317,8 +316,8 @@ impl Ring {
 
     fn command(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Add(id, stream, session) => {
-                self.conns.insert(id, Conn::new(stream, session));
+            Cmd::Add(id, stream, open, outlet) => {
+                self.conns.insert(id, Conn::new(stream, open, outlet));
             }
             Cmd::Start(id) => {
                 let Some(conn) = self.conns.get_mut(&id) else {
@@ -331,7 +330,7 @@ impl Ring {
                     self.arm_recv(id);
                 }
             }
-            Cmd::Send(id, head, body) => self.queue_send(id, [head, body]),
+            Cmd::Send(id, parts) => self.queue_send(id, parts),
             Cmd::Close(id) => {
                 if let Some(conn) = self.conns.get_mut(&id) {
                     conn.closing = true;
@@ -506,10 +505,11 @@ impl Ring {
         }
     }
 
-    fn queue_send(&mut self, id: ConnId, parts: [Bytes; 2]) {
+    fn queue_send(&mut self, id: ConnId, parts: Parts) {
         let Some(conn) = self.conns.get_mut(&id) else {
             return; // already gone
         };
+        conn.outlet.taken();
         if conn.dead.is_some() || conn.closing {
             return;
         }
@@ -518,14 +518,9 @@ impl Ring {
             let why = format!("over {MAX_QUEUED_BYTES} bytes queued: the peer is not keeping up");
             return self.fail(id, Some(why));
         }
-        // The tag is a small buffer of its own after the shared record.
-        let tag = conn
-            .seal
-            .as_mut()
-            .map(|s| s.seal(&[&parts[0][..], &parts[1][..]]));
-        conn.queued += n + tag.as_ref().map_or(0, |t| t.len() as u64);
+        conn.queued += n;
         conn.queue
-            .extend(parts.into_iter().chain(tag).filter(|p| !p.is_empty()));
+            .extend(parts.into_iter().filter(|p| !p.is_empty()));
         if !conn.sending {
             self.dirty.push(id);
         }
@@ -549,6 +544,9 @@ impl Ring {
         if conn.out.is_empty() {
             if conn.closing {
                 self.fail(id, None);
+            } else {
+                // Nothing held: senders may write the socket themselves.
+                conn.outlet.release();
             }
             return;
         }
@@ -620,6 +618,7 @@ impl Ring {
             return;
         }
         conn.dead = Some(reason);
+        conn.outlet.shut();
         // Completes the outstanding recv (EOF) and sendmsg (EPIPE); the
         // cancellations are for good measure.
         let _ = conn.stream.shutdown(Shutdown::Both);
@@ -649,6 +648,7 @@ impl Ring {
         let Some(conn) = self.conns.remove(&id) else {
             return;
         };
+        self.shared.outlets.write().remove(&id);
         if conn.started {
             self.shared.handler.closed(id, conn.dead.flatten());
         }
@@ -669,8 +669,9 @@ impl Ring {
         // and their poster reports them.
         for cmd in cmds {
             match cmd {
-                Cmd::Add(id, stream, session) => {
-                    self.conns.insert(id, Conn::new(stream, session));
+                Cmd::Add(id, stream, open, outlet) => {
+                    outlet.shut();
+                    self.conns.insert(id, Conn::new(stream, open, outlet));
                 }
                 Cmd::Start(id) => {
                     if let Some(conn) = self.conns.get_mut(&id) {
@@ -683,6 +684,7 @@ impl Ring {
         }
         let mut started = Vec::new();
         for (id, conn) in &self.conns {
+            conn.outlet.shut();
             let _ = conn.stream.shutdown(Shutdown::Both);
             if conn.started {
                 started.push(*id);

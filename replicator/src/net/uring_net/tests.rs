@@ -6,6 +6,7 @@ use super::*;
 use crate::bookmark::{Bookmark, Epoch, Sequence};
 use crate::record::Record;
 use crate::wire::MAX_FRAME_BYTES;
+use bytes::Bytes;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::Read;
 use std::sync::atomic::AtomicUsize;
@@ -344,4 +345,129 @@ fn a_peer_that_stops_reading_is_closed_after_the_write_timeout() {
         other => panic!("expected a closed connection, got {other:?}"),
     }
     assert!(started.elapsed() >= WRITE_TIMEOUT / 2);
+}
+
+/// Sleeps now and then before passing a message on: a reader that falls
+/// behind, so its sender's socket fills and the ring takes over.
+struct SlowReader {
+    inner: Collect,
+    seen: AtomicUsize,
+}
+impl NetHandler for SlowReader {
+    fn accepted(&self, conn: ConnId, from: SocketAddr) {
+        self.inner.accepted(conn, from);
+    }
+    fn connected(&self, conn: ConnId, tag: u64) {
+        self.inner.connected(conn, tag);
+    }
+    fn connect_failed(&self, tag: u64, e: io::Error) {
+        self.inner.connect_failed(tag, e);
+    }
+    fn message(&self, conn: ConnId, message: Message) {
+        if self.seen.fetch_add(1, Ordering::Relaxed) % 64 == 63 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.inner.message(conn, message);
+    }
+    fn closed(&self, conn: ConnId, error: Option<String>) {
+        self.inner.closed(conn, error);
+    }
+}
+
+/// Answers every Heartbeat with an Ack, from its ring thread, on the same
+/// connection another thread is sending on.
+struct Echo {
+    inner: Collect,
+    transport: OnceLock<Arc<UringTransport>>,
+}
+impl NetHandler for Echo {
+    fn accepted(&self, conn: ConnId, from: SocketAddr) {
+        self.inner.accepted(conn, from);
+    }
+    fn connected(&self, conn: ConnId, tag: u64) {
+        self.inner.connected(conn, tag);
+    }
+    fn connect_failed(&self, tag: u64, e: io::Error) {
+        self.inner.connect_failed(tag, e);
+    }
+    fn message(&self, conn: ConnId, message: Message) {
+        if let Message::Heartbeat { confirmed, .. } = message {
+            let ack = Message::Ack {
+                durable: confirmed,
+                chain: crate::chain::ChainHash::GENESIS,
+            };
+            self.transport.get().expect("set").send(conn, &ack);
+        }
+    }
+    fn closed(&self, conn: ConnId, error: Option<String>) {
+        self.inner.closed(conn, error);
+    }
+}
+
+#[test]
+fn frames_written_directly_and_through_the_ring_arrive_sealed_in_order() {
+    let key = || Auth::new(Some(crate::net::ClusterKey::from_bytes([9; 32])));
+    let (server_tx, server_rx) = mpsc::channel();
+    let slow = Arc::new(SlowReader {
+        inner: Collect(Mutex::new(server_tx)),
+        seen: AtomicUsize::new(0),
+    });
+    let made = UringTransport::new(slow, key());
+    let Some(server) = crate::uring::available_or_skip(made, "skipped") else {
+        return;
+    };
+    let (client_tx, client_rx) = mpsc::channel();
+    let echo = Arc::new(Echo {
+        inner: Collect(Mutex::new(client_tx)),
+        transport: OnceLock::new(),
+    });
+    let client = Arc::new(UringTransport::new(Arc::clone(&echo) as _, key()).expect("ring"));
+    let _ = echo.transport.set(Arc::clone(&client));
+    let addr = server.listen(local()).expect("listen");
+    client.connect(addr, 1);
+    let Ev::Connected(conn, 1) = next(&client_rx) else {
+        panic!("not connected");
+    };
+    let Ev::Accepted(at_server) = next(&server_rx) else {
+        panic!("not accepted");
+    };
+    // The server's heartbeats make the client's ring thread send Acks on
+    // the connection this thread sends its Appends on.
+    let page = Bytes::from(vec![3u8; 32 * 1024]);
+    let appends = 600u64;
+    for s in 1..=appends {
+        let record = Record {
+            bookmark: b(s),
+            previous: b(s - 1),
+            prev_chain: crate::chain::ChainHash::GENESIS,
+            commit_us: 0,
+            page_size: 32 * 1024,
+            db_pages: 3,
+            pages: vec![(2, page.clone())],
+        };
+        client.send(conn, &Message::Append(record.to_encoded().expect("encode")));
+        if s % 8 == 0 {
+            let beat = Message::Heartbeat {
+                epoch: Epoch(1),
+                confirmed: b(s),
+                sent_us: s,
+            };
+            server.send(at_server, &beat);
+        }
+    }
+    let (mut next_append, mut acks) = (1u64, 0u64);
+    while next_append <= appends || acks < appends / 8 {
+        match server_rx.recv_timeout(WAIT).expect("a frame in time").1 {
+            Ev::Message(c, Message::Append(r)) => {
+                assert_eq!(c, at_server);
+                assert_eq!(r.bookmark, b(next_append), "appends out of order");
+                next_append += 1;
+            }
+            Ev::Message(_, Message::Ack { .. }) => acks += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let (direct, posted) = client.sent_counts();
+    assert!(direct > 0, "no frame was written directly");
+    assert!(posted > 0, "no frame went through the ring");
 }

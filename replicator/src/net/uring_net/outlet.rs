@@ -1,0 +1,238 @@
+//! A connection's sending side, shared by the threads that send and the
+//! ring thread.
+//!
+//! A frame sent from a thread other than the ring's goes straight into
+//! the socket with one non-blocking `sendmsg` when the ring has nothing of
+//! that connection's to send: no command, no wake-up of the ring thread,
+//! one thread hop less before the first byte leaves (on a primary, the
+//! committing session sends its own Append). Everything else goes to the
+//! ring as before: frames sent from the ring thread itself (they are
+//! batched into its next submission), and every frame behind one the ring
+//! still holds, so frames leave in the order they were sealed.
+//!
+//! # Who may write the socket
+//!
+//! The ring *owns* the connection's sends from the moment a frame is
+//! posted to it until its queue is empty, nothing is in flight and no
+//! posted frame waits in its inbox; it then hands the connection back
+//! ([`Outlet::release`]). Each frame is tagged ([`Sealer`]) and either
+//! written or posted under the outlet's lock, so tags and bytes on the wire
+//! follow one order. A direct write that the socket takes only in part
+//! (its buffer is full) posts the rest to the ring, which then owns the
+//! connection: a slow peer is waited for by the ring, with its write
+//! timeout and queue bound, never by the sender.
+//!
+//! A connection that is closing, failed or closed takes no more frames.
+
+use super::super::auth::Sealer;
+use bytes::{Buf, Bytes};
+use parking_lot::Mutex;
+use std::io;
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+
+/// One frame: its header, its (possibly shared) body and its tag, each
+/// possibly empty.
+pub(super) type Parts = [Bytes; 3];
+
+/// See the module docs.
+pub(super) struct Outlet {
+    /// The socket, through a descriptor of the outlet's own (the ring's
+    /// may be closed first); written only with `MSG_DONTWAIT`.
+    stream: TcpStream,
+    state: Mutex<State>,
+}
+
+struct State {
+    seal: Option<Sealer>,
+    /// The ring holds frames of this connection (queued, in flight, or
+    /// posted and not yet taken): every frame goes to it.
+    ring_owns: bool,
+    /// Frames posted to the ring and not yet taken from its inbox.
+    posted: usize,
+    /// Closing, failed or closed: frames are dropped.
+    shut: bool,
+    /// Frames the socket took whole from their sender, and frames (or
+    /// their rests) posted to the ring.
+    direct: u64,
+    ringed: u64,
+}
+
+/// What [`Outlet::send`] did with a frame.
+pub(super) enum Sent {
+    /// The socket took all of it, or the connection takes no more.
+    Done,
+    /// The ring must send these parts (all of the frame, or its rest),
+    /// posted by the closure given, under the outlet's lock.
+    Posted,
+    /// The socket refused the write: the connection must fail.
+    Failed(io::Error),
+}
+
+impl Outlet {
+    pub(super) fn new(stream: TcpStream, seal: Option<Sealer>) -> Outlet {
+        Outlet {
+            stream,
+            state: Mutex::new(State {
+                seal,
+                ring_owns: false,
+                posted: 0,
+                shut: false,
+                direct: 0,
+                ringed: 0,
+            }),
+        }
+    }
+
+    /// Tags the frame `head` + `body` and writes it into the socket at once
+    /// when `direct` and the ring holds nothing of this connection's;
+    /// otherwise (or for what the socket did not take) calls `post` with
+    /// the parts, still under the lock, so nothing sealed later can pass
+    /// it. `post` says whether the ring took the command.
+    pub(super) fn send(
+        &self,
+        head: Bytes,
+        body: Bytes,
+        direct: bool,
+        post: impl FnOnce(Parts) -> bool,
+    ) -> Sent {
+        let mut s = self.state.lock();
+        if s.shut {
+            return Sent::Done;
+        }
+        let tag = s
+            .seal
+            .as_mut()
+            .map(|seal| seal.seal(&[&head[..], &body[..]]))
+            .unwrap_or_default();
+        let mut parts = [head, body, tag];
+        if direct && !s.ring_owns {
+            match write_some(&self.stream, &parts) {
+                Ok(n) => {
+                    advance(&mut parts, n);
+                    if parts.iter().all(|p| p.is_empty()) {
+                        s.direct += 1;
+                        return Sent::Done;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => {
+                    // The ring reports the connection closed; nothing
+                    // more is written to it.
+                    s.shut = true;
+                    return Sent::Failed(e);
+                }
+            }
+        }
+        if post(parts) {
+            s.ring_owns = true;
+            s.posted += 1;
+            s.ringed += 1;
+        }
+        Sent::Posted
+    }
+
+    /// Frames written directly and frames posted to the ring, so far.
+    #[cfg(test)]
+    pub(super) fn counts(&self) -> (u64, u64) {
+        let s = self.state.lock();
+        (s.direct, s.ringed)
+    }
+
+    /// Takes no more frames (the connection is closing or failed).
+    pub(super) fn shut(&self) {
+        self.state.lock().shut = true;
+    }
+
+    /// The ring took one posted frame from its inbox.
+    pub(super) fn taken(&self) {
+        let mut s = self.state.lock();
+        // Posted frames are counted before they can be taken.
+        assert!(s.posted > 0, "a frame taken that was never posted");
+        s.posted -= 1;
+    }
+
+    /// The ring has nothing of this connection's left to send: direct
+    /// writes may start again, unless a frame posted meanwhile is still on
+    /// its way to the ring.
+    pub(super) fn release(&self) {
+        let mut s = self.state.lock();
+        if s.posted == 0 {
+            s.ring_owns = false;
+        }
+    }
+}
+
+/// One non-blocking `sendmsg` of the non-empty parts; how many bytes the
+/// socket took (`WouldBlock` when none).
+fn write_some(stream: &TcpStream, parts: &Parts) -> io::Result<usize> {
+    let empty = libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    };
+    let mut iov = [empty; 3];
+    let mut count = 0;
+    for p in parts.iter().filter(|p| !p.is_empty()) {
+        iov[count] = libc::iovec {
+            iov_base: p.as_ptr() as *mut libc::c_void,
+            iov_len: p.len(),
+        };
+        count += 1;
+    }
+    if count == 0 {
+        return Ok(0);
+    }
+    // SAFETY: a zeroed msghdr is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = count;
+    loop {
+        // SAFETY: `msg` points at `iov`, whose entries point into `parts`;
+        // all of them outlive the call, and the kernel only reads them.
+        let n = unsafe {
+            libc::sendmsg(
+                stream.as_raw_fd(),
+                &raw const msg,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Drops the first `n` bytes of `parts`.
+fn advance(parts: &mut Parts, mut n: usize) {
+    for p in parts.iter_mut() {
+        let k = n.min(p.len());
+        p.advance(k);
+        n -= k;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(a: &'static [u8], b: &'static [u8], c: &'static [u8]) -> Parts {
+        [
+            Bytes::from_static(a),
+            Bytes::from_static(b),
+            Bytes::from_static(c),
+        ]
+    }
+
+    #[test]
+    fn advancing_past_whole_parts_leaves_the_rest_of_the_next() {
+        let mut p = parts(b"head", b"body", b"tag");
+        advance(&mut p, 6);
+        assert_eq!(p, parts(b"", b"dy", b"tag"));
+        advance(&mut p, 5);
+        assert!(p.iter().all(|x| x.is_empty()));
+    }
+}
