@@ -29,6 +29,16 @@
 //! before. A failed preparation is not an error by itself: the roll then
 //! builds inline, and reports that attempt's error if it fails too.
 //!
+//! A spare's fill is paced by the log it is for ([`fill_allowance`]):
+//! spread over the active segment's second half, it is done by three fifths
+//! of the way through it, a chunk of 256 KiB at a time. Unpaced, five
+//! followers filling 64 MiB each at once kept the disk saturated for about
+//! a second at every roll (every 64 MiB of log), and the quorum's syncs
+//! queued behind the zeros: over HTTP at one connection, windows of 47-92
+//! requests over 3 ms (up to 40 ms) every 8-10 s (papers/performance.md,
+//! lever 46). The roll that needs a spare still being filled lifts the
+//! pace and waits for it.
+//!
 //! A log holds at most one spare, and replacing or dropping one cancels and
 //! joins its thread and removes its file before anything else happens: two
 //! preparations of one index never run at once, and a log reopened in the
@@ -41,11 +51,75 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
-/// Zeros written per call while filling a segment.
-const CHUNK: u64 = 1 << 20;
+/// Zeros written per call while filling a segment: what a log sync may
+/// find queued ahead of it on the disk, per follower filling.
+const CHUNK: u64 = 256 << 10;
+/// Spares smaller than this are filled at once, unpaced.
+const PACE_MIN_BYTES: u64 = 2 << 20;
+/// How far a paced fill may run ahead of the log's progress.
+const PACE_LEAD_BYTES: u64 = 2 * CHUNK;
+/// How soon a paced fill that is ahead looks at the log's progress again;
+/// the wait doubles while the log does not move, up to `PACE_POLL_MAX`
+/// (a spare of a log that went idle costs a wake-up a second).
+const PACE_POLL: Duration = Duration::from_millis(10);
+const PACE_POLL_MAX: Duration = Duration::from_secs(1);
+
+/// How many bytes of a `size`-byte spare may be filled once the active
+/// segment (`active_size` bytes) holds `written`: none of it before the
+/// active segment is half written, then in proportion to the second
+/// half's progress, all of it by three fifths of the way through, plus a
+/// lead of two chunks. Small spares are filled at once.
+pub(crate) fn fill_allowance(size: u64, written: u64, active_size: u64) -> u64 {
+    let half = active_size / 2;
+    if size < PACE_MIN_BYTES || half == 0 {
+        return size;
+    }
+    let into = u128::from(written.saturating_sub(half));
+    let span = u128::from((half / 5 * 3).max(1));
+    let paced = u128::from(size) * into / span + u128::from(PACE_LEAD_BYTES);
+    paced.min(u128::from(size)) as u64
+}
+
+/// What a spare's fill may do now: how many bytes it may have written,
+/// and whether to give up.
+#[derive(Debug)]
+pub(crate) struct Pace {
+    allowed: AtomicU64,
+    cancel: AtomicBool,
+}
+
+impl Pace {
+    fn new(allowed: u64) -> Pace {
+        Pace {
+            allowed: AtomicU64::new(allowed),
+            cancel: AtomicBool::new(false),
+        }
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed)
+    }
+
+    /// Blocks until `upto` bytes may be written, or the fill is cancelled.
+    fn wait_for(&self, upto: u64) {
+        let mut poll = PACE_POLL;
+        let mut seen = self.allowed.load(Ordering::Relaxed);
+        while seen < upto && !self.cancelled() {
+            std::thread::park_timeout(poll);
+            let now = self.allowed.load(Ordering::Relaxed);
+            poll = if now == seen {
+                (poll * 2).min(PACE_POLL_MAX)
+            } else {
+                PACE_POLL
+            };
+            seen = now;
+        }
+    }
+}
 
 fn io_at(path: &Path) -> impl Fn(io::Error) -> SegmentError + '_ {
     move |source| SegmentError::Io {
@@ -65,15 +139,16 @@ pub(crate) fn is_tmp_name(name: &str) -> bool {
     name.ends_with(".seg.tmp")
 }
 
-/// Creates (truncating) `tmp`, writes `size` bytes of zeros and syncs it.
-/// Gives up, with an `Interrupted` error, once `cancel` is set (checked
-/// between chunks: a discarded spare stops within a chunk's write).
+/// Creates (truncating) `tmp`, writes `size` bytes of zeros and syncs it,
+/// each chunk once `pace` allows it. Gives up, with an `Interrupted`
+/// error, once `pace` is cancelled (checked between chunks: a discarded
+/// spare stops within a chunk's write).
 pub(crate) fn zero_filled(
     tmp: &Path,
     size: u64,
-    cancel: Option<&AtomicBool>,
+    pace: Option<&Pace>,
 ) -> Result<File, SegmentError> {
-    let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Relaxed));
+    let cancelled = || pace.is_some_and(Pace::cancelled);
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -91,13 +166,16 @@ pub(crate) fn zero_filled(
     let zeros = Padded::zeros(size.min(CHUNK) as usize);
     let mut at = 0u64;
     while at < size {
+        let n = (size - at).min(CHUNK) as usize;
+        if let Some(p) = pace {
+            p.wait_for(at + n as u64);
+        }
         if cancelled() {
             return Err(io_at(tmp)(io::Error::new(
                 io::ErrorKind::Interrupted,
                 "segment preparation cancelled",
             )));
         }
-        let n = (size - at).min(CHUNK) as usize;
         let whole_blocks = n as u64 % direct_io::BLOCK == 0;
         match &direct {
             Some(d) if whole_blocks => {
@@ -207,13 +285,16 @@ pub(crate) fn keep_ready(
     size: u64,
     path: impl FnOnce() -> PathBuf,
 ) {
-    if written.saturating_mul(2) < active_size
-        || spare.as_ref().is_some_and(|s| s.is_for(index, size))
-    {
+    if written.saturating_mul(2) < active_size {
         return;
     }
-    *spare = None;
-    *spare = Spare::start(&path(), index, size);
+    if !spare.as_ref().is_some_and(|s| s.is_for(index, size)) {
+        *spare = None;
+        *spare = Spare::start_paced(&path(), index, size, 0);
+    }
+    if let Some(s) = spare {
+        s.pace(fill_allowance(size, written, active_size));
+    }
 }
 
 /// Discards `spare` unless it was made for segment `index`, the one the
@@ -233,7 +314,7 @@ pub(crate) struct Spare {
     index: u64,
     size: u64,
     tmp: PathBuf,
-    cancel: Arc<AtomicBool>,
+    pace: Arc<Pace>,
     /// None once joined; then `outcome` says how it went.
     thread: Option<JoinHandle<Result<(), SegmentError>>>,
     outcome: Option<Result<(), String>>,
@@ -242,12 +323,20 @@ pub(crate) struct Spare {
 }
 
 impl Spare {
-    /// Starts building segment `index` (to be at `path`) of `size` bytes.
-    /// None if no thread could be started: the roll then builds inline.
+    /// Starts building segment `index` (to be at `path`) of `size` bytes,
+    /// unpaced. None if no thread could be started: the roll then builds
+    /// inline.
+    #[cfg(test)]
     pub(crate) fn start(path: &Path, index: u64, size: u64) -> Option<Spare> {
+        Spare::start_paced(path, index, size, u64::MAX)
+    }
+
+    /// [`Spare::start`], with `allowed` bytes that may be filled before
+    /// [`Spare::pace`] allows more.
+    fn start_paced(path: &Path, index: u64, size: u64, allowed: u64) -> Option<Spare> {
         let tmp = tmp_path(path);
-        let cancel = Arc::new(AtomicBool::new(false));
-        let (t, c) = (tmp.clone(), Arc::clone(&cancel));
+        let pace = Arc::new(Pace::new(allowed));
+        let (t, c) = (tmp.clone(), Arc::clone(&pace));
         let spawned = std::thread::Builder::new()
             .name("walrelay-spare".into())
             .spawn(move || {
@@ -259,7 +348,7 @@ impl Spare {
                 // The file is closed once built: a spare costs no
                 // descriptor while it waits (a host keeps many logs), and
                 // the roll reopens it by name.
-                zero_filled(&t, size, Some(&c)).map(drop)
+                zero_filled(&t, size, Some(c.as_ref())).map(drop)
             });
         match spawned {
             Ok(thread) => {
@@ -268,7 +357,7 @@ impl Spare {
                     index,
                     size,
                     tmp,
-                    cancel,
+                    pace,
                     thread: Some(thread),
                     outcome: None,
                     taken: false,
@@ -291,9 +380,17 @@ impl Spare {
         self.index
     }
 
-    /// Waits for the preparation to end; whether it built the file.
+    /// Lets the fill write up to `allowed` bytes (it never moves back).
+    pub(crate) fn pace(&self, allowed: u64) {
+        self.pace.allowed.fetch_max(allowed, Ordering::Relaxed);
+    }
+
+    /// Waits for the preparation to end, unpaced from here; whether it
+    /// built the file.
     pub(crate) fn wait(&mut self) -> bool {
         if let Some(thread) = self.thread.take() {
+            self.pace.allowed.store(u64::MAX, Ordering::Relaxed);
+            thread.thread().unpark();
             self.outcome = Some(match thread.join() {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(e)) => Err(e.to_string()),
@@ -318,7 +415,8 @@ impl Spare {
             );
             return None;
         }
-        if !self.wait() {
+        let ok = self.wait();
+        if !ok {
             if let Some(Err(why)) = &self.outcome {
                 tracing::warn!(segment = index, error = %why, "preparing the next segment failed: built inline");
             }
@@ -356,7 +454,7 @@ impl Spare {
 
 impl Drop for Spare {
     fn drop(&mut self) {
-        self.cancel.store(true, Ordering::Relaxed);
+        self.pace.cancel.store(true, Ordering::Relaxed);
         self.wait();
         if !self.taken {
             // Best effort: a leftover is removed at the next open.
@@ -405,6 +503,61 @@ mod tests {
             let bytes = std::fs::read(&tmp).expect("read");
             assert!(bytes.iter().all(|&b| b == 0), "{size} bytes of zeros");
         }
+    }
+
+    #[test]
+    fn the_fill_allowance_follows_the_second_half_of_the_active_segment() {
+        let (size, active) = (64 << 20, 64 << 20);
+        let at = |written| fill_allowance(size, written, active);
+        assert_eq!(at(0), PACE_LEAD_BYTES, "only the lead before half");
+        assert_eq!(at(32 << 20), PACE_LEAD_BYTES, "only the lead at half");
+        let a = at(40 << 20);
+        assert!(
+            a > PACE_LEAD_BYTES && a < size,
+            "part of it on the way: {a}"
+        );
+        assert!(at(44 << 20) > a, "more as the log grows");
+        let done = (32 << 20) + (32 << 20) / 5 * 3;
+        assert_eq!(at(done), size, "all of it three fifths into the half");
+        assert_eq!(at(active), size);
+        assert_eq!(
+            fill_allowance(1 << 20, 0, active),
+            1 << 20,
+            "small: at once"
+        );
+        assert_eq!(fill_allowance(size, 0, 0), size, "no active segment");
+    }
+
+    #[test]
+    fn a_paced_spare_fills_no_further_than_allowed_until_the_roll_needs_it() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("0000000000000002.seg");
+        let size = 4 << 20;
+        let mut spare = Spare::start_paced(&path, 2, size, CHUNK).expect("thread");
+        let filled = || std::fs::metadata(tmp_path(&path)).map_or(0, |m| m.len());
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(filled(), CHUNK, "one chunk allowed, one written");
+        spare.pace(3 * CHUNK);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while filled() < 3 * CHUNK && std::time::Instant::now() < deadline {
+            std::thread::sleep(PACE_POLL);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(filled(), 3 * CHUNK, "three chunks allowed, three written");
+        spare.pace(CHUNK);
+        assert!(spare.wait(), "the roll lifts the pace and waits");
+        assert_eq!(filled(), size);
+    }
+
+    #[test]
+    fn dropping_a_paced_spare_stops_it_at_once() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("0000000000000001.seg");
+        let spare = Spare::start_paced(&path, 1, 64 << 20, 0).expect("thread");
+        let started = std::time::Instant::now();
+        drop(spare);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(!tmp_path(&path).exists());
     }
 
     #[test]
