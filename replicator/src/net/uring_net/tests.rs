@@ -347,40 +347,15 @@ fn a_peer_that_stops_reading_is_closed_after_the_write_timeout() {
     assert!(started.elapsed() >= WRITE_TIMEOUT / 2);
 }
 
-/// Sleeps now and then before passing a message on: a reader that falls
-/// behind, so its sender's socket fills and the ring takes over.
-struct SlowReader {
-    inner: Collect,
-    seen: AtomicUsize,
-}
-impl NetHandler for SlowReader {
-    fn accepted(&self, conn: ConnId, from: SocketAddr) {
-        self.inner.accepted(conn, from);
-    }
-    fn connected(&self, conn: ConnId, tag: u64) {
-        self.inner.connected(conn, tag);
-    }
-    fn connect_failed(&self, tag: u64, e: io::Error) {
-        self.inner.connect_failed(tag, e);
-    }
-    fn message(&self, conn: ConnId, message: Message) {
-        if self.seen.fetch_add(1, Ordering::Relaxed) % 64 == 63 {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.inner.message(conn, message);
-    }
-    fn closed(&self, conn: ConnId, error: Option<String>) {
-        self.inner.closed(conn, error);
-    }
-}
+/// What [`OnMessage`] does with a message (passing it on or not).
+type MessageFn = Box<dyn Fn(&Collect, ConnId, Message) + Send + Sync>;
 
-/// Answers every Heartbeat with an Ack, from its ring thread, on the same
-/// connection another thread is sending on.
-struct Echo {
+/// [`Collect`], with its own way of taking messages.
+struct OnMessage {
     inner: Collect,
-    transport: OnceLock<Arc<UringTransport>>,
+    on: MessageFn,
 }
-impl NetHandler for Echo {
+impl NetHandler for OnMessage {
     fn accepted(&self, conn: ConnId, from: SocketAddr) {
         self.inner.accepted(conn, from);
     }
@@ -391,13 +366,7 @@ impl NetHandler for Echo {
         self.inner.connect_failed(tag, e);
     }
     fn message(&self, conn: ConnId, message: Message) {
-        if let Message::Heartbeat { confirmed, .. } = message {
-            let ack = Message::Ack {
-                durable: confirmed,
-                chain: crate::chain::ChainHash::GENESIS,
-            };
-            self.transport.get().expect("set").send(conn, &ack);
-        }
+        (self.on)(&self.inner, conn, message);
     }
     fn closed(&self, conn: ConnId, error: Option<String>) {
         self.inner.closed(conn, error);
@@ -408,21 +377,41 @@ impl NetHandler for Echo {
 fn frames_written_directly_and_through_the_ring_arrive_sealed_in_order() {
     let key = || Auth::new(Some(crate::net::ClusterKey::from_bytes([9; 32])));
     let (server_tx, server_rx) = mpsc::channel();
-    let slow = Arc::new(SlowReader {
+    // A reader that falls behind now and then, so the sender's socket
+    // fills and the ring takes over.
+    let seen = AtomicUsize::new(0);
+    let slow = Arc::new(OnMessage {
         inner: Collect(Mutex::new(server_tx)),
-        seen: AtomicUsize::new(0),
+        on: Box::new(move |inner, conn, message| {
+            if seen.fetch_add(1, Ordering::Relaxed) % 64 == 63 {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            inner.message(conn, message);
+        }),
     });
     let made = UringTransport::new(slow, key());
     let Some(server) = crate::uring::available_or_skip(made, "skipped") else {
         return;
     };
     let (client_tx, client_rx) = mpsc::channel();
-    let echo = Arc::new(Echo {
+    // Answers every Heartbeat with an Ack, from its ring thread, on the
+    // connection this thread sends its Appends on.
+    let transport: Arc<OnceLock<Arc<UringTransport>>> = Arc::default();
+    let to = Arc::clone(&transport);
+    let echo = Arc::new(OnMessage {
         inner: Collect(Mutex::new(client_tx)),
-        transport: OnceLock::new(),
+        on: Box::new(move |_, conn, message| {
+            if let Message::Heartbeat { confirmed, .. } = message {
+                let ack = Message::Ack {
+                    durable: confirmed,
+                    chain: crate::chain::ChainHash::GENESIS,
+                };
+                to.get().expect("set").send(conn, &ack);
+            }
+        }),
     });
-    let client = Arc::new(UringTransport::new(Arc::clone(&echo) as _, key()).expect("ring"));
-    let _ = echo.transport.set(Arc::clone(&client));
+    let client = Arc::new(UringTransport::new(echo, key()).expect("ring"));
+    let _ = transport.set(Arc::clone(&client));
     let addr = server.listen(local()).expect("listen");
     client.connect(addr, 1);
     let Ev::Connected(conn, 1) = next(&client_rx) else {
