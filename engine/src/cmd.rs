@@ -29,7 +29,7 @@ use walrelay_engine::replication::{PrimaryConfig, ReplicatedPrimary, database_pa
 use walrelay_engine::{Constraint, Value};
 use walrelay_replicator::net::Backend;
 use walrelay_replicator::node::follower_host::{FollowerHost, FollowerHostConfig};
-use walrelay_replicator::{ClusterKey, DatabaseId};
+use walrelay_replicator::{Bookmark, ClusterKey, DatabaseId};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -538,6 +538,7 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
         }
     }
     let mut last_report = Instant::now();
+    let mut last_confirmed = primary.status().confirmed;
     while !stopping() && deadline.is_none_or(|d| Instant::now() < d) {
         std::thread::sleep(Duration::from_millis(50));
         if let Some(epoch) = primary.leader().fenced() {
@@ -549,31 +550,33 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
             primary.database().stop_queries();
             std::process::exit(FENCED_EXIT_CODE);
         }
-        if last_report.elapsed() >= Duration::from_secs(1) {
+        let since_report = last_report.elapsed();
+        if since_report >= Duration::from_secs(1) {
             last_report = Instant::now();
-            let mut l = std::mem::take(&mut *latencies.lock());
             let st = primary.status();
-            if l.is_empty() {
-                println!(
-                    "primary confirmed={} followers_streaming={} commits/s=0 failed={} auth_refused={}",
-                    st.confirmed,
-                    st.streaming_followers,
-                    failures.load(Ordering::Relaxed),
-                    primary.leader().auth_refusals()
-                );
-            } else {
+            let confirmed = confirmed_between(last_confirmed, st.confirmed);
+            last_confirmed = st.confirmed;
+            // commits/s counts every confirmed transaction, whoever wrote
+            // it; the latencies are the demo writers' own.
+            let mut line = format!(
+                "primary confirmed={} followers_streaming={} commits/s={} failed={} auth_refused={}",
+                st.confirmed,
+                st.streaming_followers,
+                per_second(confirmed, since_report),
+                failures.load(Ordering::Relaxed),
+                primary.leader().auth_refusals()
+            );
+            let mut l = std::mem::take(&mut *latencies.lock());
+            if !l.is_empty() {
                 l.sort_unstable();
-                println!(
-                    "primary confirmed={} followers_streaming={} commits/s={} commit_p50_us={} commit_p99_us={} failed={} auth_refused={}",
-                    st.confirmed,
-                    st.streaming_followers,
+                line.push_str(&format!(
+                    " demo_commits={} commit_p50_us={} commit_p99_us={}",
                     l.len(),
                     l[l.len() / 2],
                     l[(l.len() * 99 / 100).min(l.len() - 1)],
-                    failures.load(Ordering::Relaxed),
-                    primary.leader().auth_refusals()
-                );
+                ));
             }
+            println!("{line}");
         }
     }
     let stop_started = Instant::now();
@@ -600,6 +603,30 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
     Ok(())
 }
 
+/// How many transactions were confirmed from `before` to `now`, whoever
+/// wrote them (the demo writers, HTTP clients, forwarded writes). A new
+/// epoch numbers its transactions from one again, so all of its count.
+fn confirmed_between(before: Bookmark, now: Bookmark) -> u64 {
+    assert!(
+        now >= before,
+        "the confirmed bookmark went back: {before} -> {now}"
+    );
+    if now.epoch == before.epoch {
+        now.sequence.0 - before.sequence.0
+    } else {
+        now.sequence.0
+    }
+}
+
+/// `count` over `elapsed`, rounded to the nearest whole number.
+fn per_second(count: u64, elapsed: Duration) -> u64 {
+    let s = elapsed.as_secs_f64();
+    if s <= 0.0 {
+        return 0;
+    }
+    (count as f64 / s).round() as u64
+}
+
 /// Opens the cold store named by a `--store` option, if one was given.
 pub fn open_store(spec: Option<&str>) -> Result<Option<walrelay_archive::Store>> {
     spec.map(walrelay_archive::Store::open)
@@ -615,4 +642,37 @@ pub fn parse_addrs(s: &str) -> Result<Vec<SocketAddr>, String> {
     s.split(',')
         .map(|a| a.trim().parse().map_err(|e| format!("{a:?}: {e}")))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use walrelay_replicator::{Epoch, Sequence};
+
+    fn at(epoch: u32, sequence: u64) -> Bookmark {
+        Bookmark::new(Epoch(epoch), Sequence(sequence))
+    }
+
+    #[test]
+    fn the_status_line_counts_every_confirmed_transaction_within_an_epoch() {
+        assert_eq!(confirmed_between(at(3, 10), at(3, 10)), 0);
+        assert_eq!(confirmed_between(at(3, 10), at(3, 250)), 240);
+    }
+
+    #[test]
+    fn the_status_line_counts_a_new_epochs_transactions_from_its_start() {
+        assert_eq!(confirmed_between(at(3, 900), at(4, 7)), 7);
+    }
+
+    #[test]
+    #[should_panic(expected = "went back")]
+    fn a_confirmed_bookmark_that_goes_back_is_a_bug_not_a_negative_rate() {
+        confirmed_between(at(3, 10), at(3, 9));
+    }
+
+    #[test]
+    fn the_rate_is_per_second_of_the_report_window() {
+        assert_eq!(per_second(1_500, Duration::from_millis(1_500)), 1_000);
+        assert_eq!(per_second(7, Duration::ZERO), 0);
+    }
 }

@@ -107,12 +107,19 @@ fn up_runs_an_authenticated_cluster_reports_latency_and_lag_and_restarts_after_c
     );
 }
 
+/// The `commits/s=N` of a primary status line.
+fn commits_per_s(line: &str) -> Option<u64> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("commits/s="))
+        .and_then(|n| n.parse().ok())
+}
+
 #[test]
 fn up_insecure_serves_without_a_token_and_warns_on_every_start() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().expect("dir");
     let base = free_base();
-    for _start in 0..2 {
+    for start in 0..2 {
         let mut up = Up::start(dir.path(), base, &["--writers", "0", "--insecure"]);
         up.wait_line("the insecure warning", Duration::from_secs(30), |l| {
             l.contains("WARNING") && l.contains("insecure")
@@ -123,9 +130,46 @@ fn up_insecure_serves_without_a_token_and_warns_on_every_start() {
             let r = up.query_as(node, "first-unconstrained", &select_one(), None);
             assert_eq!(r.status, 200, "{:?}", r.json);
         }
+        if start == 0 {
+            status_line_counts_http_writes(&mut up);
+        }
         let (status, lines) = up.interrupt();
         assert!(status.success(), "{lines:#?}");
     }
+}
+
+/// With no demo writers, the primary's status line still counts the
+/// writes clients make over HTTP (to the primary and through a replica).
+fn status_line_counts_http_writes(up: &mut Up) {
+    let create = serde_json::json!({ "sql": "CREATE TABLE t(x)" });
+    assert_eq!(up.query_as(0, "first-primary", &create, None).status, 200);
+    let client = up.client();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let done = std::sync::Arc::clone(&done);
+        std::thread::spawn(move || {
+            let insert = serde_json::json!({ "sql": "INSERT INTO t VALUES (1)" });
+            let mut n = 0u64;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let r = client.query((n % 2) as u16, "first-primary", &insert);
+                assert_eq!(r.status, 200, "{:?}", r.json);
+                n += 1;
+            }
+            n
+        })
+    };
+    let line = up.wait_line(
+        "a status line counting HTTP writes",
+        Duration::from_secs(30),
+        |l| l.starts_with("primary confirmed=") && commits_per_s(l).is_some_and(|n| n > 0),
+    );
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let written = writer.join().expect("writer");
+    assert!(written > 0, "{line}");
+    assert!(
+        !line.contains("commit_p50_us="),
+        "no demo writer, no demo latency: {line}"
+    );
 }
 
 #[test]
