@@ -102,6 +102,8 @@ pub enum RestoreError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the restore was abandoned: its caller is stopping")]
+    Abandoned,
 }
 
 /// Why an upload round (the archiver) failed; the archiver retries later.
@@ -121,6 +123,8 @@ pub enum ArchiveError {
         "the local log starts at {start}, after what the store holds ({archived}): the gap cannot be archived"
     )]
     LocalGap { start: Bookmark, archived: Bookmark },
+    #[error("the snapshot was abandoned: the uploader is stopping")]
+    SnapshotAbandoned,
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

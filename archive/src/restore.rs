@@ -24,6 +24,12 @@ pub trait Progress {
     /// `objects` more are read and applied.
     fn advance(&self, _objects: u64) {}
     fn finish(&self) {}
+    /// Whether the caller wants the restore abandoned; checked between
+    /// batches of objects (a stopping process must not wait for a whole
+    /// database to be built).
+    fn abandoned(&self) -> bool {
+        false
+    }
 }
 
 /// Reports nothing.
@@ -105,6 +111,9 @@ pub fn build(
             let mut digests = Vec::with_capacity(keys.len());
             let mut fetched = 0u64;
             for (batch_no, batch) in keys.chunks(PARALLEL_REQUESTS).enumerate() {
+                if progress.abandoned() {
+                    return Err(RestoreError::Abandoned);
+                }
                 let got = archive.store().get_many(batch)?;
                 let first_part = (batch_no * PARALLEL_REQUESTS) as u32;
                 // Decompress and write the batch's parts on every core.
@@ -166,6 +175,9 @@ pub fn build(
     // written once at the end.
     let mut gathered = crate::image::Gathered::default();
     for batch in plan.logs.chunks(PARALLEL_REQUESTS) {
+        if progress.abandoned() {
+            return Err(RestoreError::Abandoned);
+        }
         let objects = archive.read_logs(batch, chain)?;
         for obj in &objects {
             for r in obj.records.iter().take_while(|r| r.bookmark <= plan.target) {

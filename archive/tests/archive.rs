@@ -5,10 +5,12 @@
 use anyhow::Result;
 use rand::{Rng, SeedableRng};
 use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 use walrelay_archive::Source as _;
 use walrelay_archive::testing::{MemSource, Workload};
 use walrelay_archive::{
-    Archive, Archiver, ArchiverConfig, Flush, NoProgress, RestoreError, Store, names,
+    Archive, Archiver, ArchiverConfig, Flush, NoProgress, Progress, RestoreError, Store, names,
     restore_to_file,
 };
 use walrelay_replicator::{Bookmark, DatabaseId, Epoch, Sequence};
@@ -105,6 +107,79 @@ fn a_restore_at_random_archived_bookmarks_equals_the_shadow_copy() {
             // time would hide cross-talk; instead reset the store's keys.
             wipe(store)?;
         }
+        Ok(())
+    });
+}
+
+#[test]
+fn a_stopping_archiver_starts_no_snapshot_and_its_last_round_uploads_the_log_until_its_deadline() {
+    each_store("stopping", |store, dir| {
+        let mut w = Workload::new(11, 1024);
+        let source = MemSource::new(Epoch(1));
+        let mut up = Archiver::new(store.clone(), config(dir));
+        run(&mut w, &source, 40);
+        up.stopping_flag().store(true, Ordering::Relaxed);
+        let r = up.round(&source, Flush::All)?;
+        assert_eq!(
+            (r.objects, r.snapshot),
+            (0, None),
+            "a stopping archiver leaves the log to its last round and takes no snapshot"
+        );
+        let past = Flush::Stop {
+            deadline: Instant::now(),
+        };
+        assert_eq!(
+            up.round(&source, past)?.objects,
+            0,
+            "no time left, no upload"
+        );
+        let in_time = Flush::Stop {
+            deadline: Instant::now() + Duration::from_secs(600),
+        };
+        let r = up.round(&source, in_time)?;
+        assert!(r.objects > 0);
+        assert_eq!(r.snapshot, None, "the last round takes no snapshot");
+        let m = Archive::new(store.clone(), DB).manifest()?;
+        assert_eq!(m.log_end, w.at(), "in its time, everything confirmed");
+        assert!(m.snapshots.is_empty());
+        // Nothing was lost: the next start snapshots as usual and the
+        // store restores the newest bookmark.
+        let mut again = Archiver::new(store.clone(), config(dir));
+        assert!(again.round(&source, Flush::All)?.snapshot.is_some());
+        let got = restore(store, w.at(), &dir.join("out.db"))?;
+        assert_eq!(got, Db(w.shadows[&w.at()].clone()));
+        Ok(())
+    });
+}
+
+/// Asks every restore to stop at once.
+struct Abandoning;
+impl Progress for Abandoning {
+    fn abandoned(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn an_abandoned_restore_ends_with_a_typed_error_and_leaves_no_file() {
+    each_store("abandoned", |store, dir| {
+        let mut w = Workload::new(12, 1024);
+        let source = MemSource::new(Epoch(1));
+        let mut up = Archiver::new(store.clone(), config(dir));
+        run(&mut w, &source, 20);
+        up.round(&source, Flush::All)?;
+        run(&mut w, &source, 5);
+        up.round(&source, Flush::Log)?;
+        let a = Archive::new(store.clone(), DB);
+        let m = a.manifest()?;
+        let out = dir.join("abandoned.db");
+        let e = restore_to_file(&a, &m, w.at(), &out, &Abandoning);
+        assert!(matches!(e, Err(RestoreError::Abandoned)), "{e:?}");
+        assert!(!out.exists(), "no database file");
+        assert!(
+            !dir.join("abandoned.db.restoring").exists(),
+            "no half-built file"
+        );
         Ok(())
     });
 }

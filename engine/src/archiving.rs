@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use walrelay_archive::{
     Archiver, ArchiverConfig, ArchiverStats, Flush, RoundReport, Source, SourceError, Store,
 };
@@ -86,6 +86,11 @@ impl Source for DbSource {
     }
 }
 
+/// How long a stopping process's uploader goes on uploading the confirmed
+/// log: a stop must end in seconds, and the log is safe on the followers
+/// until the next start archives it.
+pub const STOP_UPLOAD: Duration = Duration::from_secs(5);
+
 /// Rounds in a row with nothing to do after which an uploader started
 /// with [`Uploader::start_db_until_idle`] ends.
 const IDLE_ROUNDS: u32 = 2;
@@ -106,6 +111,9 @@ pub struct Idle {
 #[derive(Debug)]
 pub struct Uploader {
     stop: Arc<AtomicBool>,
+    /// The archiver's: set when the process stops (not when the uploader
+    /// only yields its slot), so it winds down within [`STOP_UPLOAD`].
+    stopping: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     stats: Arc<ArchiverStats>,
     idle: Arc<parking_lot::Mutex<Option<Idle>>>,
@@ -151,6 +159,8 @@ impl Uploader {
     ) -> std::io::Result<Uploader> {
         let mut archiver = Archiver::new(store, config);
         let stats = archiver.stats();
+        let stopping = archiver.stopping_flag();
+        let stopping_here = Arc::clone(&stopping);
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let idle = Arc::new(parking_lot::Mutex::new(None));
@@ -174,8 +184,18 @@ impl Uploader {
                     }
                     sleep_unless(&flag, ROUND_EVERY);
                 }
-                // A clean stop leaves nothing confirmed unarchived.
-                match archiver.round(&source, Flush::Log) {
+                // An uploader yielding its slot leaves nothing confirmed
+                // unarchived; a stopping process uploads for at most
+                // STOP_UPLOAD and leaves the rest (still on the followers'
+                // disks) to the next round after a restart.
+                let last = if stopping_here.load(Ordering::Relaxed) {
+                    Flush::Stop {
+                        deadline: Instant::now() + STOP_UPLOAD,
+                    }
+                } else {
+                    Flush::Log
+                };
+                match archiver.round(&source, last) {
                     Ok(r) if until_idle && nothing_done(&r, source.confirmed()) => {
                         *idle_out.lock() = Some(idle_state(&archiver));
                     }
@@ -187,6 +207,7 @@ impl Uploader {
             })?;
         Ok(Uploader {
             stop,
+            stopping,
             thread: Some(thread),
             stats,
             idle,
@@ -204,8 +225,18 @@ impl Uploader {
     }
 
     /// Asks the thread to upload what is confirmed and end, without
-    /// waiting for it (see [`Uploader::stop`]).
+    /// waiting for it: it finishes the round it is in, a snapshot
+    /// included (an uploader yielding its slot to another database).
     pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// As [`Uploader::request_stop`], for a stopping process: a snapshot
+    /// being built or uploaded is abandoned and none starts, and the
+    /// thread ends once the confirmed log is uploaded or [`STOP_UPLOAD`]
+    /// has passed.
+    pub fn request_shutdown(&self) {
+        self.stopping.store(true, Ordering::Relaxed);
         self.stop.store(true, Ordering::Relaxed);
     }
 
@@ -231,10 +262,11 @@ impl Uploader {
             .unwrap_or_default()
     }
 
-    /// Uploads what is confirmed and stops; the state it left (see
-    /// [`Uploader::idle`]).
+    /// Uploads what is confirmed for at most [`STOP_UPLOAD`], skipping
+    /// snapshots (see [`Uploader::request_shutdown`]), and stops; the
+    /// state it left (see [`Uploader::idle`]).
     pub fn stop(mut self) -> Option<Idle> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.request_shutdown();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -265,6 +265,11 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
             }
         }
     }
+    // Both uploaders wind down at once: each uploads the confirmed log
+    // and abandons any snapshot it was building.
+    if let Some(u) = &uploader {
+        u.request_shutdown();
+    }
     if let Some(o) = others {
         o.stop();
     }

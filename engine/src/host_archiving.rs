@@ -142,7 +142,8 @@ impl HostArchiver {
         )
     }
 
-    /// Stops every uploader (each uploads what is confirmed first) and
+    /// Stops every uploader (each uploads what is confirmed first, for at
+    /// most [`crate::archiving::STOP_UPLOAD`]) and
     /// the supervisor.
     pub fn stop(mut self) {
         self.stop.store(true, Ordering::Relaxed);
@@ -394,10 +395,11 @@ impl Supervisor {
         }
     }
 
-    /// Stops every uploader: all are asked at once, then waited for.
+    /// Stops every uploader: all are asked at once (snapshots abandoned),
+    /// then waited for.
     fn stop_all(&mut self) {
         for r in self.running.values() {
-            r.uploader.request_stop();
+            r.uploader.request_shutdown();
         }
         for (id, r) in std::mem::take(&mut self.running) {
             let idle = r.uploader.stop();

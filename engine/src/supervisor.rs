@@ -142,7 +142,17 @@ pub fn signal(child: &Child, sig: libc::c_int) {
 /// Waits for a child asked to stop; past [`STOP_WAIT`] it is killed (a
 /// hung process must not hang `up`).
 pub fn wait_bounded(child: &mut Child, what: &str) -> Result<ExitStatus> {
-    let deadline = Instant::now() + STOP_WAIT;
+    wait_until(child, what, Instant::now() + STOP_WAIT, STOP_WAIT)
+}
+
+/// Waits for a child asked to stop until `deadline` (`waited` after it was
+/// asked), then kills it.
+fn wait_until(
+    child: &mut Child,
+    what: &str,
+    deadline: Instant,
+    waited: Duration,
+) -> Result<ExitStatus> {
     loop {
         if let Some(s) = child.try_wait()? {
             return Ok(s);
@@ -150,7 +160,7 @@ pub fn wait_bounded(child: &mut Child, what: &str) -> Result<ExitStatus> {
         if Instant::now() >= deadline {
             eprintln!(
                 "walrelay up: {what} did not stop within {} s; killing it",
-                STOP_WAIT.as_secs()
+                waited.as_secs()
             );
             signal(child, libc::SIGKILL);
             return Ok(child.wait()?);
@@ -371,12 +381,22 @@ impl Cluster {
             }
         }
         rest.extend(self.followers);
-        for c in &rest {
-            signal(&c.child, libc::SIGINT);
-        }
-        for mut c in rest {
-            let _ = wait_bounded(&mut c.child, "a follower or replica");
-        }
+        let mut children: Vec<Child> = rest.into_iter().map(|s| s.child).collect();
+        stop_side_by_side(&mut children, "a follower or replica", STOP_WAIT);
+    }
+}
+
+/// Asks every child to stop (SIGINT) and waits for them with one deadline
+/// for all, `wait` from now; a child still running then is killed. They
+/// stop side by side, so a slow one costs its own wait, not one more wait
+/// for every process after it.
+fn stop_side_by_side(children: &mut [Child], what: &str, wait: Duration) {
+    for c in children.iter() {
+        signal(c, libc::SIGINT);
+    }
+    let deadline = Instant::now() + wait;
+    for c in children.iter_mut() {
+        let _ = wait_until(c, what, deadline, wait);
     }
 }
 
@@ -470,4 +490,34 @@ fn replica_args(plan: &Plan, k: usize, primary: usize) -> Vec<String> {
     common_args(plan, &mut args);
     fleet_args(plan, k, &mut args);
     args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    /// A child that ignores SIGINT (an ignored signal stays ignored
+    /// across exec): only the kill stops it.
+    fn stubborn() -> Child {
+        Command::new("sh")
+            .args(["-c", "trap '' INT; exec sleep 60"])
+            .spawn()
+            .expect("sh")
+    }
+
+    #[test]
+    fn processes_that_will_not_stop_share_one_deadline_and_are_killed() {
+        let mut children: Vec<Child> = (0..4).map(|_| stubborn()).collect();
+        // Give each shell time to install its trap.
+        std::thread::sleep(Duration::from_millis(300));
+        let started = Instant::now();
+        stop_side_by_side(&mut children, "a stubborn child", Duration::from_secs(1));
+        let took = started.elapsed();
+        for c in &mut children {
+            assert!(c.try_wait().expect("wait").is_some(), "killed and reaped");
+        }
+        // One wait for all of them, not four waits in a row.
+        assert!(took < Duration::from_secs(3), "took {took:?}");
+    }
 }

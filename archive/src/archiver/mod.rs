@@ -43,8 +43,8 @@ use crate::store::Store;
 use bytes::Bytes;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use walrelay_replicator::{Bookmark, DatabaseId, Epoch};
 
 /// Where the uploader reads confirmed records from and releases local
@@ -146,6 +146,9 @@ pub enum Flush {
     Log,
     /// Upload everything and snapshot if anything is new.
     All,
+    /// A stopping process's last round: upload every confirmed record
+    /// until `deadline`, ending between two objects; no snapshot.
+    Stop { deadline: Instant },
 }
 
 /// What a round did.
@@ -171,6 +174,8 @@ pub struct Archiver {
     /// What earlier rounds learnt of the unarchived tail, so a round that
     /// is not due reads only the records new since the last one.
     tail: Option<upload::TailScan>,
+    /// Set when the process stops (see [`Archiver::stopping_flag`]).
+    stopping: Arc<AtomicBool>,
 }
 
 /// The wall clock in µs since the Unix epoch.
@@ -188,7 +193,24 @@ impl Archiver {
             stats: Arc::default(),
             last_sweep_us: 0,
             tail: None,
+            stopping: Arc::default(),
         }
+    }
+
+    /// The flag a stopping process sets, from any thread, to wind the
+    /// archiver down: no snapshot starts, one being built or uploaded
+    /// stops at its next batch of objects, and a log upload under way
+    /// ends before its next object; the process's last round
+    /// ([`Flush::Stop`]) then uploads what it can in its time. Nothing is
+    /// lost: the confirmed log stays on the followers, and the next round
+    /// (after a restart, or another follower's) archives it and takes the
+    /// snapshot. Parts of an abandoned snapshot are swept as garbage.
+    pub fn stopping_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.stopping)
+    }
+
+    fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
     }
 
     pub fn stats(&self) -> Arc<ArchiverStats> {
@@ -259,13 +281,18 @@ impl Archiver {
             report.fenced = true;
             return Ok(report);
         }
-        report.objects = self.upload_log(source, &mut m, flush != Flush::No)?;
+        report.objects = self.upload_log(source, &mut m, flush)?;
         report.archived_to = m.log_end;
         if m.epoch > mine {
             report.fenced = true;
             return Ok(report);
         }
-        report.snapshot = self.maybe_snapshot(&mut m, mine, flush == Flush::All)?;
+        report.snapshot = match flush {
+            Flush::Stop { .. } => None,
+            Flush::No | Flush::Log | Flush::All => {
+                self.maybe_snapshot(&mut m, mine, flush == Flush::All)?
+            }
+        };
         report.deleted = self.prune(&mut m, mine)?;
         report.released_to = self.release(source, &m)?;
         Ok(report)

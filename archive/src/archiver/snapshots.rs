@@ -3,10 +3,10 @@
 //! uploader builds the same pages whatever its local state.
 
 use super::{Archiver, now_us, successor};
-use crate::error::ArchiveError;
+use crate::error::{ArchiveError, RestoreError};
 use crate::manifest::{Manifest, SnapshotEntry};
 use crate::names;
-use crate::restore::{self, NoProgress};
+use crate::restore::{self, Progress};
 use crate::snapshot::{self, SnapshotId};
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
@@ -79,11 +79,20 @@ impl Archiver {
         let due = force
             || m.since_snapshot_bytes >= log_bound * self.patience()
             || (newest.is_some() && since_ms >= self.config.snapshot_every_ms * self.patience());
-        if !due {
+        if !due || self.stopping() {
             return Ok(None);
         }
         let built_from = m.clone();
-        let (entry, page_size) = self.upload_snapshot(m, mine)?;
+        let (entry, page_size) = match self.upload_snapshot(m, mine) {
+            Ok(built) => built,
+            Err(
+                ArchiveError::SnapshotAbandoned | ArchiveError::Restore(RestoreError::Abandoned),
+            ) => {
+                tracing::info!(database = %self.config.database, at = %m.log_end, "snapshot abandoned: the uploader is stopping");
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
         let mut next = successor(m, mine);
         next.page_size = page_size;
         next.snapshots.push(entry);
@@ -124,7 +133,8 @@ impl Archiver {
         })?;
         let path = self.config.work_dir.join("snapshot.image");
         let plan = self.archive.plan(m, m.log_end)?;
-        let built = restore::build(&self.archive, m, &plan, &path, &NoProgress);
+        let abandon = Abandon(&self.stopping);
+        let built = restore::build(&self.archive, m, &plan, &path, &abandon);
         let result = built.map_err(ArchiveError::from).and_then(|r| {
             let id = SnapshotId {
                 database: self.config.database,
@@ -161,6 +171,9 @@ impl Archiver {
         let parts: Vec<u32> = (0..id.parts()).collect();
         let mut digests = Vec::with_capacity(parts.len());
         for batch in parts.chunks(PARTS_AT_ONCE) {
+            if self.stopping() {
+                return Err(ArchiveError::SnapshotAbandoned);
+            }
             let encoded: Vec<Result<Vec<u8>, ArchiveError>> = std::thread::scope(|sc| {
                 let handles: Vec<_> = batch
                     .iter()
@@ -190,6 +203,15 @@ impl Archiver {
             }
         }
         Ok(digests)
+    }
+}
+
+/// Builds a snapshot's image until the archiver abandons snapshots.
+struct Abandon<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Progress for Abandon<'_> {
+    fn abandoned(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
     }
 }
 

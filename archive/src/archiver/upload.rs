@@ -1,6 +1,6 @@
 //! Step 2 of a round: confirmed records into log objects.
 
-use super::{Archiver, Source, now_us, successor};
+use super::{Archiver, Flush, Source, now_us, successor};
 use crate::error::{ArchiveError, FormatError};
 use crate::log_object::{LogObject, MAX_RAW_BYTES};
 use crate::manifest::Manifest;
@@ -10,13 +10,17 @@ use std::sync::atomic::Ordering;
 use walrelay_replicator::{Bookmark, ChainHash, Encoded};
 
 impl Archiver {
-    /// Uploads what is due; returns how many objects it put.
+    /// Uploads what is due (all that is confirmed unless `flush` is
+    /// [`Flush::No`]); returns how many objects it put. Ends early,
+    /// between two objects, once the archiver is stopping (a normal round)
+    /// or past a [`Flush::Stop`] deadline.
     pub(super) fn upload_log(
         &mut self,
         source: &dyn Source,
         m: &mut Manifest,
-        force: bool,
+        flush: Flush,
     ) -> Result<u32, ArchiveError> {
+        let force = flush != Flush::No;
         let mut uploaded = 0;
         // Where the next object starts: the archived end, or past objects
         // of a giant transaction put up but not yet published.
@@ -37,6 +41,13 @@ impl Archiver {
                     start: source.log_start(),
                     archived: cursor.0,
                 });
+            }
+            // Objects of a giant transaction put up but not published are
+            // harmless: the next round puts the same ones up again (the
+            // store answers "existed") or the sweep removes them.
+            if self.out_of_time(flush) {
+                tracing::info!(database = %self.config.database, archived = %m.log_end, %confirmed, "log upload stopped: the uploader is stopping; the rest goes up later");
+                return Ok(uploaded);
             }
             // Due: forced, inside a giant transaction already going up, or
             // the tail is old or large enough.
@@ -91,6 +102,14 @@ impl Archiver {
                     return Ok(uploaded);
                 }
             }
+        }
+    }
+
+    /// Whether a log upload should end before its next object.
+    fn out_of_time(&self, flush: Flush) -> bool {
+        match flush {
+            Flush::Stop { deadline } => std::time::Instant::now() >= deadline,
+            Flush::No | Flush::Log | Flush::All => self.stopping(),
         }
     }
 

@@ -246,6 +246,9 @@ impl Up {
             }
             if Instant::now() >= deadline {
                 let _ = child.kill();
+                // Every line up to now, so the failure shows which
+                // process was still stopping.
+                self.seen.extend(self.lines.try_iter());
                 panic!("up did not stop within 60 s of Ctrl-C: {:#?}", self.seen);
             }
             std::thread::sleep(Duration::from_millis(10));
