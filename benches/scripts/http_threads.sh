@@ -3,8 +3,8 @@
 #
 #   benches/scripts/http_threads.sh [SECONDS] [CONNECTIONS]
 #
-# Starts `walrelay up --writers 0 --insecure --fleet-nodes 0` (release
-# build; extra `up` options from UP_ARGS), loads it with wrk for SECONDS
+# Starts `walrelay up --writers 0 --insecure --fleet-nodes 0` (the `perf`
+# profile's build; extra `up` options from UP_ARGS), loads it with wrk for SECONDS
 # (default 10) on CONNECTIONS keep-alive connections (default 16), each
 # request one INSERT of a 100-byte value (or the JSON body in BODY, such
 # as '{"sql":"SELECT 1"}' for the HTTP floor's CPU), and prints the requests/s, the
@@ -28,9 +28,9 @@ cleanup() { stop_pids "${PIDS[@]}"; rm -rf "$WORK"; }
 trap cleanup EXIT INT TERM
 
 need_wrk
-cargo build -q --release -p walrelay-engine --bin walrelay
+cargo build -q --profile "$PROFILE" -p walrelay-engine --bin walrelay
 # shellcheck disable=SC2086 # UP_ARGS is a list of options
-./target/release/walrelay up --dir "$WORK/up" --base-port "$PORT" --writers 0 --insecure \
+./$BUILT/walrelay up --dir "$WORK/up" --base-port "$PORT" --writers 0 --insecure \
   --fleet-nodes 0 --seconds $((SECONDS_EACH + 120)) ${UP_ARGS:-} >"$WORK/up.log" 2>&1 &
 PIDS+=($!)
 URL="http://127.0.0.1:$((PORT + 10))/v1/databases/main/query"

@@ -45,3 +45,8 @@ need() { command -v "$1" >/dev/null 2>&1; }
 
 # Installs wrk from Debian's packages where it is missing.
 need_wrk() { need wrk || { apt-get update -qq && apt-get install -y -qq wrk; }; }
+
+# The cargo profile the measurements build with (Cargo.toml's `perf`: fat
+# LTO), and where its binaries land.
+PROFILE=${WALRELAY_PROFILE:-perf}
+BUILT=target/$PROFILE

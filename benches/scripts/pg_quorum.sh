@@ -130,13 +130,13 @@ if [ "${ONLY:-}" = pg ]; then
 fi
 
 echo "== walrelay in process: cargo bench --bench quorum"
-QUORUM=$(cargo bench -q -p walrelay-benches --bench quorum 2>/dev/null)
+QUORUM=$(cargo bench -q --profile "$PROFILE" -p walrelay-benches --bench quorum 2>/dev/null)
 echo "$QUORUM"
 
 echo "== walrelay over HTTP: walrelay up --writers 0, wrk (keep-alive)"
-cargo build -q --release -p walrelay-engine --bin walrelay
-cargo build -q --release -p walrelay-benches --bin rtt_probe
-./target/release/walrelay up --dir "$WORK/up" --base-port "$WR_PORT" --writers 0 --insecure \
+cargo build -q --profile "$PROFILE" -p walrelay-engine --bin walrelay
+cargo build -q --profile "$PROFILE" -p walrelay-benches --bin rtt_probe
+./$BUILT/walrelay up --dir "$WORK/up" --base-port "$WR_PORT" --writers 0 --insecure \
   --fleet-nodes 0 --seconds $((SECONDS_EACH * 4 + 60 + PAIRED_ROUNDS * (2 * SECONDS_EACH + 40))) \
   >"$WORK/up.log" 2>&1 &
 PIDS+=($!)
@@ -165,11 +165,11 @@ read -r REPLICA_FLOOR_P50 _ <<<"$(wrk_latency "$WORK/empty.lua")"
 read -r REPLICA_READ_P50 REPLICA_READ_P99 <<<"$(wrk_latency "$WORK/point.lua")"
 # The same on one connection, alternating: an empty request, then a
 # point read of a random key of the whole table; both see the same load.
-READS=$(./target/release/rtt_probe read "127.0.0.1:$((WR_PORT + 11))" "$SECONDS_EACH")
+READS=$(./$BUILT/rtt_probe read "127.0.0.1:$((WR_PORT + 11))" "$SECONDS_EACH")
 echo "$READS"
 URL=$PRIMARY_URL
 # Commit-ack -> visible on that replica, read with the INSERT's bookmark.
-VISIBLE=$(./target/release/rtt_probe visible "127.0.0.1:$((WR_PORT + 10))" "127.0.0.1:$((WR_PORT + 11))" "$SECONDS_EACH")
+VISIBLE=$(./$BUILT/rtt_probe visible "127.0.0.1:$((WR_PORT + 10))" "127.0.0.1:$((WR_PORT + 11))" "$SECONDS_EACH")
 echo "$VISIBLE"
 kv() { echo "$VISIBLE" | grep -o "$1=[0-9.]*" | cut -d= -f2; }
 
@@ -197,7 +197,7 @@ printf '%-34s %14s %14s %14s\n' "visible on first read (%)" "" "" "$(kv visible_
 [ "$PAIRED_ROUNDS" -gt 0 ] || exit 0
 echo
 echo "== paired rounds: 16 clients each, PostgreSQL / walrelay HTTP / walrelay in process"
-QUORUM_BIN=$(pwd)/$(ls -t target/release/deps/quorum-* | grep -v '\.d$' | head -1)
+QUORUM_BIN=$(pwd)/$(ls -t "$BUILT"/deps/quorum-* | grep -v '\.d$' | head -1)
 pg_round() { pgbench -c 16 -j 2 -T "$SECONDS_EACH" | awk '/^tps/ {printf "%d", $3}'; }
 http_round() { wrk -t2 -c16 -d"${SECONDS_EACH}s" -s "$WORK/insert.lua" "$URL" | awk '/^Requests\/sec/ {printf "%d", $2}'; }
 inproc_round() { (cd "$WORK" && quorum_profile "$QUORUM_BIN" 16) | cut -d' ' -f1; }
