@@ -36,6 +36,9 @@ pub struct LocalClusterConfig {
     /// How long a replica read waits for a session's bookmark before the
     /// primary serves it.
     pub replica_max_wait_ms: u64,
+    /// How long a write waits for its confirmation before failing (the
+    /// primary's `confirm_timeout_ms`).
+    pub confirm_timeout_ms: u64,
     pub http: HttpConfig,
     /// What one query may cost, on the primary and every replica.
     pub limits: crate::limits::Limits,
@@ -64,6 +67,7 @@ impl Default for LocalClusterConfig {
             replica_regions: vec!["region-a".into(), "region-b".into()],
             replica_delay_ms: 0,
             replica_max_wait_ms: 1_000,
+            confirm_timeout_ms: PrimaryConfig::DEFAULT_CONFIRM_TIMEOUT_MS,
             http: HttpConfig::default(),
             limits: crate::limits::Limits::default(),
             insecure: false,
@@ -163,6 +167,7 @@ impl LocalCluster {
         let addrs: Vec<SocketAddr> = followers.iter().map(|f| f.addr()).collect();
         let mut pc = PrimaryConfig::new(dir.join("primary.db"), addrs.clone(), Some(key.clone()));
         pc.listen = Some(any_port());
+        pc.confirm_timeout_ms = config.confirm_timeout_ms;
         pc.options.region = config.primary_region.clone();
         pc.options.limits = config.limits;
         pc.store = store.clone();

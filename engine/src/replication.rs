@@ -59,6 +59,9 @@ pub struct PrimaryConfig {
 }
 
 impl PrimaryConfig {
+    /// How long a result waits for its confirmation unless configured.
+    pub const DEFAULT_CONFIRM_TIMEOUT_MS: u64 = 5_000;
+
     /// Defaults for everything but what must be chosen: the followers and
     /// whether replication is authenticated (`auth`: None leaves the ports
     /// open to anyone who can reach them).
@@ -74,7 +77,7 @@ impl PrimaryConfig {
             write_quorum: followers.len() / 2 + 1,
             followers,
             listen: None,
-            confirm_timeout_ms: 5_000,
+            confirm_timeout_ms: PrimaryConfig::DEFAULT_CONFIRM_TIMEOUT_MS,
             max_unconfirmed_bytes: 64 << 20,
             election_timeout_ms: 10_000,
             backend: Backend::Auto,

@@ -57,6 +57,13 @@ fn wait_replicas(c: &LocalCluster, b: Bookmark) {
 fn cluster_with_big_table(
     config: LocalClusterConfig,
 ) -> (tempfile::TempDir, LocalCluster, Session) {
+    // Confirming tens of MB takes the followers' disks seconds, more when
+    // CI runs the 600 MB test beside this one on the same disk (the 5 s
+    // default timed out there): these tests are about chunks, not speed.
+    let config = LocalClusterConfig {
+        confirm_timeout_ms: 120_000,
+        ..config
+    };
     let dir = tempfile::tempdir().expect("tmp");
     let c = LocalCluster::start(dir.path(), config).expect("cluster");
     let s = c
