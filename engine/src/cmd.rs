@@ -303,6 +303,7 @@ pub struct PrimaryArgs {
     /// Where replicas connect.
     #[arg(long, default_value = "127.0.0.1:7100")]
     pub listen: SocketAddr,
+    /// How long a write waits with no confirmation at all before failing.
     #[arg(long, default_value_t = 5_000)]
     pub confirm_timeout_ms: u64,
     #[arg(long, default_value_t = 1)]

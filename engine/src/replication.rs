@@ -19,7 +19,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use walrelay_replicator::net::Backend;
 use walrelay_replicator::net::mux::Mux;
-use walrelay_replicator::node::leader::{ConfirmError, LeaderNode, LeaderNodeConfig, LeaderStatus};
+use walrelay_replicator::node::leader::{
+    ConfirmError, LeaderNode, LeaderNodeConfig, LeaderStatus, quiet_deadline,
+};
 use walrelay_replicator::node::replica::{Applier, ApplierError, ReplicaNode, ReplicaNodeConfig};
 use walrelay_replicator::{
     Bookmark, ChainHash, ClusterKey, DatabaseId, Encoded, Record, Sequence, record,
@@ -37,7 +39,9 @@ pub struct PrimaryConfig {
     pub write_quorum: usize,
     /// Where replicas connect.
     pub listen: Option<SocketAddr>,
-    /// How long a result waits for its confirmation before failing.
+    /// How long a result waits with no confirmation at all before failing
+    /// (a wait lasts while the confirmed point keeps advancing towards it);
+    /// also how long a write waits for room in the unconfirmed window.
     pub confirm_timeout_ms: u64,
     /// Committed-but-unconfirmed bytes past which new writes wait.
     pub max_unconfirmed_bytes: usize,
@@ -233,12 +237,19 @@ impl CommitGate for Link {
         let Some(leader) = self.leader.get() else {
             return Err(GateError::NotStarted);
         };
-        let deadline = Instant::now() + self.confirm_timeout;
+        let started = Instant::now();
         loop {
             let status = leader.status();
             if status.unconfirmed_bytes <= self.max_unconfirmed_bytes {
                 return Ok(());
             }
+            // As a result's wait: room that keeps freeing is worth waiting
+            // for; a window that stands still for the timeout is not.
+            let deadline = quiet_deadline(
+                started,
+                leader.confirmed_advanced_at(),
+                self.confirm_timeout,
+            );
             if Instant::now() >= deadline {
                 return Err(GateError::Backlog {
                     unconfirmed_bytes: status.unconfirmed_bytes,
@@ -267,7 +278,10 @@ impl CommitGate for Link {
         };
         leader
             .wait_confirmed(bookmark, self.confirm_timeout)
-            .map_err(GateError::from)
+            .map_err(|e| {
+                tracing::warn!(%bookmark, error = %e, "a write's result was refused at the output gate");
+                GateError::from(e)
+            })
     }
 
     fn on_confirmed(&self, bookmark: Bookmark, wake: Box<dyn FnOnce() + Send>) {

@@ -80,6 +80,7 @@ impl CommitGate for Gate {
             if *self.give_up.lock() {
                 return Err(GateError::Timeout {
                     waited_ms: 0,
+                    quiet_ms: 0,
                     write_quorum: 3,
                     streaming: 0,
                 });

@@ -500,3 +500,64 @@ fn a_replica_whose_followers_released_its_position_stops_says_so_and_resumes_onc
     assert_eq!(replica.archived(), None);
     assert_eq!(*memory.applied.lock(), (1..=220).map(b).collect::<Vec<_>>());
 }
+
+/// Commits records `from..=to` one every `every`, on a thread.
+fn trickle(
+    leader: &Arc<LeaderNode>,
+    from: u64,
+    to: u64,
+    every: Duration,
+) -> std::thread::JoinHandle<()> {
+    let leader = Arc::clone(leader);
+    std::thread::spawn(move || {
+        for s in from..=to {
+            std::thread::sleep(every);
+            leader.commit(record(s)).expect("commit");
+        }
+    })
+}
+
+#[test]
+fn a_wait_for_confirmation_lasts_while_the_confirmed_point_keeps_advancing() {
+    let (_dirs, _followers, leader) = five_followers_and_a_leader(Backend::Std, 5);
+    let leader = Arc::new(leader);
+    // Record 30 is confirmed about 1.5 s from now, the confirmed point
+    // moving every 50 ms on the way: three times a 500 ms timeout in all,
+    // but never standing still for it.
+    let committing = trickle(&leader, 1, 30, Duration::from_millis(50));
+    let started = std::time::Instant::now();
+    leader
+        .wait_confirmed(b(30), Duration::from_millis(500))
+        .expect("confirmed while the point advanced");
+    assert!(started.elapsed() >= Duration::from_millis(1_400));
+    committing.join().expect("committer");
+}
+
+#[test]
+fn a_wait_for_confirmation_fails_once_the_confirmed_point_stands_still_for_the_timeout() {
+    let (_dirs, _followers, leader) = five_followers_and_a_leader(Backend::Std, 5);
+    let leader = Arc::new(leader);
+    let committing = trickle(&leader, 1, 6, Duration::from_millis(50));
+    let started = std::time::Instant::now();
+    // Record 7 is never committed: the wait ends 300 ms after the last
+    // confirmation (about 300 ms in), with how long it stood still.
+    let err = leader
+        .wait_confirmed(b(7), Duration::from_millis(300))
+        .expect_err("nothing confirms record 7");
+    committing.join().expect("committer");
+    assert!(leader.confirmed() >= b(6));
+    match err {
+        walrelay_replicator::node::leader::ConfirmError::Timeout {
+            bookmark,
+            waited_ms,
+            quiet_ms,
+            ..
+        } => {
+            assert_eq!(bookmark, b(7));
+            assert_eq!(quiet_ms, 300);
+            assert!(waited_ms >= 550, "waited {waited_ms} ms");
+        }
+        other => panic!("{other}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+}

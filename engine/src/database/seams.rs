@@ -87,10 +87,12 @@ pub enum GateError {
         streaming: usize,
     },
     #[error(
-        "not confirmed within {waited_ms} ms: fewer than {write_quorum} followers reachable ({streaming} streaming)"
+        "not confirmed after {waited_ms} ms, the last {quiet_ms} ms with no confirmation at all: fewer than {write_quorum} followers reachable ({streaming} streaming)"
     )]
     Timeout {
         waited_ms: u64,
+        /// How long the confirmed point stood still before the wait gave up.
+        quiet_ms: u64,
         write_quorum: usize,
         streaming: usize,
     },
@@ -104,11 +106,13 @@ impl From<walrelay_replicator::node::leader::ConfirmError> for GateError {
         match e {
             ConfirmError::Timeout {
                 waited_ms,
+                quiet_ms,
                 write_quorum,
                 streaming,
                 ..
             } => GateError::Timeout {
                 waited_ms,
+                quiet_ms,
                 write_quorum,
                 streaming,
             },

@@ -70,11 +70,13 @@ pub struct LeaderNodeConfig {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfirmError {
     #[error(
-        "bookmark {bookmark} not confirmed within {waited_ms} ms: fewer than {write_quorum} followers reachable ({streaming} streaming)"
+        "bookmark {bookmark} not confirmed after {waited_ms} ms, the last {quiet_ms} ms with no confirmation at all: fewer than {write_quorum} followers reachable ({streaming} streaming)"
     )]
     Timeout {
         bookmark: Bookmark,
         waited_ms: u64,
+        /// How long the confirmed point stood still before the wait gave up.
+        quiet_ms: u64,
         write_quorum: usize,
         streaming: usize,
     },
@@ -100,6 +102,9 @@ struct Core {
 
 struct Watch {
     confirmed: Bookmark,
+    /// When `confirmed` last moved (or the leader started): a wait gives
+    /// up only after its timeout passes with no confirmation at all.
+    advanced_at: Instant,
     fenced: Option<Epoch>,
     /// Sessions waiting at the output gate, each woken only once its
     /// bookmark is confirmed (or the leader is fenced or shut down).
@@ -175,6 +180,7 @@ impl LeaderNode {
             }),
             watch: Mutex::new(Watch {
                 confirmed: config.start,
+                advanced_at: Instant::now(),
                 fenced: None,
                 waiters: Waiters::default(),
             }),
@@ -344,24 +350,36 @@ impl LeaderNode {
         self.state.watch.lock().settled(bookmark)
     }
 
-    /// Waits until `bookmark` is confirmed, at most `timeout`.
+    /// When the confirmed point last moved (or the leader started).
+    pub fn confirmed_advanced_at(&self) -> Instant {
+        self.state.watch.lock().advanced_at
+    }
+
+    /// Waits until `bookmark` is confirmed, or until `timeout` passes with
+    /// the confirmed point standing still (see [`quiet_deadline`]): slow
+    /// followers that are still confirming the records ahead of it do not
+    /// fail the wait, a lost quorum does. The wait stays bounded because
+    /// the records ahead of `bookmark` are (the unconfirmed-bytes window),
+    /// and each advance confirms at least one.
     pub fn wait_confirmed(
         &self,
         bookmark: Bookmark,
         timeout: Duration,
     ) -> Result<(), ConfirmError> {
         let started = Instant::now();
-        let deadline = started + timeout;
         let mut watch = self.state.watch.lock();
         loop {
             if let Some(settled) = watch.settled(bookmark) {
                 return settled;
             }
+            let deadline = quiet_deadline(started, watch.advanced_at, timeout);
             if Instant::now() >= deadline {
                 drop(watch);
+                let waited_ms = started.elapsed().as_millis() as u64;
                 return Err(ConfirmError::Timeout {
                     bookmark,
-                    waited_ms: started.elapsed().as_millis() as u64,
+                    waited_ms,
+                    quiet_ms: timeout.as_millis() as u64,
                     write_quorum: self.state.config.write_quorum,
                     streaming: self.status().streaming_followers,
                 });
@@ -373,6 +391,14 @@ impl LeaderNode {
             watch.waiters.withdraw(ticket);
         }
     }
+}
+
+/// When a wait that began at `started` with `timeout` gives up, the
+/// confirmed point having last moved at `advanced_at`: `timeout` after
+/// whichever is later. A confirmation before the wait began does not
+/// shorten it.
+pub fn quiet_deadline(started: Instant, advanced_at: Instant, timeout: Duration) -> Instant {
+    started.max(advanced_at) + timeout
 }
 
 /// Microseconds since the Unix epoch: comparable across processes on one
@@ -446,7 +472,10 @@ impl State {
                 LeaderAction::Confirmed(b) => {
                     let woken = {
                         let mut w = self.watch.lock();
-                        w.confirmed = w.confirmed.max(b);
+                        if b > w.confirmed {
+                            w.confirmed = b;
+                            w.advanced_at = Instant::now();
+                        }
                         let reached = w.confirmed;
                         w.waiters.reached(reached)
                     };
