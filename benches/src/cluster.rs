@@ -35,6 +35,14 @@ pub fn group_commit_delay_us() -> u64 {
         .unwrap_or(walrelay_engine::Options::default().group_commit_delay_us)
 }
 
+/// The bench primary's eager followers: the default (W) unless
+/// `WALRELAY_BENCH_EAGER=n` says otherwise (for an A/B of the fan-out).
+pub fn eager_followers() -> Option<usize> {
+    std::env::var("WALRELAY_BENCH_EAGER")
+        .ok()
+        .and_then(|v| v.parse().ok())
+}
+
 /// Starts `n` followers, a primary and a replica under `dir`, with
 /// replication authenticated by `key` (None: open).
 pub fn start(dir: &Path, n: usize, key: Option<ClusterKey>) -> BenchCluster {
@@ -58,6 +66,7 @@ pub fn start(dir: &Path, n: usize, key: Option<ClusterKey>) -> BenchCluster {
     config.listen = Some("127.0.0.1:0".parse().expect("addr"));
     config.options.group_commit = group_commit();
     config.options.group_commit_delay_us = group_commit_delay_us();
+    config.eager_followers = eager_followers();
     let primary = ReplicatedPrimary::start(config).expect("primary");
     let replica = ReplicatedReplica::start(ReplicaConfig {
         store: None,

@@ -306,6 +306,10 @@ pub struct PrimaryArgs {
     /// How long a write waits with no confirmation at all before failing.
     #[arg(long, default_value_t = 5_000)]
     pub confirm_timeout_ms: u64,
+    /// Followers sent every record as it commits (default: W; the others
+    /// get it in batches every 2 ms). N sends every record to all of them.
+    #[arg(long)]
+    pub eager_followers: Option<usize>,
     #[arg(long, default_value_t = 1)]
     pub database: u64,
     /// Transport: auto, std or io_uring.
@@ -449,6 +453,7 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
     }
     config.listen = Some(a.listen);
     config.confirm_timeout_ms = a.confirm_timeout_ms;
+    config.eager_followers = a.eager_followers;
     config.backend = a.net;
     config.options.region = a.region.clone();
     config.options.limits.max_transaction_bytes = a.max_transaction_bytes;

@@ -17,6 +17,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+use walrelay_replicator::leader::FanOut;
 use walrelay_replicator::net::Backend;
 use walrelay_replicator::net::mux::Mux;
 use walrelay_replicator::node::leader::{
@@ -47,6 +48,10 @@ pub struct PrimaryConfig {
     pub max_unconfirmed_bytes: usize,
     /// How long to wait for W followers to promise an epoch at start.
     pub election_timeout_ms: u64,
+    /// Followers streamed every record as it commits (None: W, the thrifty
+    /// fan-out; the others get batches every 2 ms, see
+    /// [`walrelay_replicator::leader::FanOut`]; N: all of them at once).
+    pub eager_followers: Option<usize>,
     pub backend: Backend,
     /// The cluster key every replication connection (to the followers and
     /// from replicas) is authenticated with; None leaves them open.
@@ -84,6 +89,7 @@ impl PrimaryConfig {
             confirm_timeout_ms: PrimaryConfig::DEFAULT_CONFIRM_TIMEOUT_MS,
             max_unconfirmed_bytes: 64 << 20,
             election_timeout_ms: 10_000,
+            eager_followers: None,
             backend: Backend::Auto,
             store: None,
             mux: None,
@@ -399,6 +405,10 @@ impl ReplicatedPrimary {
             tail_limit_bytes: config.max_unconfirmed_bytes.max(16 << 20),
             heartbeat_interval_ms: 50,
             redial_interval_ms: 100,
+            fan_out: FanOut {
+                eager: config.eager_followers.unwrap_or(config.write_quorum),
+                ..FanOut::thrifty(config.write_quorum)
+            },
             backend: config.backend,
             auth: config.auth.clone(),
             mux: config.mux.clone(),

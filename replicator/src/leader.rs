@@ -4,7 +4,9 @@
 //!
 //! Rules:
 //! - **Fan-out.** Every committed record goes at once to every streaming
-//!   follower and replica, all sends sharing the record's bytes.
+//!   replica and to [`FanOut::eager`] of the streaming followers, all
+//!   sends sharing the record's bytes; the other followers get it in
+//!   batches (the thrifty fan-out, [`fan_out`]; with `eager` = N, none).
 //! - **Quorum.** The confirmed watermark is the highest bookmark that W of
 //!   the N followers acknowledged as durable ([`QuorumTracker`]). Each
 //!   advance is reported ([`LeaderAction::Confirmed`], the output gate) and
@@ -42,6 +44,10 @@ use crate::record::Encoded;
 use crate::wire::{Message, RefuseReason, Role};
 use std::collections::{BTreeMap, VecDeque};
 
+#[path = "leader_fan_out.rs"]
+pub mod fan_out;
+pub use fan_out::FanOut;
+
 /// A connection, as the transport names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PeerId(pub u64);
@@ -71,6 +77,8 @@ pub struct LeaderConfig {
     pub tail_limit_bytes: usize,
     /// How often streaming peers get a heartbeat carrying the watermark.
     pub heartbeat_interval_us: u64,
+    /// Which followers get each record at once.
+    pub fan_out: FanOut,
 }
 
 /// Why a leader cannot be built or cannot take a record.
@@ -90,6 +98,12 @@ pub enum LeaderError {
     Fenced(Epoch),
     #[error("the adopted record {0} does not chain onto the one before it")]
     AdoptedOutOfOrder(Bookmark),
+    #[error("{eager} eager followers: it takes between W ({write_quorum}) and N ({followers})")]
+    FanOut {
+        eager: usize,
+        write_quorum: usize,
+        followers: usize,
+    },
 }
 
 /// What happened to the leader.
@@ -166,6 +180,22 @@ enum Kind {
 struct Peer {
     kind: Kind,
     streaming: bool,
+    /// The last record sent on this connection.
+    sent: Bookmark,
+    /// Sent every record as it commits (replicas always; followers up to
+    /// [`FanOut::eager`] of them).
+    eager: bool,
+}
+
+impl Peer {
+    fn new(kind: Kind) -> Peer {
+        Peer {
+            kind,
+            streaming: false,
+            sent: Bookmark::ZERO,
+            eager: false,
+        }
+    }
 }
 
 /// One leader's protocol state.
@@ -194,10 +224,24 @@ pub struct Leader {
     /// Bytes of the tail's records past the watermark (kept as it moves:
     /// the engine asks before every write).
     unconfirmed_bytes: usize,
+    /// Bytes committed since the lazy followers were last flushed.
+    lazy_pending_bytes: usize,
+    /// When the lazy followers were last flushed (the driver's clock), and
+    /// the last record then.
+    last_lazy_flush_us: Option<u64>,
+    last_at_lazy_flush: Bookmark,
 }
 
 impl Leader {
     pub fn new(mut config: LeaderConfig) -> Result<Leader, LeaderError> {
+        let eager = config.fan_out.eager;
+        if eager < config.write_quorum || eager > config.followers {
+            return Err(LeaderError::FanOut {
+                eager,
+                write_quorum: config.write_quorum,
+                followers: config.followers,
+            });
+        }
         let quorum = QuorumTracker::new(config.followers, config.write_quorum, config.start)?
             .confirming_from(config.epoch);
         let (mut last, mut last_chain) = (config.start, config.start_chain);
@@ -220,6 +264,9 @@ impl Leader {
             tail_start_chain: config.start_chain,
             reported_confirmed: config.start,
             unconfirmed_bytes: tail_bytes,
+            lazy_pending_bytes: 0,
+            last_lazy_flush_us: None,
+            last_at_lazy_flush: last,
             quorum,
             config,
             tail,
@@ -269,6 +316,7 @@ impl Leader {
     /// of every connection, which lets what was sent go out first.
     pub fn farewell(&mut self) -> Vec<LeaderAction> {
         let mut out = Vec::new();
+        self.flush_lazy(&mut out);
         let peers: Vec<(PeerId, Peer)> = self.peers.iter().map(|(id, p)| (*id, *p)).collect();
         for (id, p) in peers {
             if p.streaming && matches!(p.kind, Kind::Follower(_)) {
@@ -309,15 +357,14 @@ impl Leader {
             });
         }
         let mut out = Vec::new();
-        for id in self.streaming_ids() {
-            Self::send(&mut out, id, Message::Append(record.clone()));
-        }
+        let bytes = record.bytes.len();
         self.last = record.bookmark;
         self.last_chain = record.chain;
         self.history.record(record.bookmark);
-        self.tail_bytes += record.bytes.len();
-        self.unconfirmed_bytes += record.bytes.len();
+        self.tail_bytes += bytes;
+        self.unconfirmed_bytes += bytes;
         self.tail.push_back(record);
+        self.fan_out(bytes, &mut out);
         Ok(out)
     }
 
@@ -333,13 +380,7 @@ impl Leader {
                     });
                     return out;
                 }
-                self.peers.insert(
-                    peer,
-                    Peer {
-                        kind: Kind::Follower(index),
-                        streaming: false,
-                    },
-                );
+                self.peers.insert(peer, Peer::new(Kind::Follower(index)));
                 Self::send(
                     &mut out,
                     peer,
@@ -356,19 +397,16 @@ impl Leader {
                 );
             }
             LeaderEvent::ReplicaConnected { peer } => {
-                self.peers.insert(
-                    peer,
-                    Peer {
-                        kind: Kind::Replica,
-                        streaming: false,
-                    },
-                );
+                self.peers.insert(peer, Peer::new(Kind::Replica));
             }
             LeaderEvent::Disconnected { peer } => {
-                self.peers.remove(&peer);
+                self.forget(peer, &mut out);
             }
             LeaderEvent::Received { peer, message } => self.received(peer, message, &mut out),
             LeaderEvent::Tick { now_us } => {
+                // Lazy followers first, so a heartbeat's watermark follows
+                // the records it may cover.
+                self.lazy_tick(now_us, &mut out);
                 let due = self
                     .last_heartbeat_us
                     .is_none_or(|t| now_us.saturating_sub(t) >= self.config.heartbeat_interval_us);
@@ -462,6 +500,17 @@ impl Leader {
         }
     }
 
+    /// Forgets `peer`; an eager follower's place goes to a lazy one.
+    fn forget(&mut self, peer: PeerId, out: &mut Vec<LeaderAction>) {
+        let was_eager_follower = self
+            .peers
+            .remove(&peer)
+            .is_some_and(|p| p.streaming && p.eager && matches!(p.kind, Kind::Follower(_)));
+        if was_eager_follower {
+            self.rebalance(out);
+        }
+    }
+
     /// Refuses `peer` with the reason and forgets it.
     fn refuse_and_close(&mut self, peer: PeerId, reason: CloseReason, out: &mut Vec<LeaderAction>) {
         let refuse = match reason {
@@ -486,7 +535,7 @@ impl Leader {
     /// Closes `peer` and forgets it.
     fn close(&mut self, peer: PeerId, reason: CloseReason, out: &mut Vec<LeaderAction>) {
         out.push(LeaderAction::Close { peer, reason });
-        self.peers.remove(&peer);
+        self.forget(peer, out);
     }
 
     fn received(&mut self, peer: PeerId, message: Message, out: &mut Vec<LeaderAction>) {
@@ -546,8 +595,12 @@ impl Leader {
                     let _ = self.quorum.reset(FollowerId(index), last_durable);
                     self.after_quorum_change(out);
                 }
+                let eager = matches!(kind, Kind::Replica) || self.eager_wanted();
+                let last = self.last;
                 if let Some(p) = self.peers.get_mut(&peer) {
                     p.streaming = true;
+                    p.sent = last;
+                    p.eager = eager;
                 }
                 self.stream_from(peer, from, out);
                 Self::send(
@@ -646,22 +699,26 @@ impl Leader {
                     },
                 );
             }
-            self.trim();
+            self.trim(out);
         }
     }
 
-    fn trim(&mut self) {
+    fn trim(&mut self, out: &mut Vec<LeaderAction>) {
         let confirmed = self.confirmed();
         while self.tail_bytes > self.config.tail_limit_bytes {
-            match self.tail.front() {
-                Some(r) if r.bookmark <= confirmed => {
-                    self.tail_bytes -= r.bytes.len();
-                    self.tail_start = r.bookmark;
-                    self.tail_start_chain = r.chain;
-                    self.tail.pop_front();
-                }
-                _ => break,
-            }
+            let Some(dropping) = self
+                .tail
+                .front()
+                .map(|r| r.bookmark)
+                .filter(|b| *b <= confirmed)
+            else {
+                break;
+            };
+            self.flush_before_trim(dropping, out);
+            let r = self.tail.pop_front().expect("the front was just read");
+            self.tail_bytes -= r.bytes.len();
+            self.tail_start = r.bookmark;
+            self.tail_start_chain = r.chain;
         }
     }
 }

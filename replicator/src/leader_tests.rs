@@ -17,6 +17,7 @@ fn leader() -> Leader {
         history: History::new(),
         tail_limit_bytes: 1 << 20,
         heartbeat_interval_us: 1_000,
+        fan_out: FanOut::all(3),
     })
     .expect("leader")
 }

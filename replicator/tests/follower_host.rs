@@ -72,6 +72,7 @@ fn leader(db: DatabaseId, followers: Vec<SocketAddr>) -> LeaderNode {
         tail_limit_bytes: 1 << 20,
         heartbeat_interval_ms: 5,
         redial_interval_ms: 20,
+        fan_out: walrelay_replicator::leader::FanOut::thrifty(2),
         backend: Backend::Std,
         auth: None,
         mux: None,

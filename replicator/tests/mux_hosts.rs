@@ -88,6 +88,7 @@ fn leader_config(db: DatabaseId, followers: Vec<SocketAddr>, mux: &Mux) -> Leade
         tail_limit_bytes: 1 << 20,
         heartbeat_interval_ms: 5,
         redial_interval_ms: 20,
+        fan_out: walrelay_replicator::leader::FanOut::thrifty(3),
         backend: Backend::Std,
         auth: None,
         mux: Some(mux.clone()),

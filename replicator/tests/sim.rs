@@ -9,7 +9,9 @@
 //! leader crashes, or is cut off and keeps running while another node wins
 //! a newer epoch ([`walrelay_replicator::election`]), adopts the log and
 //! leads. A new leader commits its epoch's first record at once, as the
-//! engine does.
+//! engine does. Half the leaders stream each record to W followers only
+//! and batch the rest (the thrifty fan-out); ticks move one monotonic
+//! clock on by random steps.
 //!
 //! Checked after every step:
 //! - every record any leader confirmed (an acknowledged write) is in every
@@ -148,6 +150,9 @@ struct Sim {
     acked: BTreeMap<Bookmark, ChainHash>,
     epochs: BTreeSet<Epoch>,
     elections: usize,
+    /// The leaders' monotonic clock (µs): each tick moves it on by a
+    /// random step, so heartbeats and lazy flushes fall due as in time.
+    clock_us: u64,
     /// Counters for the verbose report.
     stats: BTreeMap<&'static str, u64>,
 }
@@ -173,6 +178,7 @@ impl Sim {
             acked: BTreeMap::new(),
             epochs: BTreeSet::new(),
             elections: 0,
+            clock_us: 0,
             stats: BTreeMap::new(),
         };
         assert!(sim.elect(), "all followers are up at the start");
@@ -288,6 +294,16 @@ impl Sim {
         };
         let mut history = won.adopted.history.clone();
         history.cut_after(won.adopted.end.last);
+        // Half the leaders stream to W followers and batch the others.
+        let fan_out = if self.rng.random_bool(0.5) {
+            walrelay_replicator::leader::FanOut {
+                eager: W,
+                lazy_flush_interval_us: 50_000,
+                lazy_batch_bytes: 8 << 10,
+            }
+        } else {
+            walrelay_replicator::leader::FanOut::all(N)
+        };
         let mut core = Leader::new(LeaderConfig {
             database: DB,
             epoch: won.epoch,
@@ -300,6 +316,7 @@ impl Sim {
             history,
             tail_limit_bytes: 48 << 10,
             heartbeat_interval_us: 1_000,
+            fan_out,
         })
         .expect("leader");
         let (last, last_chain) = (core.last(), core.last_chain());
@@ -555,7 +572,8 @@ impl Sim {
             _ => {
                 for g in 0..self.leaders.len() {
                     if self.leaders[g].alive {
-                        let now_us = self.rng.random_range(0..1_000_000);
+                        self.clock_us += self.rng.random_range(0..20_000);
+                        let now_us = self.clock_us;
                         let a = self.leaders[g].core.handle(LeaderEvent::Tick { now_us });
                         self.leader_actions(g, a);
                     }
@@ -608,10 +626,18 @@ impl Sim {
                     "seed {seed}: no leader once everything healed"
                 );
             }
+            // A thrifty leader's lazy followers still miss its last batch
+            // until a tick flushes it; a replica sent to catch up is not
+            // done either.
+            let lazy_pending = self
+                .newest()
+                .is_some_and(|g| self.leaders[g].core.lazy_pending());
             let idle = self.queues.values().all(|q| q.is_empty())
                 && self.to_replica.is_empty()
                 && self.from_replica.is_empty()
-                && self.followers.iter().all(|f| f.pending_syncs.is_empty());
+                && self.followers.iter().all(|f| f.pending_syncs.is_empty())
+                && !lazy_pending
+                && !self.replica_behind;
             if idle {
                 break;
             }

@@ -13,7 +13,7 @@ use crate::bookmark::{Bookmark, Epoch};
 use crate::chain::ChainHash;
 use crate::history::History;
 use crate::ids::{DatabaseId, NodeId};
-use crate::leader::{Leader, LeaderAction, LeaderConfig, LeaderError, LeaderEvent, PeerId};
+use crate::leader::{FanOut, Leader, LeaderAction, LeaderConfig, LeaderError, LeaderEvent, PeerId};
 use crate::net::mux::Mux;
 use crate::net::{Backend, ClusterKey, ConnId, NetHandler, Transport};
 use crate::record::Encoded;
@@ -54,6 +54,9 @@ pub struct LeaderNodeConfig {
     pub tail_limit_bytes: usize,
     pub heartbeat_interval_ms: u64,
     pub redial_interval_ms: u64,
+    /// Which followers get each record at once; the others' batches go out
+    /// on this node's ticks ([`crate::leader::FanOut`]).
+    pub fan_out: FanOut,
     pub backend: Backend,
     /// The cluster key every replication connection is authenticated
     /// with; None runs this node's connections unauthenticated (anyone who
@@ -134,6 +137,11 @@ struct State {
     /// the core's lock, so admission reads it without that lock (which
     /// the ring thread holds while it handles acks).
     unconfirmed_bytes: AtomicUsize,
+    /// The ticker thread, and whether it sleeps for a whole heartbeat
+    /// because no lazy follower misses anything: the next commit wakes it,
+    /// so a batch waits one lazy flush interval, not a heartbeat.
+    ticker: OnceLock<std::thread::Thread>,
+    ticker_idle: std::sync::atomic::AtomicBool,
 }
 
 /// A running leader.
@@ -168,6 +176,7 @@ impl LeaderNode {
             history: config.history.clone(),
             tail_limit_bytes: config.tail_limit_bytes,
             heartbeat_interval_us: config.heartbeat_interval_ms * 1_000,
+            fan_out: config.fan_out,
         })
         .map_err(NodeError::Leader)?;
         let unconfirmed_bytes = AtomicUsize::new(leader.unconfirmed_bytes());
@@ -188,6 +197,8 @@ impl LeaderNode {
             started: Instant::now(),
             shut: std::sync::atomic::AtomicBool::new(false),
             unconfirmed_bytes,
+            ticker: OnceLock::new(),
+            ticker_idle: std::sync::atomic::AtomicBool::new(false),
             config,
         });
         let transport = match &state.config.mux {
@@ -218,10 +229,11 @@ impl LeaderNode {
         };
         state.redial();
         let weak = Arc::downgrade(&state);
-        std::thread::Builder::new()
+        let ticking = std::thread::Builder::new()
             .name("walrelay-leader-tick".into())
             .spawn(move || ticker(weak))
             .map_err(NodeError::io("starting the ticker thread"))?;
+        let _ = state.ticker.set(ticking.thread().clone());
         Ok(LeaderNode {
             state,
             replica_addr,
@@ -282,6 +294,13 @@ impl LeaderNode {
         core.leader.set_clock_us(wall_clock_us());
         let actions = core.leader.committed(record)?;
         self.state.run(&core, actions);
+        drop(core);
+        if self.state.ticker_idle.load(Ordering::Relaxed)
+            && self.state.ticker_idle.swap(false, Ordering::AcqRel)
+            && let Some(t) = self.state.ticker.get()
+        {
+            t.unpark();
+        }
         Ok(())
     }
 
@@ -409,6 +428,18 @@ pub fn wall_clock_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
+/// How often the ticker drives the core: every heartbeat, and every lazy
+/// flush interval while some lazy follower misses a record.
+fn tick_intervals(config: &LeaderNodeConfig) -> (Duration, Option<Duration>) {
+    let heartbeat = Duration::from_millis(config.heartbeat_interval_ms.max(1));
+    let lazy = config
+        .fan_out
+        .batches(config.followers.len())
+        .then(|| Duration::from_micros(config.fan_out.lazy_flush_interval_us.max(100)))
+        .map(|l| l.min(heartbeat));
+    (heartbeat, lazy)
+}
+
 fn ticker(state: Weak<State>) {
     let mut last_redial = Instant::now();
     loop {
@@ -416,19 +447,37 @@ fn ticker(state: Weak<State>) {
         if s.shut.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
-        let interval = Duration::from_millis(s.config.heartbeat_interval_ms.max(1));
-        {
+        let (heartbeat, lazy) = tick_intervals(&s.config);
+        let busy = {
             let mut core = s.core.lock();
             let now_us = s.started.elapsed().as_micros() as u64;
             let actions = core.leader.handle(LeaderEvent::Tick { now_us });
             s.run(&core, actions);
-        }
+            // Set under the core's lock, so a commit after it sees it.
+            let busy = lazy.is_some() && core.leader.lazy_pending();
+            s.ticker_idle
+                .store(lazy.is_some() && !busy, Ordering::Release);
+            busy
+        };
         if last_redial.elapsed() >= Duration::from_millis(s.config.redial_interval_ms) {
             last_redial = Instant::now();
             s.redial();
         }
         drop(s);
-        std::thread::sleep(interval);
+        match lazy {
+            Some(lazy) if busy => std::thread::sleep(lazy),
+            Some(lazy) => {
+                std::thread::park_timeout(heartbeat);
+                // A commit woke it: its batch goes out one interval on.
+                let woken = state
+                    .upgrade()
+                    .is_some_and(|s| !s.ticker_idle.load(Ordering::Acquire));
+                if woken {
+                    std::thread::sleep(lazy);
+                }
+            }
+            None => std::thread::sleep(heartbeat),
+        }
     }
 }
 
