@@ -36,7 +36,8 @@ pub fn group_commit_delay_us() -> u64 {
 }
 
 /// The bench primary's eager followers: the default (W) unless
-/// `WALRELAY_BENCH_EAGER=n` says otherwise (for an A/B of the fan-out).
+/// `WALRELAY_BENCH_EAGER=n` says otherwise (for an A/B of the fan-out;
+/// `WALRELAY_BENCH_LAZY_US` sets the lazy flush interval).
 pub fn eager_followers() -> Option<usize> {
     std::env::var("WALRELAY_BENCH_EAGER")
         .ok()
@@ -67,6 +68,12 @@ pub fn start(dir: &Path, n: usize, key: Option<ClusterKey>) -> BenchCluster {
     config.options.group_commit = group_commit();
     config.options.group_commit_delay_us = group_commit_delay_us();
     config.eager_followers = eager_followers();
+    if let Some(us) = std::env::var("WALRELAY_BENCH_LAZY_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        config.lazy_flush_interval_us = us;
+    }
     let primary = ReplicatedPrimary::start(config).expect("primary");
     let replica = ReplicatedReplica::start(ReplicaConfig {
         store: None,

@@ -52,6 +52,10 @@ pub struct PrimaryConfig {
     /// fan-out; the others get batches every 2 ms, see
     /// [`walrelay_replicator::leader::FanOut`]; N: all of them at once).
     pub eager_followers: Option<usize>,
+    /// How often the other followers get their batch (and how long an eager
+    /// follower may leave a record unacknowledged before one of them takes
+    /// its place).
+    pub lazy_flush_interval_us: u64,
     pub backend: Backend,
     /// The cluster key every replication connection (to the followers and
     /// from replicas) is authenticated with; None leaves them open.
@@ -90,6 +94,7 @@ impl PrimaryConfig {
             max_unconfirmed_bytes: 64 << 20,
             election_timeout_ms: 10_000,
             eager_followers: None,
+            lazy_flush_interval_us: FanOut::thrifty(1).lazy_flush_interval_us,
             backend: Backend::Auto,
             store: None,
             mux: None,
@@ -407,6 +412,7 @@ impl ReplicatedPrimary {
             redial_interval_ms: 100,
             fan_out: FanOut {
                 eager: config.eager_followers.unwrap_or(config.write_quorum),
+                lazy_flush_interval_us: config.lazy_flush_interval_us,
                 ..FanOut::thrifty(config.write_quorum)
             },
             backend: config.backend,

@@ -226,10 +226,12 @@ pub struct Leader {
     unconfirmed_bytes: usize,
     /// Bytes committed since the lazy followers were last flushed.
     lazy_pending_bytes: usize,
-    /// When the lazy followers were last flushed (the driver's clock), and
-    /// the last record then.
+    /// When the lazy followers were last flushed (the driver's clock).
     last_lazy_flush_us: Option<u64>,
-    last_at_lazy_flush: Bookmark,
+    /// When the eager followers were last checked for a stall, and the
+    /// last record then (what they must hold by the next check).
+    last_stall_check_us: Option<u64>,
+    last_at_stall_check: Bookmark,
 }
 
 impl Leader {
@@ -266,7 +268,8 @@ impl Leader {
             unconfirmed_bytes: tail_bytes,
             lazy_pending_bytes: 0,
             last_lazy_flush_us: None,
-            last_at_lazy_flush: last,
+            last_stall_check_us: None,
+            last_at_stall_check: last,
             quorum,
             config,
             tail,

@@ -7,19 +7,21 @@
 //! [`FanOut::eager`] < N, each record goes at once to the `eager`
 //! followers only; the others (*lazy*) get what they miss in batches:
 //! every [`FanOut::lazy_flush_interval_us`], once
-//! [`FanOut::lazy_batch_bytes`] wait for them, before the tail drops a
-//! record one has not been sent, and when the leader stops.
+//! [`FanOut::lazy_batch_bytes`] wait for them, at once when an eager
+//! follower stalls, before the tail drops a record one has not been sent,
+//! and when the leader stops.
 //!
 //! Nothing about durability changes: an ack still means durable, a record
 //! is still confirmed by W acks from any followers, and a lazy follower's
 //! acks count as soon as they come. What changes is the tail of the
 //! latency: a commit waits for the slowest eager follower, so one that
-//! falls behind is swapped out. At each lazy flush, an eager follower that
-//! has not acknowledged what was committed by the flush before (a whole
-//! interval ago) gives its place to the lazy follower holding the most,
-//! which is sent everything first; one that goes away is replaced at once.
-//! So a stalled follower delays commits by about one interval, and a lost
-//! one not at all.
+//! falls behind is swapped out. Every [`FanOut::stall_after_us`], an eager
+//! follower that has not acknowledged what was committed by the check
+//! before gives its place to the lazy follower holding the most, which is
+//! sent everything first, and the other lazy followers get their batch at
+//! once (their acks count too); one that goes away is replaced at once. So
+//! a stalled follower delays commits by about one stall check, and a lost
+//! one not at all, while the batches can be larger.
 //!
 //! Replicas are not followers: every record goes to each streaming replica
 //! at once, as before.
@@ -36,10 +38,12 @@ pub struct FanOut {
     /// that can confirm it) to N (all of them, no batching).
     pub eager: usize,
     /// The lazy followers are sent what they miss at least this often
-    /// (the driver's clock, via [`super::LeaderEvent::Tick`]); also how
-    /// long an eager follower may leave records unacknowledged before it
-    /// is swapped out.
+    /// (the driver's clock, via [`super::LeaderEvent::Tick`]).
     pub lazy_flush_interval_us: u64,
+    /// How long an eager follower may leave records unacknowledged before
+    /// it is swapped out (at most the flush interval; the driver ticks
+    /// this often while a batch waits).
+    pub stall_after_us: u64,
     /// ... or as soon as this many bytes of records wait for them.
     pub lazy_batch_bytes: usize,
 }
@@ -50,17 +54,25 @@ impl FanOut {
         FanOut {
             eager: followers,
             lazy_flush_interval_us: 0,
+            stall_after_us: 0,
             lazy_batch_bytes: 0,
         }
     }
 
-    /// W followers streamed at once, the rest every 2 ms or 256 KiB.
+    /// W followers streamed at once, the rest every 10 ms or 256 KiB; an
+    /// eager follower stalled for 2 ms is swapped out.
     pub fn thrifty(write_quorum: usize) -> FanOut {
         FanOut {
             eager: write_quorum,
-            lazy_flush_interval_us: 2_000,
+            lazy_flush_interval_us: 10_000,
+            stall_after_us: 2_000,
             lazy_batch_bytes: 256 << 10,
         }
+    }
+
+    /// How often the driver must tick while a batch waits.
+    pub fn tick_us(&self) -> u64 {
+        self.stall_after_us.min(self.lazy_flush_interval_us)
     }
 
     /// Whether some followers are lazy.
@@ -191,44 +203,50 @@ impl Leader {
         }
     }
 
-    /// The periodic lazy flush (see the module's doc), if it is due.
+    /// The periodic stall check and lazy flush (see the module's doc).
     pub(super) fn lazy_tick(&mut self, now_us: u64, out: &mut Vec<LeaderAction>) {
         let fan_out = self.config.fan_out;
-        if !fan_out.batches(self.config.followers)
-            || self
-                .last_lazy_flush_us
-                .is_some_and(|t| now_us.saturating_sub(t) < fan_out.lazy_flush_interval_us)
-        {
+        if !fan_out.batches(self.config.followers) {
             return;
         }
-        // Eager followers that still miss what the last flush's time had
-        // committed swap places with the lazy ones holding the most.
-        let mark = self.last_at_lazy_flush;
-        let stalled: Vec<PeerId> = self
-            .eager_followers()
-            .into_iter()
-            .filter(|id| {
-                let Some(Kind::Follower(i)) = self.peers.get(id).map(|p| p.kind) else {
-                    return false;
-                };
-                self.quorum.durable(FollowerId(i)).unwrap_or(Bookmark::ZERO) < mark
-            })
-            .collect();
-        let candidates = self.lazy_by_durable();
-        for (slow, quick) in stalled.into_iter().zip(candidates) {
-            tracing::debug!(
-                slow = slow.0,
-                quick = quick.0,
-                "an eager follower fell behind: a lazy one takes its place"
-            );
-            self.promote(quick, out);
-            if let Some(p) = self.peers.get_mut(&slow) {
-                p.eager = false;
+        let due =
+            |last: Option<u64>, every: u64| last.is_none_or(|t| now_us.saturating_sub(t) >= every);
+        let mut flush = due(self.last_lazy_flush_us, fan_out.lazy_flush_interval_us);
+        if due(self.last_stall_check_us, fan_out.tick_us()) {
+            // Eager followers that still miss what the check before had
+            // seen committed swap places with the lazy ones holding the
+            // most; the rest of the lazy followers get their batch now.
+            let mark = self.last_at_stall_check;
+            let stalled: Vec<PeerId> = self
+                .eager_followers()
+                .into_iter()
+                .filter(|id| {
+                    let Some(Kind::Follower(i)) = self.peers.get(id).map(|p| p.kind) else {
+                        return false;
+                    };
+                    self.quorum.durable(FollowerId(i)).unwrap_or(Bookmark::ZERO) < mark
+                })
+                .collect();
+            let candidates = self.lazy_by_durable();
+            for (slow, quick) in stalled.iter().zip(candidates) {
+                tracing::debug!(
+                    slow = slow.0,
+                    quick = quick.0,
+                    "an eager follower fell behind: a lazy one takes its place"
+                );
+                self.promote(quick, out);
+                if let Some(p) = self.peers.get_mut(slow) {
+                    p.eager = false;
+                }
             }
+            flush |= !stalled.is_empty();
+            self.last_stall_check_us = Some(now_us);
+            self.last_at_stall_check = self.last;
         }
-        self.flush_lazy(out);
-        self.last_lazy_flush_us = Some(now_us);
-        self.last_at_lazy_flush = self.last;
+        if flush {
+            self.flush_lazy(out);
+            self.last_lazy_flush_us = Some(now_us);
+        }
     }
 }
 

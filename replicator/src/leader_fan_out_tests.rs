@@ -9,7 +9,8 @@ use crate::ids::{DatabaseId, NodeId};
 use crate::record::{Encoded, Record};
 use crate::wire::Role;
 
-const INTERVAL_US: u64 = 2_000;
+const FLUSH_US: u64 = 10_000;
+const STALL_US: u64 = 2_000;
 
 fn config(tail_limit_bytes: usize) -> LeaderConfig {
     LeaderConfig {
@@ -26,7 +27,8 @@ fn config(tail_limit_bytes: usize) -> LeaderConfig {
         heartbeat_interval_us: 1_000_000,
         fan_out: FanOut {
             eager: 3,
-            lazy_flush_interval_us: INTERVAL_US,
+            lazy_flush_interval_us: FLUSH_US,
+            stall_after_us: STALL_US,
             lazy_batch_bytes: 1 << 20,
         },
     }
@@ -131,17 +133,17 @@ fn a_record_goes_at_once_to_w_followers_and_every_replica_and_to_the_rest_at_the
         .collect();
     assert_eq!(at_once, vec![1, 2, 3, 9], "followers 0-2 and the replica");
     assert!(l.lazy_pending());
-    // Not yet an interval since the last flush: nothing more.
-    assert!(appends(&l.handle(LeaderEvent::Tick { now_us: 1_000 })).is_empty());
     // Each eager follower acknowledges: the records are confirmed with no
     // lazy follower holding them.
     for peer in 1..=3 {
         ack(&mut l, peer, &rs[2]);
     }
     assert_eq!(l.confirmed(), rs[2].bookmark);
-    let flush = appends(&l.handle(LeaderEvent::Tick {
-        now_us: INTERVAL_US,
-    }));
+    // A stall check finds none, and the batch waits for its interval.
+    for now_us in [1_000, STALL_US, 2 * STALL_US] {
+        assert!(appends(&l.handle(LeaderEvent::Tick { now_us })).is_empty());
+    }
+    let flush = appends(&l.handle(LeaderEvent::Tick { now_us: FLUSH_US }));
     assert_eq!(flush, vec![(4, 1), (4, 2), (4, 3), (5, 1), (5, 2), (5, 3)]);
     assert!(!l.lazy_pending());
 }
@@ -160,25 +162,25 @@ fn an_eager_follower_that_goes_away_is_replaced_at_once_by_a_lazy_one_sent_what_
 }
 
 #[test]
-fn an_eager_follower_that_leaves_records_unacknowledged_for_an_interval_swaps_with_a_lazy_one() {
+fn an_eager_follower_that_leaves_a_record_unacknowledged_past_a_stall_check_swaps_with_a_lazy_one()
+{
     let mut l = streaming(1 << 20);
     let rs = records(2);
     l.committed(rs[0].clone()).expect("commit");
-    // First flush after the commit: the lazy followers get record 1, and
-    // it becomes the mark eager followers must reach by the next one.
-    l.handle(LeaderEvent::Tick {
-        now_us: INTERVAL_US,
-    });
+    // The first check after the commit: record 1 is what eager followers
+    // must hold by the next one; the lazy ones' batch still waits.
+    let first = appends(&l.handle(LeaderEvent::Tick { now_us: STALL_US }));
+    assert!(first.is_empty());
     ack(&mut l, 1, &rs[0]);
     ack(&mut l, 2, &rs[0]);
-    ack(&mut l, 4, &rs[0]); // a lazy follower, after its flush
     l.committed(rs[1].clone()).expect("commit");
-    // Peer 3 never acknowledged record 1: peer 4 (lazy, holding it) takes
-    // its place, sent record 2 first; peer 5 gets its batch.
+    // Peer 3 never acknowledged record 1: peer 4 (lazy; the lower id of
+    // two holding nothing) takes its place, sent what it missed; peer 5
+    // gets its batch at once, long before the flush interval.
     let out = appends(&l.handle(LeaderEvent::Tick {
-        now_us: 2 * INTERVAL_US,
+        now_us: 2 * STALL_US,
     }));
-    assert_eq!(out, vec![(4, 2), (5, 2)]);
+    assert_eq!(out, vec![(4, 1), (4, 2), (5, 1), (5, 2)]);
     let rs3 = records(3);
     let next = appends(&l.committed(rs3[2].clone()).expect("commit"));
     assert_eq!(

@@ -299,6 +299,7 @@ impl Sim {
             walrelay_replicator::leader::FanOut {
                 eager: W,
                 lazy_flush_interval_us: 50_000,
+                stall_after_us: 20_000,
                 lazy_batch_bytes: 8 << 10,
             }
         } else {

@@ -435,7 +435,7 @@ fn tick_intervals(config: &LeaderNodeConfig) -> (Duration, Option<Duration>) {
     let lazy = config
         .fan_out
         .batches(config.followers.len())
-        .then(|| Duration::from_micros(config.fan_out.lazy_flush_interval_us.max(100)))
+        .then(|| Duration::from_micros(config.fan_out.tick_us().max(100)))
         .map(|l| l.min(heartbeat));
     (heartbeat, lazy)
 }
