@@ -54,6 +54,10 @@ pub struct Plan {
     /// False: the primary runs with `--no-group-commit`.
     pub group_commit: bool,
     pub group_commit_delay_us: u64,
+    /// The primary's `--eager-followers` (None: its default).
+    pub eager_followers: Option<usize>,
+    /// The primary's `--confirm-timeout-ms`.
+    pub confirm_timeout_ms: u64,
     pub net: &'static str,
     pub key_file: PathBuf,
     pub auth_flags: Vec<String>,
@@ -456,6 +460,13 @@ fn primary_args(plan: &Plan, k: usize) -> Vec<String> {
         "--group-commit-delay-us".into(),
         plan.group_commit_delay_us.to_string(),
     ]);
+    args.extend([
+        "--confirm-timeout-ms".into(),
+        plan.confirm_timeout_ms.to_string(),
+    ]);
+    if let Some(n) = plan.eager_followers {
+        args.extend(["--eager-followers".into(), n.to_string()]);
+    }
     if let Some(d) = plan.deadline {
         let left = d.saturating_duration_since(Instant::now()).as_secs().max(1);
         args.extend(["--seconds".into(), left.to_string()]);

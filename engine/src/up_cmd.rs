@@ -56,6 +56,14 @@ pub struct UpArgs {
         value_parser = clap::value_parser!(u64).range(0..=walrelay_engine::MAX_GROUP_COMMIT_DELAY_US)
     )]
     pub group_commit_delay_us: u64,
+    /// The primary's `--confirm-timeout-ms`: how long a write waits with no
+    /// confirmation at all before it fails.
+    #[arg(long, default_value_t = walrelay_engine::replication::PrimaryConfig::DEFAULT_CONFIRM_TIMEOUT_MS)]
+    pub confirm_timeout_ms: u64,
+    /// The primary's `--eager-followers`: how many followers get each
+    /// record at once (default W; the others get batches).
+    #[arg(long)]
+    pub eager_followers: Option<usize>,
 
     /// Serve the HTTP API without authentication (by default `up` keeps a
     /// token store in DIR/tokens and an admin token in DIR/token).
@@ -320,6 +328,8 @@ pub fn up(a: UpArgs) -> Result<()> {
         max_transaction_bytes: a.max_transaction_bytes,
         group_commit: !a.no_group_commit,
         group_commit_delay_us: a.group_commit_delay_us,
+        eager_followers: a.eager_followers,
+        confirm_timeout_ms: a.confirm_timeout_ms,
         net: backend_name(a.net),
         key_file: key_file.clone(),
         auth_flags,

@@ -276,7 +276,14 @@ fn eighty_and_six_hundred_mb_transactions_replicate_catch_up_and_survive_restart
  {
     let dir = tempfile::tempdir().expect("tmp");
     let base = common::up::free_base();
-    let mut up = common::up::Up::start(dir.path(), base, &["--writers", "0"]);
+    // A chunk is 8 MiB: with the in-process tests writing hundreds of MB
+    // to the same disk, three followers may take seconds to make one
+    // durable (CI once went 5 s with no confirmation at all).
+    let mut up = common::up::Up::start(
+        dir.path(),
+        base,
+        &["--writers", "0", "--confirm-timeout-ms", "60000"],
+    );
     up.wait_serving(2, Duration::from_secs(60));
     let create = up.query(
         0,
