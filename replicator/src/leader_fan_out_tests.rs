@@ -73,10 +73,8 @@ fn handshake(role: Role) -> Message {
     }
 }
 
-/// A leader with followers 0..5 (peers 1..=5) and a replica (peer 9)
-/// streaming, the first lazy flush already behind it.
-fn streaming(tail_limit_bytes: usize) -> Leader {
-    let mut l = Leader::new(config(tail_limit_bytes)).expect("leader");
+/// Connects followers 0..5 as peers 1..=5, each streaming from the start.
+fn connect_followers(l: &mut Leader) {
     for index in 0..5 {
         let peer = PeerId(index as u64 + 1);
         l.handle(LeaderEvent::FollowerConnected { peer, index });
@@ -85,6 +83,13 @@ fn streaming(tail_limit_bytes: usize) -> Leader {
             message: handshake(Role::Follower),
         });
     }
+}
+
+/// A leader with followers 0..5 (peers 1..=5) and a replica (peer 9)
+/// streaming, the first lazy flush already behind it.
+fn streaming(tail_limit_bytes: usize) -> Leader {
+    let mut l = Leader::new(config(tail_limit_bytes)).expect("leader");
+    connect_followers(&mut l);
     l.handle(LeaderEvent::ReplicaConnected { peer: PeerId(9) });
     l.handle(LeaderEvent::Received {
         peer: PeerId(9),
@@ -195,14 +200,7 @@ fn lazy_followers_get_their_batch_early_once_it_reaches_its_bytes() {
     let mut c = config(1 << 20);
     c.fan_out.lazy_batch_bytes = 1_000;
     let mut l = Leader::new(c).expect("leader");
-    for index in 0..5 {
-        let peer = PeerId(index as u64 + 1);
-        l.handle(LeaderEvent::FollowerConnected { peer, index });
-        l.handle(LeaderEvent::Received {
-            peer,
-            message: handshake(Role::Follower),
-        });
-    }
+    connect_followers(&mut l);
     let rs = records(2);
     let first = appends(&l.committed(rs[0].clone()).expect("commit"));
     assert_eq!(
@@ -264,14 +262,7 @@ fn with_every_follower_eager_nothing_waits_for_a_flush() {
     let mut c = config(1 << 20);
     c.fan_out = FanOut::all(5);
     let mut l = Leader::new(c).expect("leader");
-    for index in 0..5 {
-        let peer = PeerId(index as u64 + 1);
-        l.handle(LeaderEvent::FollowerConnected { peer, index });
-        l.handle(LeaderEvent::Received {
-            peer,
-            message: handshake(Role::Follower),
-        });
-    }
+    connect_followers(&mut l);
     let sent = appends(&l.committed(records(1)[0].clone()).expect("commit"));
     assert_eq!(sent.len(), 5);
     assert!(!l.lazy_pending());
