@@ -20,8 +20,9 @@
 //! before gives its place to the lazy follower holding the most, which is
 //! sent everything first, and the other lazy followers get their batch at
 //! once (their acks count too); one that goes away is replaced at once. So
-//! a stalled follower delays commits by about one stall check, and a lost
-//! one not at all, while the batches can be larger.
+//! a stalled follower delays a commit by at most about two stall checks
+//! (the one that sets the mark after it, and the next), and a lost one not
+//! at all, while the batches can be larger.
 //!
 //! Replicas are not followers: every record goes to each streaming replica
 //! at once, as before.
