@@ -304,7 +304,11 @@ pub struct PrimaryArgs {
     #[arg(long, default_value = "127.0.0.1:7100")]
     pub listen: SocketAddr,
     /// How long a write waits with no confirmation at all before failing.
-    #[arg(long, default_value_t = walrelay_engine::replication::PrimaryConfig::DEFAULT_CONFIRM_TIMEOUT_MS)]
+    #[arg(
+        long,
+        default_value_t = walrelay_engine::replication::PrimaryConfig::DEFAULT_CONFIRM_TIMEOUT_MS,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
     pub confirm_timeout_ms: u64,
     /// Followers sent every record as it commits (default: W; the others
     /// get it in batches every 2 ms). N sends every record to all of them.

@@ -182,6 +182,10 @@ pub struct Cluster {
     primary: usize,
     /// When the primary was last seen accepting HTTP (None: not yet).
     primary_seen: Option<Instant>,
+    /// Primaries in a row that failed before they ever served: past
+    /// [`Cluster::unserved_limit`] the run ends instead of failing over
+    /// again (a start that fails on every slot, such as a bad option).
+    unserved_failures: usize,
 }
 
 fn primary_slot_file(plan: &Plan) -> PathBuf {
@@ -227,6 +231,7 @@ impl Cluster {
             nodes,
             primary,
             primary_seen: None,
+            unserved_failures: 0,
         };
         c.write_pid();
         Ok(c)
@@ -247,6 +252,22 @@ impl Cluster {
                 // to it directly); anything else is a primary gone.
                 if status.success() {
                     return Ok(status);
+                }
+                if self.primary_seen.is_some() {
+                    self.unserved_failures = 0;
+                } else {
+                    self.unserved_failures += 1;
+                    if self.unserved_failures > self.unserved_limit() {
+                        tracing::error!(
+                            failures = self.unserved_failures,
+                            "every primary failed before it served: giving up"
+                        );
+                        eprintln!(
+                            "walrelay up: {} primaries in a row failed before they served (the last {status}); giving up (see their errors above)",
+                            self.unserved_failures
+                        );
+                        return Ok(status);
+                    }
                 }
                 let why = if status.code() == Some(FENCED_EXIT_CODE) {
                     "was fenced".to_string()
@@ -280,6 +301,12 @@ impl Cluster {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// How many primaries in a row may fail before serving: every slot
+    /// gets its chance, then one more.
+    fn unserved_limit(&self) -> usize {
+        self.nodes.len() + 1
     }
 
     /// The lease: a primary that served and then stops accepting for
@@ -515,6 +542,56 @@ mod tests {
             .args(["-c", "trap '' INT; exec sleep 60"])
             .spawn()
             .expect("sh")
+    }
+
+    #[test]
+    fn a_primary_that_fails_before_serving_on_every_slot_ends_the_run_instead_of_failing_over_forever()
+     {
+        let dir = tempfile::tempdir().expect("dir");
+        // Nothing listens on port 1: no primary is ever seen serving.
+        let unreachable: SocketAddr = "127.0.0.1:1".parse().expect("addr");
+        let plan = Plan {
+            slots: (0..2)
+                .map(|k| Slot {
+                    http: unreachable,
+                    dir: dir.path().join(format!("slot-{k}")),
+                    region: format!("region-{k}"),
+                })
+                .collect(),
+            follower_addrs: vec![unreachable],
+            primary_addr: unreachable,
+            writers: 0,
+            max_transaction_bytes: 1 << 20,
+            group_commit: true,
+            group_commit_delay_us: 0,
+            eager_followers: None,
+            confirm_timeout_ms: 5_000,
+            net: "std",
+            key_file: dir.path().join("key"),
+            auth_flags: Vec::new(),
+            dir: dir.path().to_path_buf(),
+            deadline: None,
+            store: String::new(),
+            fleet_control_url: None,
+            http_urls: Vec::new(),
+        };
+        std::fs::create_dir_all(pid_dir(&plan.dir)).expect("pids");
+        // Every primary exits at once with an error; replicas just wait.
+        let spawn = |args: Vec<String>| -> Result<Child> {
+            let script = if args[0] == "primary" {
+                "exit 1"
+            } else {
+                "exec sleep 60"
+            };
+            Ok(Command::new("sh").args(["-c", script]).spawn()?)
+        };
+        let mut cluster = Cluster::start(plan, Vec::new(), &spawn).expect("start");
+        let started = Instant::now();
+        let status = cluster.run(&spawn).expect("run");
+        assert!(!status.success());
+        assert_eq!(cluster.unserved_failures, cluster.unserved_limit() + 1);
+        assert!(started.elapsed() < Duration::from_secs(30));
+        cluster.stop();
     }
 
     #[test]

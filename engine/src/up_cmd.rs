@@ -58,7 +58,11 @@ pub struct UpArgs {
     pub group_commit_delay_us: u64,
     /// The primary's `--confirm-timeout-ms`: how long a write waits with no
     /// confirmation at all before it fails.
-    #[arg(long, default_value_t = walrelay_engine::replication::PrimaryConfig::DEFAULT_CONFIRM_TIMEOUT_MS)]
+    #[arg(
+        long,
+        default_value_t = walrelay_engine::replication::PrimaryConfig::DEFAULT_CONFIRM_TIMEOUT_MS,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
     pub confirm_timeout_ms: u64,
     /// The primary's `--eager-followers`: how many followers get each
     /// record at once (default W; the others get batches).
@@ -128,6 +132,15 @@ pub fn up(a: UpArgs) -> Result<()> {
             "ports {}..={highest} do not fit (at most 9 followers, and a lower --base-port)",
             a.base_port
         );
+    }
+    if let Some(eager) = a.eager_followers {
+        let w = a.followers / 2 + 1;
+        if eager < w || eager > a.followers {
+            bail!(
+                "--eager-followers {eager}: it takes between W ({w}) and N ({}), the followers",
+                a.followers
+            );
+        }
     }
     let dir = match a.dir {
         Some(d) => d,

@@ -239,6 +239,7 @@ fn up_refuses_options_out_of_range_with_a_clear_error_and_starts_nothing() {
             "0..=100000",
         ),
         (&["--heartbeat-ms", "0"][..], "100.."),
+        (&["--confirm-timeout-ms", "0"][..], "1.."),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_walrelay"))
             .args(["up", "--dir", &dir.path().display().to_string()])
@@ -249,6 +250,20 @@ fn up_refuses_options_out_of_range_with_a_clear_error_and_starts_nothing() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(
             stderr.contains("invalid value") && stderr.contains(says),
+            "{args:?}: {stderr}"
+        );
+    }
+    // Checked against the follower count, before anything starts.
+    for args in [&["--eager-followers", "2"][..], &["--eager-followers", "6"]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_walrelay"))
+            .args(["up", "--dir", &dir.path().display().to_string()])
+            .args(args)
+            .output()
+            .expect("run walrelay up");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("between W (3) and N (5)"),
             "{args:?}: {stderr}"
         );
     }
