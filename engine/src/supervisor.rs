@@ -182,7 +182,8 @@ pub struct Cluster {
     primary: usize,
     /// When the primary was last seen accepting HTTP (None: not yet).
     primary_seen: Option<Instant>,
-    /// Primaries in a row that failed before they ever served: past
+    /// Primaries in a row that exited with an error before they ever
+    /// served (not killed, not fenced): past
     /// [`Cluster::unserved_limit`] the run ends instead of failing over
     /// again (a start that fails on every slot, such as a bad option).
     unserved_failures: usize,
@@ -253,7 +254,11 @@ impl Cluster {
                 if status.success() {
                     return Ok(status);
                 }
-                if self.primary_seen.is_some() {
+                // An error exit before it ever served: a start that fails
+                // (a kill or a crash by signal is what failover is for).
+                let failed_start = self.primary_seen.is_none()
+                    && status.code().is_some_and(|c| c != FENCED_EXIT_CODE);
+                if !failed_start {
                     self.unserved_failures = 0;
                 } else {
                     self.unserved_failures += 1;
