@@ -311,7 +311,7 @@ pub struct PrimaryArgs {
     )]
     pub confirm_timeout_ms: u64,
     /// Followers sent every record as it commits (default: W; the others
-    /// get it in batches every 2 ms). N sends every record to all of them.
+    /// get it in batches every 10 ms). N sends every record to all of them.
     #[arg(long)]
     pub eager_followers: Option<usize>,
     #[arg(long, default_value_t = 1)]

@@ -49,7 +49,7 @@ pub struct PrimaryConfig {
     /// How long to wait for W followers to promise an epoch at start.
     pub election_timeout_ms: u64,
     /// Followers streamed every record as it commits (None: W, the thrifty
-    /// fan-out; the others get batches every 2 ms, see
+    /// fan-out; the others get batches every `lazy_flush_interval_us`, see
     /// [`walrelay_replicator::leader::FanOut`]; N: all of them at once).
     pub eager_followers: Option<usize>,
     /// How often the other followers get their batch (and how long an eager
@@ -94,7 +94,7 @@ impl PrimaryConfig {
             max_unconfirmed_bytes: 64 << 20,
             election_timeout_ms: 10_000,
             eager_followers: None,
-            lazy_flush_interval_us: FanOut::thrifty(1).lazy_flush_interval_us,
+            lazy_flush_interval_us: FanOut::DEFAULT_LAZY_FLUSH_INTERVAL_US,
             backend: Backend::Auto,
             store: None,
             mux: None,

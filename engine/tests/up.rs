@@ -226,6 +226,20 @@ fn up_stops_promptly_on_ctrl_c_with_runaway_queries_running_and_starts_again() {
     );
 }
 
+/// Runs `walrelay up --dir dir` with `args`, which it must refuse: its exit
+/// code and standard error.
+fn up_refusing(dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_walrelay"))
+        .args(["up", "--dir", &dir.display().to_string()])
+        .args(args)
+        .output()
+        .expect("run walrelay up");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 #[test]
 fn up_refuses_options_out_of_range_with_a_clear_error_and_starts_nothing() {
     let dir = tempfile::tempdir().expect("dir");
@@ -241,13 +255,8 @@ fn up_refuses_options_out_of_range_with_a_clear_error_and_starts_nothing() {
         (&["--heartbeat-ms", "0"][..], "100.."),
         (&["--confirm-timeout-ms", "0"][..], "1.."),
     ] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_walrelay"))
-            .args(["up", "--dir", &dir.path().display().to_string()])
-            .args(args)
-            .output()
-            .expect("run walrelay up");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        let (code, stderr) = up_refusing(dir.path(), args);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
         assert!(
             stderr.contains("invalid value") && stderr.contains(says),
             "{args:?}: {stderr}"
@@ -255,13 +264,8 @@ fn up_refuses_options_out_of_range_with_a_clear_error_and_starts_nothing() {
     }
     // Checked against the follower count, before anything starts.
     for args in [&["--eager-followers", "2"][..], &["--eager-followers", "6"]] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_walrelay"))
-            .args(["up", "--dir", &dir.path().display().to_string()])
-            .args(args)
-            .output()
-            .expect("run walrelay up");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        let (code, stderr) = up_refusing(dir.path(), args);
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
         assert!(
             stderr.contains("between W (3) and N (5)"),
             "{args:?}: {stderr}"

@@ -50,6 +50,9 @@ pub struct FanOut {
 }
 
 impl FanOut {
+    /// How often the lazy followers get their batch unless configured.
+    pub const DEFAULT_LAZY_FLUSH_INTERVAL_US: u64 = 10_000;
+
     /// Every follower streamed every record at once.
     pub fn all(followers: usize) -> FanOut {
         FanOut {
@@ -65,7 +68,7 @@ impl FanOut {
     pub fn thrifty(write_quorum: usize) -> FanOut {
         FanOut {
             eager: write_quorum,
-            lazy_flush_interval_us: 10_000,
+            lazy_flush_interval_us: FanOut::DEFAULT_LAZY_FLUSH_INTERVAL_US,
             stall_after_us: 2_000,
             lazy_batch_bytes: 256 << 10,
         }
