@@ -237,6 +237,12 @@ pub(crate) struct Inner {
     pub(crate) stopping: Arc<AtomicBool>,
     pub(crate) path: PathBuf,
     pub(crate) region: String,
+    /// Statements that ran past the budget of a read on the calling
+    /// thread ([`crate::read_on_worker`]).
+    pub(crate) long_reads: crate::read_on_worker::LongReads,
+    /// The readers' busy timeout, restored after a read on the calling
+    /// thread (which runs without one).
+    pub(crate) reader_busy_timeout: Duration,
 }
 
 /// What a database is in the replication topology. One per database, held
@@ -447,6 +453,8 @@ impl Database {
                 region: options.region.clone(),
                 limits: options.limits,
                 stopping,
+                long_reads: crate::read_on_worker::LongReads::default(),
+                reader_busy_timeout: Duration::from_millis(options.busy_timeout_ms),
             }),
         })
     }

@@ -162,11 +162,7 @@ impl Database {
             None => {
                 // Later writers commit while this result waits (pipelining).
                 at_gate.get_or_insert_with(|| AtGate::enter(p.write_groups.as_ref()));
-                let confirmed = std::sync::Arc::new(tokio::sync::Notify::new());
-                let notify = std::sync::Arc::clone(&confirmed);
-                p.on_confirmed(bookmark, Box::new(move || notify.notify_one()));
-                let _ = tokio::time::timeout(QUIET_RECHECK, confirmed.notified()).await;
-                p.poll_gate(bookmark)
+                p.confirmed_soon(bookmark).await
             }
         };
         if let Some(r) = settled {

@@ -1,5 +1,5 @@
-//! A replica's short read run on the calling thread (over HTTP, the async
-//! worker) instead of the blocking pool.
+//! A short read run on the calling thread (over HTTP, the async worker)
+//! instead of the blocking pool, on a replica or a primary.
 //!
 //! A point read takes a few microseconds of SQLite work; the hop to the
 //! blocking pool and back costs more than that, and the worker that will
@@ -13,16 +13,27 @@
 //! # Same outcome as the threaded path
 //!
 //! [`Database::read_without_thread`] takes only what the threaded path
-//! would run as one read at once on a replica: one statement (no `;`),
-//! not plain DML, not stopping or cancelled, the session's bookmark
-//! already visible (no wait), an idle reader free (neither a wait nor a
-//! new connection opened), and a statement that prepares and that SQLite
-//! calls read-only. The reader runs it without a busy timeout (a lock it
-//! cannot have at once is an error, not a sleep) and with a response
-//! limit of [`MAX_RESPONSE_BYTES`]. Anything else, and any error while it
-//! runs, declines (`None`) having changed nothing: the threaded path runs
-//! it again and gives the error. On a primary it always declines, as a
-//! primary's read waits at the output gate.
+//! would run as one read at once: one statement (no `;`), not plain DML,
+//! not stopping or cancelled, no refused capture, on a replica the
+//! session's bookmark already visible (no wait), an idle reader free
+//! (neither a wait nor a new connection opened), and a statement that
+//! prepares and that SQLite calls read-only. The reader runs it without a
+//! busy timeout (a lock it cannot have at once is an error, not a sleep)
+//! and with a response limit of [`MAX_RESPONSE_BYTES`]. Anything else, and
+//! any error while it runs, declines (`None`) having changed nothing: the
+//! threaded path runs it again and gives the error.
+//!
+//! # The output gate
+//!
+//! A primary's read may see transactions not yet confirmed, so its result
+//! is held ([`HeldRead`]) until its bookmark is: the latest, taken once
+//! the read has ended and no commit is between its commit frame and its
+//! hand-off to the replicator (if one is, the read declines: that hand-off
+//! may wait, and the pool's read waits for it). The task, not a thread,
+//! waits for the confirmation, as a grouped write's does
+//! ([`crate::group_write_async`]); a confirmation slow to come is waited
+//! for on a blocking thread, under the gate's own timeout. A replica's
+//! read shows only confirmed state and is released at once.
 //!
 //! A statement that ran over its budget is remembered ([`LongReads`])
 //! and goes straight to the pool after, so a workload of reads just
@@ -40,9 +51,10 @@
 //!
 //! What the budget does not bound is time outside the VM and those few
 //! instructions: a filesystem read of a page not in the page cache, or
-//! one function over a large value. A replica's hot pages are in memory.
+//! one function over a large value. A database's hot pages are in memory.
 
 use crate::database::{Database, Output, Role};
+use crate::error::QueryError;
 use crate::execution::{CancelToken, check_start};
 use crate::group_write::is_plain_dml;
 use crate::statement::{Prepare, prepare, run_statement};
@@ -133,27 +145,29 @@ impl LongReads {
 impl Database {
     /// One read run here, if it can be taken now (see the module docs);
     /// `None` declines, and nothing changed. `at_least` is the session's
-    /// bookmark.
+    /// bookmark. The result is held until [`HeldRead::release`] lets it
+    /// through the output gate.
     pub(crate) fn read_without_thread(
         &self,
         sql: &str,
         params: &[Value],
         at_least: Option<Bookmark>,
         cancel: Option<&CancelToken>,
-    ) -> Option<Output> {
+    ) -> Option<HeldRead> {
         let started = Instant::now();
-        let Role::Replica(replica) = &self.inner.role else {
-            return None;
-        };
         if sql.contains(';') || is_plain_dml(sql) {
             return None;
         }
-        let long_key = replica.long_reads.key(sql);
-        if replica.long_reads.skip(long_key) {
+        let long_reads = &self.inner.long_reads;
+        let long_key = long_reads.key(sql);
+        if long_reads.skip(long_key) {
             return None;
         }
-        if check_start(&self.inner.stopping, cancel).is_err()
-            || at_least.is_some_and(|b| replica.visible() < b)
+        if check_start(&self.inner.stopping, cancel).is_err() || self.check_capture().is_err() {
+            return None;
+        }
+        if let (Role::Replica(replica), Some(b)) = (&self.inner.role, at_least)
+            && replica.visible() < b
         {
             return None;
         }
@@ -179,7 +193,7 @@ impl Database {
                 limits.max_response_bytes.min(MAX_RESPONSE_BYTES),
             )
         };
-        if conn.busy_timeout(replica.busy_timeout).is_err() {
+        if conn.busy_timeout(self.inner.reader_busy_timeout).is_err() {
             // A reader that cannot wait for a lock must not go back to
             // the pool: dropped, it closes, and the pool opens another.
             reader.discard();
@@ -194,9 +208,9 @@ impl Database {
         drop(reader);
         if over_budget {
             // Taken to the pool from now on, even if this one finished.
-            replica.long_reads.insert(long_key);
+            long_reads.insert(long_key);
         } else if ran.is_ok() {
-            replica.long_reads.forget(long_key);
+            long_reads.forget(long_key);
         }
         let (columns, rows, counts) = match ran {
             Ok(o) => o,
@@ -205,14 +219,77 @@ impl Database {
                 return None;
             }
         };
-        // Raised before a confirm publishes: at least what was read.
-        let mut meta = self.meta(started, replica.reported());
+        let bookmark = match &self.inner.role {
+            // Raised before a confirm publishes: at least what was read.
+            Role::Replica(replica) => replica.reported(),
+            // What the read saw has reached the sink unless a commit is
+            // between its commit frame and its hand-off (which may wait,
+            // for admission): then the pool runs it, and waits there.
+            Role::Primary(p) => {
+                if !p.attachment.commit_settled() || self.check_capture().is_err() {
+                    return None;
+                }
+                self.latest_bookmark()
+            }
+        };
+        let mut meta = self.meta(started, bookmark);
         meta.rows_read = counts.rows_read;
-        Some(Output {
-            columns,
-            rows,
-            meta,
+        Some(HeldRead {
+            output: Output {
+                columns,
+                rows,
+                meta,
+            },
+            started,
         })
+    }
+}
+
+/// A read run on the calling thread, its result not yet given: on a
+/// primary it shows what may still be unconfirmed, so it waits at the
+/// output gate for its bookmark ([`HeldRead::release`]), as the threaded
+/// path's read does.
+#[must_use = "a read's result is given only once released through the output gate"]
+pub(crate) struct HeldRead {
+    output: Output,
+    started: Instant,
+}
+
+impl HeldRead {
+    /// The result, once the state it reflects is confirmed: at once on a
+    /// replica (it shows only confirmed state) or once confirmed on a
+    /// primary, waited for by the task, or by a blocking thread once the
+    /// confirmation is slow (the gate's own timeout applies there). A gate
+    /// that gives up is the read's error, as on the threaded path.
+    pub(crate) async fn release(self, db: Database) -> Result<Output, QueryError> {
+        let HeldRead {
+            mut output,
+            started,
+        } = self;
+        let Some(p) = db.primary() else {
+            return Ok(output);
+        };
+        let bookmark = output.meta.bookmark;
+        let settled = match p.poll_gate(bookmark) {
+            Some(r) => Some(r),
+            None => p.confirmed_soon(bookmark).await,
+        };
+        match settled {
+            Some(r) => r?,
+            None => {
+                let waiting = db.clone();
+                tokio::task::spawn_blocking(move || {
+                    let p = waiting.primary().expect("a primary's role does not change");
+                    p.gate_wait(bookmark)
+                })
+                .await
+                // Only a runtime shutting down (or a panic in the gate)
+                // fails the task: nothing is shown.
+                .unwrap_or(Err(QueryError::Stopping))?
+            }
+        }
+        output.meta.duration_us = started.elapsed().as_micros() as u64;
+        Ok(output)
     }
 }
 

@@ -1,5 +1,6 @@
-//! A replica's short read on the calling thread: the same answer as the
-//! pool's, and a decline (changing nothing) for everything else.
+//! A short read on the calling thread, on a replica or a primary: the
+//! same answer as the pool's, held at a primary's output gate as there,
+//! and a decline (changing nothing) for everything else.
 
 use super::*;
 use crate::{Access, CancelToken, Constraint, Options, Replica, ReplicaOptions, pair};
@@ -45,7 +46,17 @@ fn open() -> Fixture {
 const POINT: &str = "SELECT v FROM kv WHERE id = ?1";
 
 fn point(db: &Database, at_least: Option<Bookmark>) -> Option<Output> {
-    db.read_without_thread(POINT, &[Value::Integer(7)], at_least, None)
+    let held = db.read_without_thread(POINT, &[Value::Integer(7)], at_least, None)?;
+    Some(released(db, held).expect("released"))
+}
+
+/// A held read's result, released through the output gate.
+fn released(db: &Database, held: HeldRead) -> Result<Output, QueryError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(held.release(db.clone()))
 }
 
 #[test]
@@ -81,9 +92,7 @@ fn a_read_that_runs_past_its_budget_is_declined_and_runs_whole_on_the_pool() {
     assert!(point(db, None).is_some(), "the reader is free again");
     // Remembered: the next time it goes straight to the pool, without
     // spending the budget first.
-    let Role::Replica(r) = &db.inner.role else {
-        panic!("a replica")
-    };
+    let r = &db.inner;
     assert!(r.long_reads.contains(r.long_reads.key(long)));
     assert!(!r.long_reads.contains(r.long_reads.key(POINT)));
 }
@@ -92,9 +101,7 @@ fn a_read_that_runs_past_its_budget_is_declined_and_runs_whole_on_the_pool() {
 fn a_remembered_read_is_tried_here_again_now_and_then_and_forgotten_once_it_fits() {
     let f = open();
     let db = f.replica.database();
-    let Role::Replica(r) = &db.inner.role else {
-        panic!("a replica")
-    };
+    let r = &db.inner;
     // As if its first run had been slow (a cold cache).
     let key = r.long_reads.key(POINT);
     r.long_reads.insert(key);
@@ -136,9 +143,7 @@ fn a_read_of_few_costly_instructions_is_stopped_by_its_budget_too() {
         vec!["length(randomblob(2000000))"; 20].join(", ")
     );
     assert!(db.read_without_thread(&costly, &[], None, None).is_none());
-    let Role::Replica(r) = &db.inner.role else {
-        panic!("a replica")
-    };
+    let r = &db.inner;
     assert!(
         r.long_reads.contains(r.long_reads.key(&costly)),
         "stopped by the budget"
@@ -154,8 +159,6 @@ fn what_would_wait_write_or_fail_is_declined() {
     let f = open();
     let db = f.replica.database();
     let one = [Value::Integer(1)];
-    // A primary's read waits at its output gate.
-    assert!(point(&f.primary, None).is_none());
     // Writes, and several statements, are the threaded path's to route.
     assert!(
         db.read_without_thread("INSERT INTO kv VALUES (99, 'x')", &[], None, None)
@@ -245,4 +248,100 @@ fn a_statement_that_opens_a_transaction_is_declined_and_leaves_none_open() {
         .expect("update");
     let newer = point(db, None).expect("runs here");
     assert_eq!(newer.rows[0].values(), [Value::Text("new".into())]);
+}
+
+#[test]
+fn a_point_read_on_a_primary_runs_here_and_answers_as_the_pool_does() {
+    let f = open();
+    let db = &f.primary;
+    let here = point(db, None).expect("run here");
+    let pooled = db
+        .execute(POINT, &[Value::Integer(7)], None, Access::ReadWrite, None)
+        .expect("pool");
+    assert_eq!(here.rows, pooled.rows);
+    assert_eq!(here.columns, pooled.columns);
+    assert_eq!(here.meta.bookmark, pooled.meta.bookmark);
+    assert_eq!(here.meta.bookmark, db.latest_bookmark());
+    assert!(here.meta.served_by_primary);
+    assert_eq!(here.meta.rows_read, 1);
+    // Writes, and several statements, are still the threaded path's.
+    assert!(
+        db.read_without_thread("INSERT INTO kv VALUES (99, 'x')", &[], None, None)
+            .is_none()
+    );
+    assert!(
+        db.read_without_thread("SELECT 1; SELECT 2", &[], None, None)
+            .is_none()
+    );
+}
+
+/// A sink that holds each commit's hand-off until the test lets it go.
+#[derive(Default)]
+struct HeldSink {
+    handing_off: std::sync::atomic::AtomicBool,
+    go: parking_lot::Mutex<bool>,
+    changed: parking_lot::Condvar,
+}
+
+impl crate::TransactionSink for HeldSink {
+    fn committed(
+        &self,
+        _: Bookmark,
+        _: &walrelay_vfs::CapturedTransaction,
+    ) -> Result<(), crate::ShipError> {
+        self.handing_off
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut go = self.go.lock();
+        while !*go {
+            self.changed.wait(&mut go);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_primary_read_is_declined_while_a_commit_it_may_see_is_not_yet_handed_off() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sink = std::sync::Arc::new(HeldSink::default());
+    *sink.go.lock() = true;
+    let db = Database::open(
+        dir.path().join("p.db"),
+        Options {
+            sink: Some(sink.clone()),
+            ..Options::default()
+        },
+    )
+    .expect("open");
+    let s = db.session(Constraint::FirstPrimary).expect("session");
+    s.exec("CREATE TABLE kv(id INTEGER PRIMARY KEY, v TEXT)", [])
+        .expect("create");
+    s.exec("INSERT INTO kv VALUES (7, 'v7')", [])
+        .expect("insert");
+    assert!(point(&db, None).is_some(), "nothing in flight: runs here");
+    // The next commit's frame is in the WAL (a read may see it) but the
+    // replicator does not have it yet: it has no bookmark to wait for.
+    *sink.go.lock() = false;
+    sink.handing_off
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let writer = std::thread::spawn({
+        let db = db.clone();
+        move || {
+            db.session(Constraint::FirstPrimary)
+                .expect("session")
+                .exec("UPDATE kv SET v = 'new' WHERE id = 7", [])
+                .expect("update")
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !sink.handing_off.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(std::time::Instant::now() < deadline, "never handed off");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(point(&db, None).is_none(), "declined to the pool");
+    *sink.go.lock() = true;
+    sink.changed.notify_all();
+    writer.join().expect("writer");
+    let after = point(&db, None).expect("runs here again");
+    assert_eq!(after.rows[0].values(), [Value::Text("new".into())]);
+    assert_eq!(after.meta.bookmark, db.latest_bookmark());
 }

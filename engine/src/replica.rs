@@ -86,11 +86,6 @@ pub(crate) struct ReplicaRole {
     max_wait: Duration,
     checkpoint_threshold_frames: u32,
     persist_every_confirms: u32,
-    /// Statements that ran past the budget of a read on the calling thread.
-    pub(crate) long_reads: crate::read_on_worker::LongReads,
-    /// The readers' busy timeout, restored after a read on the calling
-    /// thread (which runs without one).
-    pub(crate) busy_timeout: Duration,
 }
 
 impl ReplicaRole {
@@ -198,8 +193,6 @@ impl Replica {
             max_wait: Duration::from_millis(options.max_wait_ms),
             checkpoint_threshold_frames: options.checkpoint_threshold_frames,
             persist_every_confirms: options.persist_every_confirms.max(1),
-            long_reads: crate::read_on_worker::LongReads::default(),
-            busy_timeout: Duration::from_millis(options.busy_timeout_ms),
         };
         Ok(Replica {
             db: Database {
@@ -211,6 +204,8 @@ impl Replica {
                     region: options.region,
                     limits: options.limits,
                     stopping,
+                    long_reads: crate::read_on_worker::LongReads::default(),
+                    reader_busy_timeout: Duration::from_millis(options.busy_timeout_ms),
                 }),
             },
         })

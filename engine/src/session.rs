@@ -204,15 +204,24 @@ impl Session {
         })
     }
 
-    /// [`Session::exec`] of one short read on a replica, run on the
-    /// calling thread ([`crate::read_on_worker`]); `None` declines, having
-    /// changed nothing (run it with `exec`).
-    pub(crate) fn exec_on_worker(&self, sql: &str, params: &[Value]) -> Option<Vec<RawResult>> {
+    /// [`Session::exec`] of one short read, run on the calling thread
+    /// ([`crate::read_on_worker`]), its result waited for at the output
+    /// gate by the returned future; `None` declines, having changed
+    /// nothing (run it with `exec`).
+    pub(crate) fn exec_on_worker(
+        self: std::sync::Arc<Self>,
+        sql: &str,
+        params: &[Value],
+    ) -> Option<impl std::future::Future<Output = Result<Vec<RawResult>, QueryError>> + Send + use<>>
+    {
         let at_least = *self.bookmark.lock();
-        let out = self
+        let held = self
             .db
             .read_without_thread(sql, params, at_least, self.cancel.as_ref())?;
-        Some(self.raw_results(vec![out]))
+        Some(async move {
+            let out = held.release(self.db.clone()).await?;
+            Ok(self.raw_results(vec![out]))
+        })
     }
 
     /// [`Session::batch`] with rows as arrays and the column names. Each

@@ -460,3 +460,80 @@ fn writes_over_http_waited_for_by_tasks_answer_only_once_confirmed_and_count_onc
         "no write was waited for by its task"
     );
 }
+
+/// `sql` over HTTP on a thread: the answer's status and JSON.
+fn query_over_http(
+    url: &str,
+    sql: &'static str,
+) -> std::thread::JoinHandle<(u16, serde_json::Value)> {
+    let url = url.to_string();
+    std::thread::spawn(move || {
+        let body = serde_json::json!({ "sql": sql }).to_string();
+        let mut resp = ureq::post(&url)
+            .config()
+            .http_status_as_error(false)
+            .build()
+            .header("content-type", "application/json")
+            .send(body)
+            .expect("an answer");
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().expect("body");
+        (status, serde_json::from_str(&text).expect("json"))
+    })
+}
+
+#[test]
+fn a_read_over_http_on_the_primary_runs_on_its_task_and_answers_only_once_what_it_saw_is_confirmed()
+{
+    let gate = Arc::new(Gate::default());
+    let (_dir, db) = open(&gate);
+    let at = confirmed_schema(&gate, &db, "CREATE TABLE t(x)");
+    let (_server, url) = serve_primary(&db);
+    // Nothing unconfirmed: answered at once.
+    let (status, json) = query_over_http(&url, "SELECT count(*) AS n FROM t")
+        .join()
+        .expect("reader");
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["result"][0]["results"][0]["n"], 0);
+    // A row committed, not confirmed: a read that sees it waits, and its
+    // task (not a blocking thread, which would wait in wait_confirmed)
+    // leaves a wake-up with the gate.
+    let first = unconfirmed_write(&gate, &db, "INSERT INTO t VALUES (1)");
+    let reader = query_over_http(&url, "SELECT count(*) AS n FROM t");
+    wait_until("a wake-up left with the gate", || {
+        !gate.calls.lock().is_empty()
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!reader.is_finished(), "a read escaped the gate");
+    gate.release(at(2));
+    let (status, json) = reader.join().expect("reader");
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["result"][0]["results"][0]["n"], 1);
+    assert_eq!(
+        json["result"][0]["meta"]["bookmark"].as_str(),
+        Some(at(2).to_string().as_str())
+    );
+    first.join().expect("writer").expect("the insert");
+}
+
+#[test]
+fn a_read_over_http_on_the_primary_whose_gate_gives_up_answers_an_error_not_the_rows() {
+    let gate = Arc::new(Gate::default());
+    let (_dir, db) = open(&gate);
+    let _ = confirmed_schema(&gate, &db, "CREATE TABLE t(x)");
+    let (_server, url) = serve_primary(&db);
+    let first = unconfirmed_write(&gate, &db, "INSERT INTO t VALUES (1)");
+    let reader = query_over_http(&url, "SELECT count(*) AS n FROM t");
+    wait_until("a wake-up left with the gate", || {
+        !gate.calls.lock().is_empty()
+    });
+    *gate.give_up.lock() = true;
+    let (status, json) = reader.join().expect("reader");
+    assert!(status >= 500, "{status} {json}");
+    assert_eq!(json["success"], false, "{json}");
+    assert!(
+        json["result"].as_array().is_none_or(|r| r.is_empty()),
+        "{json}"
+    );
+    first.join().expect("writer").expect_err("the gate gave up");
+}

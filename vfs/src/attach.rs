@@ -280,6 +280,14 @@ impl Attachment {
         self.shared.capture.lock().poisoned().cloned()
     }
 
+    /// Whether no transaction is between its commit frame and its hand-off
+    /// to the sink, without waiting: when true, every transaction that any
+    /// read transaction ended before the call could see has reached the
+    /// sink (as after [`Self::wait_commit_settled`]).
+    pub fn commit_settled(&self) -> bool {
+        !self.shared.in_flight.load(Ordering::SeqCst)
+    }
+
     /// Waits until no transaction is between its commit frame and its hand-off
     /// to the sink. After this returns, every transaction that any read
     /// transaction started before the call could see has reached the sink.

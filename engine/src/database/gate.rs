@@ -3,7 +3,9 @@
 
 use super::{CheckpointMode, CheckpointStats, PrimaryRole};
 use crate::error::{CheckpointError, QueryError};
+use crate::group_commit::QUIET_RECHECK;
 use rusqlite::{Connection, ffi};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use walrelay_replicator::Bookmark;
 
@@ -54,6 +56,21 @@ impl PrimaryRole {
             Some(g) => g.on_confirmed(bookmark, wake),
             None => wake(),
         }
+    }
+
+    /// Waits as a task for `bookmark`'s confirmation, at most
+    /// [`QUIET_RECHECK`], then polls the gate: `None` if it would still
+    /// wait (the caller then waits on a blocking thread with
+    /// [`Self::gate_wait`], under the gate's own timeout).
+    pub(crate) async fn confirmed_soon(
+        &self,
+        bookmark: Bookmark,
+    ) -> Option<Result<(), QueryError>> {
+        let confirmed = Arc::new(tokio::sync::Notify::new());
+        let notify = Arc::clone(&confirmed);
+        self.on_confirmed(bookmark, Box::new(move || notify.notify_one()));
+        let _ = tokio::time::timeout(QUIET_RECHECK, confirmed.notified()).await;
+        self.poll_gate(bookmark)
     }
 
     /// Whether the next [`Self::maybe_checkpoint`] would checkpoint.

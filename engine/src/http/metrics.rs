@@ -76,7 +76,7 @@ impl Metrics {
         }
     }
 
-    /// Counts a replica read tried on the async worker: answered there
+    /// Counts a read tried on the async worker: answered there
     /// (`ran`) or declined to the blocking pool.
     pub fn read_on_worker(&self, ran: bool) {
         let n = if ran {
@@ -194,12 +194,12 @@ impl Metrics {
             ),
             (
                 "walrelay_reads_on_worker_total",
-                "Replica reads answered on the async worker, without a thread hop.",
+                "Reads answered on the async worker, without a thread hop.",
                 &self.reads_on_worker,
             ),
             (
                 "walrelay_reads_on_worker_declined_total",
-                "Replica reads tried on the async worker and run by the blocking pool instead.",
+                "Reads tried on the async worker and run by the blocking pool instead.",
                 &self.reads_on_worker_declined,
             ),
         ] {

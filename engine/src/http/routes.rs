@@ -257,10 +257,11 @@ pub(super) async fn query_answer(
         let _cancel_on_drop = CancelOnDrop(token);
         return answer.await;
     }
-    // A short read on a replica runs here: a hop to the blocking pool
-    // costs more than the read.
+    // A short read runs here: a hop to the blocking pool costs more than
+    // the read (on a primary its answer then waits at the output gate).
     if let Some(answer) = node.read_without_thread(&caller, &query, shape, &token) {
-        return answer;
+        let _cancel_on_drop = CancelOnDrop(token);
+        return answer.await;
     }
     blocking_with(&node, token, move |n, token| {
         let answer = n.dispatch(&caller, &query, header.as_deref(), &body, shape, token);

@@ -231,37 +231,46 @@ impl Node {
     }
 
     /// The answer to a prepared query that is one short read on this
-    /// replica's own database, run here on the calling thread (over HTTP,
-    /// the async worker) under a small budget ([`crate::read_on_worker`]);
+    /// node's own database, run here on the calling thread (over HTTP, the
+    /// async worker) under a small budget ([`crate::read_on_worker`]), and
+    /// on a primary waited for at the output gate by the returned future;
     /// `None` declines, having changed nothing, and the caller dispatches
     /// it as usual.
     pub(in crate::http) fn read_without_thread(
-        &self,
+        self: &Arc<Self>,
         caller: &Caller,
         q: &PreparedQuery,
         shape: Shape,
         cancel: &CancelToken,
-    ) -> Option<Answer> {
-        let (Role::Replica { replica, .. }, false, Body::One(statement)) =
-            (&self.role, q.fleet, &q.parsed)
-        else {
+    ) -> Option<impl Future<Output = Answer> + Send + use<>> {
+        let (false, Body::One(statement)) = (q.fleet, &q.parsed) else {
             return None;
         };
-        if caller.forwarded || q.constraint == Constraint::FirstPrimary {
-            return None;
-        }
-        let session = replica
-            .replica()
-            .database()
+        let db = match &self.role {
+            Role::Primary(db) => db,
+            Role::Replica { replica, .. } => {
+                if caller.forwarded || q.constraint == Constraint::FirstPrimary {
+                    return None;
+                }
+                replica.replica().database()
+            }
+            Role::Fleet => return None,
+        };
+        let session = db
             .session(q.constraint)
             .ok()?
             .with_access(caller.access)
             .cancel_with(cancel.clone());
-        let results = session.exec_on_worker(&statement.sql, &statement.params);
-        self.metrics.read_on_worker(results.is_some());
-        let results = results?;
-        let answer = self.routed(&session, Ok(results), shape).into_answer();
-        Some(self.finish_query(answer))
+        let session = Arc::new(session);
+        let read = Arc::clone(&session).exec_on_worker(&statement.sql, &statement.params);
+        self.metrics.read_on_worker(read.is_some());
+        let read = read?;
+        let node = Arc::clone(self);
+        Some(async move {
+            let result = read.await;
+            let answer = node.routed(&session, result, shape).into_answer();
+            node.finish_query(answer)
+        })
     }
 
     fn run(
