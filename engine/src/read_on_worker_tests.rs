@@ -50,6 +50,18 @@ fn point(db: &Database, at_least: Option<Bookmark>) -> Option<Output> {
     Some(released(db, held).expect("released"))
 }
 
+/// Writes, and several statements, are the threaded path's to route.
+fn declines_writes_and_scripts(db: &Database) {
+    assert!(
+        db.read_without_thread("INSERT INTO kv VALUES (99, 'x')", &[], None, None)
+            .is_none()
+    );
+    assert!(
+        db.read_without_thread("SELECT 1; SELECT 2", &[], None, None)
+            .is_none()
+    );
+}
+
 /// A held read's result, released through the output gate.
 fn released(db: &Database, held: HeldRead) -> Result<Output, QueryError> {
     tokio::runtime::Builder::new_current_thread()
@@ -159,15 +171,7 @@ fn what_would_wait_write_or_fail_is_declined() {
     let f = open();
     let db = f.replica.database();
     let one = [Value::Integer(1)];
-    // Writes, and several statements, are the threaded path's to route.
-    assert!(
-        db.read_without_thread("INSERT INTO kv VALUES (99, 'x')", &[], None, None)
-            .is_none()
-    );
-    assert!(
-        db.read_without_thread("SELECT 1; SELECT 2", &[], None, None)
-            .is_none()
-    );
+    declines_writes_and_scripts(db);
     // A bookmark this replica has not reached would wait for it.
     let ahead = Bookmark::new(Epoch(u32::MAX), Sequence(1));
     assert!(point(db, Some(ahead)).is_none());
@@ -264,15 +268,7 @@ fn a_point_read_on_a_primary_runs_here_and_answers_as_the_pool_does() {
     assert_eq!(here.meta.bookmark, db.latest_bookmark());
     assert!(here.meta.served_by_primary);
     assert_eq!(here.meta.rows_read, 1);
-    // Writes, and several statements, are still the threaded path's.
-    assert!(
-        db.read_without_thread("INSERT INTO kv VALUES (99, 'x')", &[], None, None)
-            .is_none()
-    );
-    assert!(
-        db.read_without_thread("SELECT 1; SELECT 2", &[], None, None)
-            .is_none()
-    );
+    declines_writes_and_scripts(db);
 }
 
 /// A sink that holds each commit's hand-off until the test lets it go.
