@@ -28,8 +28,9 @@
 //! A primary's read may see transactions not yet confirmed, so its result
 //! is held ([`HeldRead`]) until its bookmark is: the latest, taken once
 //! the read has ended and no commit is between its commit frame and its
-//! hand-off to the replicator (if one is, the read declines: that hand-off
-//! may wait, and the pool's read waits for it). The task, not a thread,
+//! hand-off to the replicator (if one is, the bookmark is taken on a
+//! blocking thread once that settles, as the pool's read takes it: that
+//! hand-off may wait, for admission). The task, not a thread,
 //! waits for the confirmation, as a grouped write's does
 //! ([`crate::group_write_async`]); a confirmation slow to come is waited
 //! for on a blocking thread, under the gate's own timeout. A replica's
@@ -219,18 +220,19 @@ impl Database {
                 return None;
             }
         };
-        let bookmark = match &self.inner.role {
+        // On a primary, what the read saw has reached the sink, and the
+        // latest bookmark covers it, unless a commit is between its commit
+        // frame and its hand-off (which may wait, for admission): then the
+        // bookmark is taken on a blocking thread once that settles.
+        let (bookmark, settled) = match &self.inner.role {
             // Raised before a confirm publishes: at least what was read.
-            Role::Replica(replica) => replica.reported(),
-            // What the read saw has reached the sink unless a commit is
-            // between its commit frame and its hand-off (which may wait,
-            // for admission): then the pool runs it, and waits there.
-            Role::Primary(p) => {
-                if !p.attachment.commit_settled() || self.check_capture().is_err() {
-                    return None;
-                }
-                self.latest_bookmark()
+            Role::Replica(replica) => (replica.reported(), true),
+            // A refused capture left a transaction no bookmark covers:
+            // the blocking thread's check answers its error.
+            Role::Primary(p) if p.attachment.commit_settled() && self.check_capture().is_ok() => {
+                (self.latest_bookmark(), true)
             }
+            Role::Primary(_) => (Bookmark::ZERO, false),
         };
         let mut meta = self.meta(started, bookmark);
         meta.rows_read = counts.rows_read;
@@ -241,6 +243,7 @@ impl Database {
                 meta,
             },
             started,
+            settled,
         })
     }
 }
@@ -253,6 +256,10 @@ impl Database {
 pub(crate) struct HeldRead {
     output: Output,
     started: Instant,
+    /// Whether `output`'s bookmark is its own; if not, a commit was in
+    /// hand-off when the read ended, and the bookmark is taken once it
+    /// settles.
+    settled: bool,
 }
 
 impl HeldRead {
@@ -265,10 +272,23 @@ impl HeldRead {
         let HeldRead {
             mut output,
             started,
+            settled,
         } = self;
         let Some(p) = db.primary() else {
             return Ok(output);
         };
+        if !settled {
+            // The threaded read's own ending: the commit settles, then the
+            // latest bookmark waits at the gate.
+            let waiting = db.clone();
+            output.meta.bookmark = tokio::task::spawn_blocking(move || waiting.read_bookmark())
+                .await
+                // Only a runtime shutting down (or a panic) fails the
+                // task: nothing is shown.
+                .unwrap_or(Err(QueryError::Stopping))?;
+            output.meta.duration_us = started.elapsed().as_micros() as u64;
+            return Ok(output);
+        }
         let bookmark = output.meta.bookmark;
         let settled = match p.poll_gate(bookmark) {
             Some(r) => Some(r),
@@ -283,8 +303,6 @@ impl HeldRead {
                     p.gate_wait(bookmark)
                 })
                 .await
-                // Only a runtime shutting down (or a panic in the gate)
-                // fails the task: nothing is shown.
                 .unwrap_or(Err(QueryError::Stopping))?
             }
         }
