@@ -31,9 +31,10 @@ pub struct Metrics {
     cancelled: AtomicU64,
     /// Queries stopped at the query time limit.
     timed_out: AtomicU64,
-    /// Replica reads answered on the async worker.
+    /// Reads answered on the async worker (on a primary, then held at
+    /// the output gate by their task).
     reads_on_worker: AtomicU64,
-    /// Replica reads tried on the async worker and declined there (over
+    /// Reads tried on the async worker and declined there (over
     /// budget, no idle reader, remembered as long, an error): the
     /// blocking pool ran them.
     reads_on_worker_declined: AtomicU64,
