@@ -114,9 +114,19 @@ impl Leader {
     /// Sends the newest record (already in the tail) to every eager peer,
     /// and the lazy followers their batch once it is large enough.
     pub(super) fn fan_out(&mut self, bytes: usize, out: &mut Vec<LeaderAction>) {
-        for id in self.streaming_ids() {
-            if self.peers.get(&id).is_some_and(|p| p.eager) {
-                self.send_pending(id, out);
+        // Eager followers first: the commit waits for their acks, not for
+        // a replica's apply (the committing session writes these sends in
+        // this order, and each costs the loopback's delivery).
+        let ids = self.streaming_ids();
+        for followers in [true, false] {
+            for &id in &ids {
+                if self
+                    .peers
+                    .get(&id)
+                    .is_some_and(|p| p.eager && matches!(p.kind, Kind::Follower(_)) == followers)
+                {
+                    self.send_pending(id, out);
+                }
             }
         }
         if self.config.fan_out.batches(self.config.followers) {

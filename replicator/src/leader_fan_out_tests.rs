@@ -154,6 +154,23 @@ fn a_record_goes_at_once_to_w_followers_and_every_replica_and_to_the_rest_at_the
 }
 
 #[test]
+fn a_record_goes_to_the_eager_followers_before_a_replica_that_connected_first() {
+    let mut l = Leader::new(config(1 << 20)).expect("leader");
+    // The replica holds the lowest peer id (it connected first, or a
+    // follower reconnected since).
+    l.handle(LeaderEvent::ReplicaConnected { peer: PeerId(0) });
+    l.handle(LeaderEvent::Received {
+        peer: PeerId(0),
+        message: handshake(Role::Replica),
+    });
+    connect_followers(&mut l);
+    l.handle(LeaderEvent::Tick { now_us: 0 });
+    let rs = records(1);
+    let sent = appends(&l.committed(rs[0].clone()).expect("commit"));
+    assert_eq!(sent, vec![(1, 1), (2, 1), (3, 1), (0, 1)]);
+}
+
+#[test]
 fn an_eager_follower_that_goes_away_is_replaced_at_once_by_a_lazy_one_sent_what_it_missed() {
     let mut l = streaming(1 << 20);
     let rs = records(2);
