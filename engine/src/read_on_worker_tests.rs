@@ -50,6 +50,18 @@ fn point(db: &Database, at_least: Option<Bookmark>) -> Option<Output> {
     Some(released(db, held).expect("released"))
 }
 
+/// The point read run here, checked against the pool's answer.
+fn here_as_on_the_pool(db: &Database) -> Output {
+    let here = point(db, None).expect("run here");
+    let pooled = db
+        .execute(POINT, &[Value::Integer(7)], None, Access::ReadWrite, None)
+        .expect("pool");
+    assert_eq!(here.rows, pooled.rows);
+    assert_eq!(here.columns, pooled.columns);
+    assert_eq!(here.meta.bookmark, pooled.meta.bookmark);
+    here
+}
+
 /// Writes, and several statements, are the threaded path's to route.
 fn declines_writes_and_scripts(db: &Database) {
     assert!(
@@ -75,14 +87,8 @@ fn released(db: &Database, held: HeldRead) -> Result<Output, QueryError> {
 fn a_point_read_on_a_replica_runs_here_and_answers_as_the_pool_does() {
     let f = open();
     let db = f.replica.database();
-    let here = point(db, None).expect("run here");
-    let pooled = db
-        .execute(POINT, &[Value::Integer(7)], None, Access::ReadWrite, None)
-        .expect("pool");
-    assert_eq!(here.rows, pooled.rows);
-    assert_eq!(here.columns, pooled.columns);
+    let here = here_as_on_the_pool(db);
     assert_eq!(here.rows[0].values(), [Value::Text("v7".into())]);
-    assert_eq!(here.meta.bookmark, pooled.meta.bookmark);
     assert_eq!(here.meta.bookmark, f.primary.latest_bookmark());
     assert!(!here.meta.served_by_primary);
     assert_eq!(here.meta.rows_read, 1);
@@ -258,13 +264,7 @@ fn a_statement_that_opens_a_transaction_is_declined_and_leaves_none_open() {
 fn a_point_read_on_a_primary_runs_here_and_answers_as_the_pool_does() {
     let f = open();
     let db = &f.primary;
-    let here = point(db, None).expect("run here");
-    let pooled = db
-        .execute(POINT, &[Value::Integer(7)], None, Access::ReadWrite, None)
-        .expect("pool");
-    assert_eq!(here.rows, pooled.rows);
-    assert_eq!(here.columns, pooled.columns);
-    assert_eq!(here.meta.bookmark, pooled.meta.bookmark);
+    let here = here_as_on_the_pool(db);
     assert_eq!(here.meta.bookmark, db.latest_bookmark());
     assert!(here.meta.served_by_primary);
     assert_eq!(here.meta.rows_read, 1);
