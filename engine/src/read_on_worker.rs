@@ -14,7 +14,7 @@
 //!
 //! [`Database::read_without_thread`] takes only what the threaded path
 //! would run as one read at once: one statement (no `;`), not plain DML,
-//! not stopping or cancelled, no refused capture, on a replica the
+//! not stopping or cancelled, on a replica the
 //! session's bookmark already visible (no wait), an idle reader free
 //! (neither a wait nor a new connection opened), and a statement that
 //! prepares and that SQLite calls read-only. The reader runs it without a
@@ -164,7 +164,7 @@ impl Database {
         if long_reads.skip(long_key) {
             return None;
         }
-        if check_start(&self.inner.stopping, cancel).is_err() || self.check_capture().is_err() {
+        if check_start(&self.inner.stopping, cancel).is_err() {
             return None;
         }
         if let (Role::Replica(replica), Some(b)) = (&self.inner.role, at_least)
@@ -277,33 +277,34 @@ impl HeldRead {
         let Some(p) = db.primary() else {
             return Ok(output);
         };
-        if !settled {
-            // The threaded read's own ending: the commit settles, then the
-            // latest bookmark waits at the gate.
-            let waiting = db.clone();
-            output.meta.bookmark = tokio::task::spawn_blocking(move || waiting.read_bookmark())
+        // The task waits while its bookmark is known and confirmed soon.
+        let mine = settled.then_some(output.meta.bookmark);
+        let at_once = match mine {
+            Some(b) => match p.poll_gate(b) {
+                Some(r) => Some(r),
+                None => p.confirmed_soon(b).await,
+            },
+            None => None,
+        };
+        match at_once {
+            Some(r) => r?,
+            // A blocking thread waits, under the gate's own timeout: for
+            // the bookmark, or (a commit was in hand-off) as the threaded
+            // read ends, the commit settling, then its latest bookmark.
+            None => {
+                let waiting = db.clone();
+                output.meta.bookmark = tokio::task::spawn_blocking(move || match mine {
+                    Some(b) => waiting
+                        .primary()
+                        .expect("a primary's role does not change")
+                        .gate_wait(b)
+                        .map(|()| b),
+                    None => waiting.read_bookmark(),
+                })
                 .await
                 // Only a runtime shutting down (or a panic) fails the
                 // task: nothing is shown.
                 .unwrap_or(Err(QueryError::Stopping))?;
-            output.meta.duration_us = started.elapsed().as_micros() as u64;
-            return Ok(output);
-        }
-        let bookmark = output.meta.bookmark;
-        let settled = match p.poll_gate(bookmark) {
-            Some(r) => Some(r),
-            None => p.confirmed_soon(bookmark).await,
-        };
-        match settled {
-            Some(r) => r?,
-            None => {
-                let waiting = db.clone();
-                tokio::task::spawn_blocking(move || {
-                    let p = waiting.primary().expect("a primary's role does not change");
-                    p.gate_wait(bookmark)
-                })
-                .await
-                .unwrap_or(Err(QueryError::Stopping))?
             }
         }
         output.meta.duration_us = started.elapsed().as_micros() as u64;
