@@ -337,12 +337,22 @@ fn main() {
         .database()
         .session(Constraint::FirstUnconstrained)
         .expect("session");
+    // The servers' own clocks (`meta.duration`: from the write's start on
+    // the primary to its confirmation), beside the clients': what a write
+    // costs outside and inside the server's write path.
+    let server_us = std::cell::RefCell::new(Vec::with_capacity(iters + warmup));
+    let engine_us = std::cell::RefCell::new(Vec::with_capacity(iters + warmup));
     let mut writes = vec![
         series("primary: INSERT (direct)", |_| {
             let b = write_body();
             let t = Instant::now();
-            direct.query_via(&primary_url, &b).expect("write");
-            t.elapsed()
+            let r = direct.query_via(&primary_url, &b).expect("write");
+            let d = t.elapsed();
+            let ms = r.response.result[0].meta.duration;
+            server_us
+                .borrow_mut()
+                .push(Duration::from_secs_f64(ms / 1000.0));
+            d
         }),
         series("replica: INSERT forwarded (first-unconstrained)", |_| {
             let b = write_body();
@@ -363,12 +373,16 @@ fn main() {
         }),
         series("in process, primary: INSERT", |_| {
             let t = Instant::now();
-            e_writer
+            let r = e_writer
                 .prepare(INSERT)
                 .bind([value.clone()])
                 .run()
                 .expect("write");
-            t.elapsed()
+            let d = t.elapsed();
+            engine_us
+                .borrow_mut()
+                .push(Duration::from_micros(r.meta.duration_us));
+            d
         }),
     ];
     let write_names: Vec<&str> = writes.iter().map(|s| s.name).collect();
@@ -377,6 +391,9 @@ fn main() {
     let [w_direct, w_fwd_u, w_fwd_s, e_write] = w[..] else {
         unreachable!("four write series")
     };
+    // Warm-up samples included: a few hundred of thousands move no p50.
+    let server = percentiles(&mut server_us.into_inner());
+    let engine = percentiles(&mut engine_us.into_inner());
 
     println!(
         "{iters} sequential requests per series after {warmup} warm-up, one client \
@@ -439,4 +456,9 @@ fn main() {
         &w_direct,
         &e_write,
     );
+    println!("the servers' own clocks (meta.duration, start of the write to its confirmation):");
+    show("primary: INSERT (direct), server's duration", &server);
+    show("in process, primary: INSERT, engine's duration", &engine);
+    show_diff("direct INSERT: client - server", &w_direct, &server);
+    show_diff("server - engine (the HTTP write path)", &server, &engine);
 }

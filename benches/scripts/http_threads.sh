@@ -13,6 +13,9 @@
 # context switches per request (thread_cpu.py), and the writes per group
 # commit. papers/performance.md ("Tenth session") shows what it printed.
 #
+# WALRELAY_BIN=path runs that `walrelay` binary instead of building one
+# (two builds against each other).
+#
 # Not part of CI. Every wait is bounded; `up` is stopped by its PID (it
 # stops its children), also on error or Ctrl-C.
 set -euo pipefail
@@ -28,9 +31,14 @@ cleanup() { stop_pids "${PIDS[@]}"; rm -rf "$WORK"; }
 trap cleanup EXIT INT TERM
 
 need_wrk
-cargo build -q --profile "$PROFILE" -p walrelay-engine --bin walrelay
+if [ -n "${WALRELAY_BIN:-}" ]; then
+  BIN=$(realpath "$WALRELAY_BIN")
+else
+  cargo build -q --profile "$PROFILE" -p walrelay-engine --bin walrelay
+  BIN=./$BUILT/walrelay
+fi
 # shellcheck disable=SC2086 # UP_ARGS is a list of options
-./$BUILT/walrelay up --dir "$WORK/up" --base-port "$PORT" --writers 0 --insecure \
+"$BIN" up --dir "$WORK/up" --base-port "$PORT" --writers 0 --insecure \
   --fleet-nodes 0 --seconds $((SECONDS_EACH + 120)) ${UP_ARGS:-} >"$WORK/up.log" 2>&1 &
 PIDS+=($!)
 URL="http://127.0.0.1:$((PORT + 10))/v1/databases/main/query"
