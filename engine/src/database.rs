@@ -77,6 +77,20 @@ pub struct Options {
     /// Page cache of the writer connection, in pages (SQLite's default if
     /// `None`). Tiny values force cache spills mid-transaction.
     pub writer_cache_size_pages: Option<u32>,
+    /// How much of the database file each reader connection maps into
+    /// memory (SQLite's `mmap_size`; 0: none, every page is a `pread`).
+    /// A read transaction that follows a commit starts with an empty page
+    /// cache (SQLite drops it when the WAL changed), so without a mapping
+    /// each read pays a system call and a 4 KiB copy per page it visits;
+    /// mapped, the pages it needs from the database file are where the
+    /// kernel's page cache already holds them. Pages still in the WAL are
+    /// read as before. The cost: address space (not memory) up to the
+    /// file's size per reader, and a disk error while reading a mapped
+    /// page is a `SIGBUS` rather than an I/O error (SQLite's documented
+    /// trade-off; papers/performance.md, lever 52). At most 4,096
+    /// readers of the process map at once (each mapping is one of the kernel's
+    /// `vm.max_map_count`); the others read with `pread`.
+    pub reader_mmap_bytes: u64,
     /// How long a connection waits on a lock before failing.
     pub busy_timeout_ms: u64,
     /// The region label reported in `served_by_region`.
@@ -112,6 +126,11 @@ pub struct Options {
     pub group_commit_delay_us: u64,
 }
 
+/// [`Options::reader_mmap_bytes`] by default: 1 GiB of each reader's
+/// address space, D1's largest database being ten times that (the rest
+/// of a larger file is read with `pread`).
+pub const DEFAULT_READER_MMAP_BYTES: u64 = 1 << 30;
+
 /// Writes waiting at the output gate before a group's leader waits
 /// [`Options::group_commit_delay_us`] for more.
 pub const GROUP_DELAY_SIBLINGS: usize = 4;
@@ -127,6 +146,7 @@ impl Default for Options {
             synchronous: Synchronous::Full,
             checkpoint_threshold_frames: 4096,
             writer_cache_size_pages: None,
+            reader_mmap_bytes: DEFAULT_READER_MMAP_BYTES,
             busy_timeout_ms: 5_000,
             region: "local".to_string(),
             sink: None,
@@ -149,6 +169,7 @@ impl std::fmt::Debug for Options {
                 &self.checkpoint_threshold_frames,
             )
             .field("writer_cache_size_pages", &self.writer_cache_size_pages)
+            .field("reader_mmap_bytes", &self.reader_mmap_bytes)
             .field("busy_timeout_ms", &self.busy_timeout_ms)
             .field("region", &self.region)
             .field("sink", &self.sink.is_some())
@@ -205,6 +226,9 @@ const IN_BATCH: u8 = crate::sandbox::IN_BATCH;
 pub(crate) struct Conn {
     pub(crate) conn: Connection,
     pub(crate) auth: Arc<AtomicU8>,
+    /// A reader's permission to map its database file, if it took one:
+    /// after `conn`, so it is given back once the mapping is gone.
+    _mapped: Option<crate::mmap_budget::MapSlot>,
 }
 
 impl Conn {
@@ -308,11 +332,34 @@ pub(crate) fn configure(
             conn.execute_batch(&format!("PRAGMA cache_size={pages};"))?;
         }
     }
+    // A reader maps only within the process's budget of mappings.
+    let mapped = if writer || opts.reader_mmap_bytes == 0 {
+        None
+    } else {
+        crate::mmap_budget::READERS.take()
+    };
+    if mapped.is_some() {
+        // SQLite answers with the size it took (capped at its compiled
+        // maximum), a row that execute_batch would not read.
+        let set = conn.query_row(
+            &format!("PRAGMA mmap_size={}", opts.reader_mmap_bytes),
+            [],
+            |r| r.get::<_, i64>(0),
+        );
+        match set {
+            Ok(_) | Err(rusqlite::Error::QueryReturnedNoRows) => {}
+            Err(e) => return Err(e),
+        }
+    }
     conn.set_prepared_statement_cache_capacity(128);
     let mut conn = conn;
     // Last: from here on clients' SQL passes the sandbox's authorizer.
     let auth = crate::sandbox::install(&mut conn, &opts.limits, writer)?;
-    Ok(Conn { conn, auth })
+    Ok(Conn {
+        conn,
+        auth,
+        _mapped: mapped,
+    })
 }
 
 impl Database {

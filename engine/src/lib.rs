@@ -103,6 +103,7 @@ pub mod http;
 pub mod limits;
 pub mod local_cluster;
 mod meta;
+mod mmap_budget;
 mod pool;
 mod read_on_worker;
 pub mod recovery;

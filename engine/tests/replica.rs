@@ -445,3 +445,80 @@ fn a_replica_reader_that_cached_an_older_schema_runs_statements_valid_for_the_cu
     assert_eq!(rows.results.len(), 2);
     assert!(!rows.meta.served_by_primary);
 }
+
+/// Whether this process maps `path` (as a reader with `mmap_size` does).
+fn mapped(path: &std::path::Path) -> bool {
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+    let want = path.to_str().expect("utf-8 path");
+    maps.lines().any(|l| l.ends_with(want))
+}
+
+#[test]
+fn replica_readers_map_the_database_and_read_right_as_it_grows_and_shrinks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let replica_path = dir.path().join("r.db");
+    let (db, replica) = pair(
+        dir.path().join("p.db"),
+        &replica_path,
+        Options::default(),
+        replica_options(),
+    )
+    .expect("pair");
+    let w = db.session(Constraint::FirstPrimary).expect("session");
+    w.prepare("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")
+        .run()
+        .expect("create");
+    let rows_on_replica = |n: i64| {
+        let r = replica
+            .session(Constraint::Bookmark(w.bookmark().expect("wrote")))
+            .expect("session");
+        let out = r
+            .prepare("SELECT count(*) AS n, sum(length(v)) AS bytes FROM t")
+            .all()
+            .expect("read");
+        let row = &out.results[0];
+        assert_eq!(
+            row.get("n"),
+            Some(&Value::Integer(n)),
+            "rows on the replica"
+        );
+        assert!(
+            matches!(
+                row.get("bytes"),
+                Some(Value::Integer(_)) | Some(Value::Null)
+            ),
+            "every row's value read"
+        );
+    };
+    // Grow past the replica's checkpoint threshold, so most pages are
+    // read from the database file (mapped), not the WAL.
+    for round in 0..8 {
+        w.prepare(
+            "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 100) \
+             INSERT INTO t(v) SELECT randomblob(3000) FROM c",
+        )
+        .run()
+        .expect("insert");
+        rows_on_replica(100 * (round + 1));
+    }
+    assert!(
+        mapped(&replica_path),
+        "a replica reader maps the database file"
+    );
+    // Shrink it: the replica's checkpoint truncates the file its readers
+    // map; they must read the smaller database, not past its end.
+    w.prepare("DELETE FROM t WHERE id > 50")
+        .run()
+        .expect("delete");
+    w.prepare("VACUUM").run().expect("vacuum");
+    for _ in 0..3 {
+        rows_on_replica(50);
+        w.prepare("INSERT INTO t(v) VALUES (x'00')")
+            .run()
+            .expect("insert");
+        w.prepare("DELETE FROM t WHERE v = x'00'")
+            .run()
+            .expect("delete");
+    }
+    rows_on_replica(50);
+}
