@@ -58,7 +58,7 @@ use crate::database::{Database, Output, Role};
 use crate::error::QueryError;
 use crate::execution::{CancelToken, check_start};
 use crate::group_write::is_plain_dml;
-use crate::statement::{Prepare, prepare, run_statement};
+use crate::statement::{Prepare, prepare, run_prepared};
 use crate::value::Value;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -174,10 +174,12 @@ impl Database {
         }
         let reader = self.inner.readers.try_take_idle()?;
         let conn = &reader.conn.conn;
-        let readonly = prepare(conn, sql, Prepare::Cached).map(|s| s.readonly());
-        if !matches!(readonly, Ok(true)) {
-            return None;
-        }
+        // Prepared once (the cache's lookup is not free): classified here,
+        // then run.
+        let stmt = match prepare(conn, sql, Prepare::Cached) {
+            Ok(s) if s.readonly() => s,
+            _ => return None,
+        };
         let limits = self.inner.limits;
         if conn.busy_timeout(Duration::ZERO).is_err() {
             return None;
@@ -186,11 +188,10 @@ impl Database {
             let _armed = reader
                 .watch
                 .arm_budget(Some(BUDGET), limits.query_timeout_ms, cancel);
-            run_statement(
+            run_prepared(
                 &reader,
-                sql,
+                stmt,
                 params,
-                Prepare::Cached,
                 limits.max_response_bytes.min(MAX_RESPONSE_BYTES),
             )
         };

@@ -137,8 +137,18 @@ pub(crate) fn run_statement(
     how: Prepare,
     max_response_bytes: u64,
 ) -> Result<StatementOutput, QueryError> {
+    let stmt = prepare(&c.conn.conn, sql, how).map_err(QueryError::sql)?;
+    run_prepared(c, stmt, params, max_response_bytes)
+}
+
+/// [`run_statement`] for a statement already prepared on `c`'s connection.
+pub(crate) fn run_prepared(
+    c: &Pooled,
+    mut stmt: Prepared<'_>,
+    params: &[Value],
+    max_response_bytes: u64,
+) -> Result<StatementOutput, QueryError> {
     let conn = &c.conn.conn;
-    let mut stmt = prepare(conn, sql, how).map_err(QueryError::sql)?;
     let expected = stmt.parameter_count();
     if expected != params.len() {
         return Err(QueryError::ParameterCount {
