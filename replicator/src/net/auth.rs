@@ -11,10 +11,10 @@
 //! ```text
 //! handshake (before any frame)
 //!  dialer -> acceptor   HELLO      40 bytes
-//!    0  magic  "WRLAUTH2" (8)
+//!    0  magic  "WRLAUTH3" (8)
 //!    8  n_d    the dialer's random nonce (32)
 //!  acceptor -> dialer   CHALLENGE  72 bytes
-//!    0  magic  "WRLAUTH2" (8)
+//!    0  magic  "WRLAUTH3" (8)
 //!    8  n_a    the acceptor's random nonce (32)
 //!   40  proof  keyed_hash(P, 0x02 ‖ n_d ‖ n_a) (32)
 //!  dialer -> acceptor   PROOF      32 bytes
@@ -26,16 +26,25 @@
 //!
 //! authenticated stream, each direction (K_da dialer -> acceptor, K_ad back)
 //!  0    frame  exactly as in `wire` (length u32, version, kind, body)
-//!  len  tag    keyed_hash(K_dir, frame ‖ seq u64 BE) (32)
-//!  seq: 0 for the direction's first frame, then +1 per frame
+//!  len  tag    keyed_hash(K_dir, head ‖ hash(rest) ‖ seq u64 BE) (32)
+//!  head: the frame's first 6 bytes (`wire::FRAME_HEADER_BYTES`: length,
+//!        version, kind), or all of a shorter frame
+//!  rest: the frame after head (possibly empty); hash is plain BLAKE3
+//!  seq:  0 for the direction's first frame, then +1 per frame
 //! ```
 //!
-//! The sequence number goes after the frame, not before: BLAKE3 hashes
-//! whole 1 KiB chunks of its input many at a time with SIMD, and a frame
-//! that starts the input is split into whole chunks, where one behind an
-//! 8-byte prefix is not (v1 put it first, and tagging a 4 KiB record
-//! cost twice as much). Version 2's magic keeps v1 and v2 peers from
-//! talking: they refuse each other at the handshake.
+//! The frame's rest is hashed without a key and the key tags only that
+//! digest (with the head and the sequence number), so a sender sending one
+//! log record to several peers hashes the record once, not once per
+//! connection: an Append's rest is exactly its shared record buffer, whose
+//! digest each sending thread keeps for the last record it tagged
+//! ([`Sealer::seal`]). BLAKE3's collision resistance makes the digest
+//! stand for the bytes: a tag over it binds them as a tag over them would.
+//! The receiver's cost is the same as before (one pass over the frame). v1
+//! and v2 tagged the whole frame per connection (v1 with the sequence
+//! number first, which cost BLAKE3 its whole-chunk SIMD path); each
+//! version's magic keeps older peers from talking to newer: they refuse
+//! each other at the handshake.
 //!
 //! keyed_hash and derive_key are BLAKE3's keyed and key-derivation modes;
 //! tags are compared in constant time. The role byte keeps a proof from
@@ -59,7 +68,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-pub const MAGIC: [u8; 8] = *b"WRLAUTH2";
+pub const MAGIC: [u8; 8] = *b"WRLAUTH3";
 pub const NONCE_BYTES: usize = 32;
 /// The tag after every frame of an authenticated stream.
 pub const TAG_BYTES: usize = 32;
@@ -109,20 +118,78 @@ impl std::fmt::Debug for Sealer {
     }
 }
 
-impl Sealer {
-    /// The tag of the next frame, given as its parts in order (header and
-    /// shared record bytes: the frame is never copied to be tagged).
-    pub fn seal(&mut self, parts: &[&[u8]]) -> Bytes {
-        let mut h = blake3::Hasher::new_keyed(&self.key);
-        for p in parts {
-            h.update(p);
+/// Bytes of a frame's head in its tag (the rest goes in as its digest).
+const TAG_HEAD_BYTES: usize = crate::wire::FRAME_HEADER_BYTES;
+
+thread_local! {
+    /// The last shared body this thread tagged and its digest. The clone
+    /// keeps the buffer alive, so a later body at the same address and of
+    /// the same length is the same immutable bytes, never a reused
+    /// allocation.
+    static LAST_BODY: std::cell::RefCell<Option<(Bytes, blake3::Hash)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// BLAKE3 of `body`, from this thread's cache when it tagged the same
+/// buffer last (one log record sent to several peers).
+fn body_digest(body: &Bytes) -> blake3::Hash {
+    if body.is_empty() {
+        // A bare header: nothing to share, and the record stays cached.
+        return blake3::hash(&[]);
+    }
+    LAST_BODY.with(|last| {
+        let mut last = last.borrow_mut();
+        if let Some((cached, digest)) = last.as_ref()
+            && cached.as_ptr() == body.as_ptr()
+            && cached.len() == body.len()
+        {
+            return *digest;
         }
-        h.update(&self.seq.to_be_bytes());
+        let digest = blake3::hash(body);
+        *last = Some((body.clone(), digest));
+        digest
+    })
+}
+
+/// The tag of a frame whose head (its first [`TAG_HEAD_BYTES`]) is `head`
+/// and whose rest hashes to `rest`.
+fn tag(key: &[u8; 32], head: &[u8], rest: &blake3::Hash, seq: u64) -> blake3::Hash {
+    let mut h = blake3::Hasher::new_keyed(key);
+    h.update(head);
+    h.update(rest.as_bytes());
+    h.update(&seq.to_be_bytes());
+    h.finalize()
+}
+
+impl Sealer {
+    /// The tag of the next frame, given as its two parts in order, as the
+    /// transports write them (`wire::encode_parts`: a header, or the whole
+    /// frame, and a shared body): the frame is never copied to be tagged,
+    /// and a body this thread tagged last is not hashed again.
+    pub fn seal(&mut self, head: &[u8], body: &Bytes) -> Bytes {
+        let t = match head.len().cmp(&TAG_HEAD_BYTES) {
+            // The rest is exactly the shared body (an Append's record).
+            std::cmp::Ordering::Equal => tag(&self.key, head, &body_digest(body), self.seq),
+            std::cmp::Ordering::Greater => {
+                let (head, more) = head.split_at(TAG_HEAD_BYTES);
+                let mut rest = blake3::Hasher::new();
+                rest.update(more);
+                rest.update(body);
+                tag(&self.key, head, &rest.finalize(), self.seq)
+            }
+            // A head shorter than the frame header (no transport sends
+            // one): the frame as one buffer, split as the receiver does.
+            std::cmp::Ordering::Less => {
+                let frame = [head, &body[..]].concat();
+                let (head, rest) = frame.split_at(frame.len().min(TAG_HEAD_BYTES));
+                tag(&self.key, head, &blake3::hash(rest), self.seq)
+            }
+        };
         self.seq = self
             .seq
             .checked_add(1)
             .expect("2^64 frames on one connection");
-        Bytes::copy_from_slice(h.finalize().as_bytes())
+        Bytes::copy_from_slice(t.as_bytes())
     }
 }
 
@@ -147,11 +214,10 @@ impl Opener {
     /// Checks `tag` for the next `frame` (constant time); a bad tag is
     /// counted and reported as a refusal, and the stream is unusable after.
     pub fn open(&mut self, frame: &[u8], tag: &[u8]) -> Result<(), AuthError> {
-        let mut h = blake3::Hasher::new_keyed(&self.key);
-        h.update(frame);
-        h.update(&self.seq.to_be_bytes());
+        let (head, rest) = frame.split_at(frame.len().min(TAG_HEAD_BYTES));
+        let expected = self::tag(&self.key, head, &blake3::hash(rest), self.seq);
         // blake3::Hash's comparison with a slice is constant-time.
-        if h.finalize() != *tag {
+        if expected != *tag {
             let e = AuthError::BadTag { seq: self.seq };
             self.auth.refused("frame from", self.peer, &e);
             return Err(e);

@@ -129,17 +129,43 @@ fn sealed_pair() -> (Sealer, Opener, Arc<Auth>) {
     (seal, open, auth)
 }
 
-/// `frames` sealed in order, each followed by its tag.
+/// `frames` sealed in order as the transports seal them (from their two
+/// parts), each followed by its tag.
 fn sealed(seal: &mut Sealer, frames: &[Message]) -> Vec<Vec<u8>> {
     frames
         .iter()
         .map(|m| {
-            let frame = m.encode().expect("encode");
-            let mut out = frame.to_vec();
-            out.extend_from_slice(&seal.seal(&[&frame[..]]));
+            let (head, body) = crate::wire::encode_parts(m).expect("encode");
+            let mut out = [&head[..], &body[..]].concat();
+            assert_eq!(
+                out,
+                m.encode().expect("encode")[..],
+                "the parts are the frame"
+            );
+            out.extend_from_slice(&seal.seal(&head, &body));
             out
         })
         .collect()
+}
+
+/// An Append of a record of `pages` 4 KiB page images filled with `fill`.
+fn append(pages: u32, fill: u8) -> Message {
+    let b = |s| Bookmark::new(Epoch(1), Sequence(s));
+    Message::Append(
+        crate::record::Record {
+            bookmark: b(u64::from(fill) + 1),
+            previous: b(u64::from(fill)),
+            prev_chain: crate::chain::ChainHash::GENESIS,
+            commit_us: 0,
+            page_size: 4096,
+            db_pages: pages,
+            pages: (1..=pages)
+                .map(|p| (p, Bytes::from(vec![fill; 4096])))
+                .collect(),
+        }
+        .to_encoded()
+        .expect("valid record"),
+    )
 }
 
 /// What `split_frames` delivers from `stream` before it stops, and whether
@@ -523,4 +549,81 @@ fn a_peer_trickling_its_hello_is_refused_at_the_handshake_deadline_not_later() {
     }
     let after = refused_after.expect("the trickling peer was never refused");
     assert!(after < HANDSHAKE_TIMEOUT * 2, "held for {after:?}");
+}
+
+#[test]
+fn one_record_sealed_for_several_connections_opens_on_each() {
+    // The same shared record buffer tagged on three connections in turn
+    // (its digest computed once per thread), then another record.
+    let session_key = |k: u8| [k; 32];
+    let mut seals: Vec<Sealer> = (1..=3)
+        .map(|k| Sealer {
+            key: session_key(k),
+            seq: 0,
+        })
+        .collect();
+    let auth = Auth::new(Some(key(1)));
+    let mut opens: Vec<Opener> = (1..=3)
+        .map(|k| Opener {
+            key: session_key(k),
+            seq: 0,
+            auth: Arc::clone(&auth),
+            peer: local(),
+        })
+        .collect();
+    let records = [append(2, 1), append(2, 2), append(1, 3)];
+    let mut streams = vec![Vec::new(); 3];
+    for m in &records {
+        for (seal, stream) in seals.iter_mut().zip(&mut streams) {
+            stream.extend(sealed(seal, std::slice::from_ref(m)).concat());
+        }
+    }
+    for (open, stream) in opens.iter_mut().zip(&streams) {
+        assert_eq!(deliver(open, stream), (records.to_vec(), false));
+    }
+    // Each connection's tags are its own: one stream opened with another
+    // connection's key is refused at its first frame.
+    let mut wrong = Opener {
+        key: session_key(2),
+        seq: 0,
+        auth: Arc::clone(&auth),
+        peer: local(),
+    };
+    assert_eq!(deliver(&mut wrong, &streams[0]), (vec![], true));
+    assert_eq!(auth.refusals(), 1);
+}
+
+#[test]
+fn a_tampered_record_byte_is_refused() {
+    let (mut seal, mut open, auth) = sealed_pair();
+    let mut wire = sealed(&mut seal, &[append(2, 1), append(2, 2)]);
+    let middle = wire[1].len() / 2;
+    wire[1][middle] ^= 0x80; // a byte of the second record's page
+    assert_eq!(
+        deliver(&mut open, &wire.concat()),
+        (vec![append(2, 1)], true)
+    );
+    assert_eq!(auth.refusals(), 1);
+}
+
+#[test]
+fn a_frame_sealed_from_its_parts_or_whole_gets_the_same_tag() {
+    let (mut by_parts, _, _) = sealed_pair();
+    let (mut whole, _, _) = sealed_pair();
+    for m in [append(1, 9), ack(4)] {
+        let (head, body) = crate::wire::encode_parts(&m).expect("encode");
+        let frame = m.encode().expect("encode");
+        assert_eq!(
+            by_parts.seal(&head, &body),
+            whole.seal(&frame, &Bytes::new()),
+            "{m:?}"
+        );
+        // And from a head shorter than the frame header.
+        let (mut short, _, _) = sealed_pair();
+        let (mut reference, _, _) = sealed_pair();
+        assert_eq!(
+            short.seal(&frame[..3], &frame.slice(3..)),
+            reference.seal(&frame, &Bytes::new())
+        );
+    }
 }

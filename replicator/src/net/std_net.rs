@@ -211,10 +211,7 @@ fn write_loop(state: &ConnState, mut stream: TcpStream, mut seal: Option<Sealer>
         };
         let queued: u64 = batch.iter().flatten().map(|p| p.len() as u64).sum();
         let tags: Vec<Bytes> = match &mut seal {
-            Some(seal) => batch
-                .iter()
-                .map(|[h, b]| seal.seal(&[&h[..], &b[..]]))
-                .collect(),
+            Some(seal) => batch.iter().map(|[h, b]| seal.seal(h, b)).collect(),
             None => Vec::new(),
         };
         let mut parts: Vec<&[u8]> = Vec::with_capacity(batch.len() * 3);

@@ -103,7 +103,7 @@ impl Outlet {
         let tag = s
             .seal
             .as_mut()
-            .map(|seal| seal.seal(&[&head[..], &body[..]]))
+            .map(|seal| seal.seal(&head, &body))
             .unwrap_or_default();
         let mut parts = [head, body, tag];
         if direct && !s.ring_owns {
