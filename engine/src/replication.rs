@@ -48,9 +48,13 @@ pub struct PrimaryConfig {
     pub max_unconfirmed_bytes: usize,
     /// How long to wait for W followers to promise an epoch at start.
     pub election_timeout_ms: u64,
-    /// Followers streamed every record as it commits (None: W, the thrifty
-    /// fan-out; the others get batches every `lazy_flush_interval_us`, see
-    /// [`walrelay_replicator::leader::FanOut`]; N: all of them at once).
+    /// Followers streamed every record as it commits (None: all N of
+    /// them; W: the thrifty fan-out, the others getting batches every
+    /// `lazy_flush_interval_us`, see [`walrelay_replicator::leader::FanOut`]).
+    /// All by default: a commit then waits for the W-th fastest of N, so
+    /// one follower's hiccup, or a lazy follower's batch landing beside
+    /// a commit, does not reach its latency (the thrifty fan-out's 1-session
+    /// p99 was 2.3-3.6x all's; papers/performance.md, lever 55).
     pub eager_followers: Option<usize>,
     /// How often the other followers get their batch (and how long an eager
     /// follower may leave a record unacknowledged before one of them takes
@@ -411,7 +415,7 @@ impl ReplicatedPrimary {
             heartbeat_interval_ms: 50,
             redial_interval_ms: 100,
             fan_out: FanOut {
-                eager: config.eager_followers.unwrap_or(config.write_quorum),
+                eager: config.eager_followers.unwrap_or(config.followers.len()),
                 lazy_flush_interval_us: config.lazy_flush_interval_us,
                 ..FanOut::thrifty(config.write_quorum)
             },

@@ -65,7 +65,7 @@ pub struct UpArgs {
     )]
     pub confirm_timeout_ms: u64,
     /// The primary's `--eager-followers`: how many followers get each
-    /// record at once (default W; the others get batches).
+    /// record at once (default all; fewer, and the others get batches).
     #[arg(long)]
     pub eager_followers: Option<usize>,
 
