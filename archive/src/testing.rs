@@ -212,6 +212,17 @@ impl Source for MemSource {
         l.read_bytes += bytes as u64;
         Ok(out)
     }
+    fn confirmed_bytes_after(&self, after: Bookmark) -> Result<u64, SourceError> {
+        let l = self.inner.lock();
+        if after < l.start {
+            return Err(format!("released: {after} < {}", l.start).into());
+        }
+        Ok(l.records
+            .iter()
+            .filter(|r| r.bookmark > after && r.bookmark <= l.confirmed)
+            .map(|r| r.bytes.len() as u64)
+            .sum())
+    }
     fn disk_bytes(&self) -> u64 {
         self.inner
             .lock()

@@ -36,6 +36,9 @@ impl Source for NodeSource {
     ) -> Result<Vec<bytes::Bytes>, SourceError> {
         Ok(self.0.read_confirmed(after, max_bytes)?)
     }
+    fn confirmed_bytes_after(&self, after: Bookmark) -> Result<u64, SourceError> {
+        Ok(self.0.confirmed_bytes_after(after)?)
+    }
     fn disk_bytes(&self) -> u64 {
         self.0.disk_bytes()
     }
@@ -70,6 +73,9 @@ impl Source for DbSource {
         max_bytes: usize,
     ) -> Result<Vec<bytes::Bytes>, SourceError> {
         Ok(self.0.read_confirmed(after, max_bytes)?)
+    }
+    fn confirmed_bytes_after(&self, after: Bookmark) -> Result<u64, SourceError> {
+        Ok(self.0.confirmed_bytes_after(after)?)
     }
     fn disk_bytes(&self) -> u64 {
         self.0.disk_bytes().unwrap_or(0)

@@ -662,6 +662,29 @@ impl SegmentLog {
         self.plan_batch(after, upto, max_bytes)?.read()
     }
 
+    /// Bytes of the durable records after `after` up to `upto`, from the
+    /// index (no I/O). [`SegmentError::Released`] if `after` is before
+    /// the log's start.
+    pub fn bytes_between(&self, after: Bookmark, upto: Bookmark) -> Result<u64, SegmentError> {
+        if after < self.base {
+            return Err(SegmentError::Released {
+                after,
+                start: self.base,
+            });
+        }
+        let start = self.entries.partition_point(|e| e.bookmark <= after);
+        let end = self
+            .entries
+            .partition_point(|e| e.bookmark <= self.durable.min(upto));
+        Ok(self
+            .entries
+            .get(start..end)
+            .unwrap_or_default()
+            .iter()
+            .map(|e| e.len)
+            .sum())
+    }
+
     /// Where the batch `read_batch` would return lies, to be read later
     /// ([`ReadPlan::read`]) without the log: a caller holding the log
     /// under a lock reads outside it. The plan stays valid as long as its

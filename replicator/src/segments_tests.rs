@@ -249,6 +249,14 @@ fn appended_records_survive_reopen_across_segments() {
         let after = log.read_after(b(6)).expect("catch up");
         assert_eq!(after.len(), 4);
         assert_eq!(after[0], rec(7));
+        // Sized from the index, as read.
+        let read: u64 = after.iter().map(|r| r.len() as u64).sum();
+        assert_eq!(log.bytes_between(b(6), b(10)).expect("size"), read);
+        assert_eq!(
+            log.bytes_between(b(6), b(8)).expect("size"),
+            2 * rec(7).len() as u64
+        );
+        assert_eq!(log.bytes_between(b(10), b(10)).expect("size"), 0);
     }
 }
 

@@ -59,6 +59,10 @@ pub trait Source: Send + Sync {
     /// Encoded confirmed records after `after`, up to about `max_bytes`
     /// (at least one if there is one).
     fn read_confirmed(&self, after: Bookmark, max_bytes: usize) -> Result<Vec<Bytes>, SourceError>;
+    /// Bytes of the confirmed records after `after`, from the log's index
+    /// alone: nothing is read from disk (a round that is not due asks
+    /// only this, see `upload`).
+    fn confirmed_bytes_after(&self, after: Bookmark) -> Result<u64, SourceError>;
     /// Bytes of log on local disk.
     fn disk_bytes(&self) -> u64;
     /// The newest point up to which releasing still keeps at least
@@ -171,9 +175,9 @@ pub struct Archiver {
     /// When garbage was last swept (µs); sweeps list whole prefixes, so
     /// they run at most once per `SWEEP_EVERY_US`.
     last_sweep_us: u64,
-    /// What earlier rounds learnt of the unarchived tail, so a round that
-    /// is not due reads only the records new since the last one.
-    tail: Option<upload::TailScan>,
+    /// The unarchived tail's first record, once read, so a round that is
+    /// not due reads nothing.
+    tail: Option<upload::TailStart>,
     /// Set when the process stops (see [`Archiver::stopping_flag`]).
     stopping: Arc<AtomicBool>,
 }

@@ -114,47 +114,38 @@ impl Archiver {
     }
 
     /// Whether the unarchived tail after `after` is due for upload (old
-    /// enough or large enough), also setting the lag gauges. Reads only
-    /// what earlier rounds have not scanned, and at most up to the size
-    /// threshold: a round that is not due costs the records new since the
-    /// last round, not the whole tail again (with every follower of a
-    /// host on the same timer, whole-tail rescans came as bursts that
-    /// delayed commits).
+    /// enough or large enough), also setting the lag gauges. A round that
+    /// is not due reads nothing from disk: the tail's size comes from the
+    /// log's index ([`Source::confirmed_bytes_after`]) and its age from
+    /// its first record, read once per archived end. A follower writes its
+    /// log with `O_DIRECT`, so any record read here is a disk read, and
+    /// with every follower's uploader on the same timer, reading the new
+    /// records each round came as bursts of reads on the followers' disks
+    /// that delayed the quorum's writes (papers/performance.md, lever 56).
     fn tail_due(&mut self, source: &dyn Source, after: Bookmark) -> Result<bool, ArchiveError> {
         let max_bytes = self.config.max_lag_bytes * self.patience();
-        let mut scan = match self.tail.take() {
-            Some(t) if t.from == after => t,
-            _ => TailScan {
-                from: after,
-                to: after,
-                bytes: 0,
-                first_commit_us: None,
+        let first_commit_us = match self.tail {
+            Some(t) if t.from == after => t.first_commit_us,
+            _ => match read_records(source, after, 1)?.first() {
+                Some(e) => e.commit_us(),
+                None => {
+                    self.stats.lag_bytes.store(0, Ordering::Relaxed);
+                    self.stats.lag_ms.store(0, Ordering::Relaxed);
+                    return Ok(false);
+                }
             },
         };
-        // At least the first record (its age), then up to the threshold.
-        while scan.first_commit_us.is_none() || scan.bytes < max_bytes {
-            let want = max_bytes
-                .saturating_sub(scan.bytes)
-                .clamp(1, self.config.object_bytes.max(1));
-            let got = read_records(source, scan.to, want)?;
-            if got.is_empty() {
-                break;
-            }
-            for e in got {
-                scan.first_commit_us.get_or_insert(e.commit_us());
-                scan.bytes += e.bytes.len() as u64;
-                scan.to = e.bookmark;
-            }
-        }
-        let age_ms = scan
-            .first_commit_us
-            .map_or(0, |us| now_us().saturating_sub(us) / 1000);
-        self.stats.lag_bytes.store(scan.bytes, Ordering::Relaxed);
+        self.tail = Some(TailStart {
+            from: after,
+            first_commit_us,
+        });
+        let bytes = source
+            .confirmed_bytes_after(after)
+            .map_err(ArchiveError::Source)?;
+        let age_ms = now_us().saturating_sub(first_commit_us) / 1000;
+        self.stats.lag_bytes.store(bytes, Ordering::Relaxed);
         self.stats.lag_ms.store(age_ms, Ordering::Relaxed);
-        let due = scan.first_commit_us.is_some()
-            && (age_ms >= self.config.max_lag_ms * self.patience() || scan.bytes >= max_bytes);
-        self.tail = Some(scan);
-        Ok(due)
+        Ok(age_ms >= self.config.max_lag_ms * self.patience() || bytes >= max_bytes)
     }
 
     /// The next object's records after `after`: about `object_bytes`,
@@ -218,12 +209,10 @@ fn read_records(
         .collect()
 }
 
-/// The unarchived tail as far as rounds have read it: records after
-/// `from` through `to`, their size, and the first one's commit time.
-#[derive(Debug)]
-pub(super) struct TailScan {
+/// The unarchived tail's first record: the archived end it follows and
+/// its commit time.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct TailStart {
     from: Bookmark,
-    to: Bookmark,
-    bytes: u64,
-    first_commit_us: Option<u64>,
+    first_commit_us: u64,
 }

@@ -234,6 +234,15 @@ impl FollowerNode {
         Ok(records)
     }
 
+    /// Bytes of the records after `after` up to the confirmed position,
+    /// from the log's index (no I/O). [`SegmentError::Released`] if
+    /// `after` is before the log's start.
+    pub fn confirmed_bytes_after(&self, after: Bookmark) -> Result<u64, SegmentError> {
+        let core = self.state.core.lock();
+        let upto = core.follower.confirmed();
+        core.log.bytes_between(after, upto)
+    }
+
     /// Where the log starts (the last released record; ZERO if nothing
     /// was ever released).
     pub fn log_start(&self) -> Bookmark {

@@ -397,6 +397,15 @@ impl FollowerDb {
         self.peek(|_| None, |c| c.broken.clone())
     }
 
+    /// Bytes of the records after `after` up to the confirmed position,
+    /// from the log's index (no I/O).
+    pub fn confirmed_bytes_after(&self, after: Bookmark) -> Result<u64, DbError> {
+        Ok(self.with(|_, core| {
+            let upto = core.follower.confirmed();
+            core.log.bytes_between(after, upto)
+        })??)
+    }
+
     /// The encoded records after `after` up to the confirmed position,
     /// about `max_bytes` of them, read without holding the database's lock
     /// (sound for the reasons `node::follower` gives).

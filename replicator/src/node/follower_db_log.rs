@@ -80,6 +80,13 @@ impl HostedLog {
     ) -> Result<ReadPlan, SegmentError> {
         both!(self, l => l.plan_batch(after, upto, max_bytes))
     }
+    pub(super) fn bytes_between(
+        &self,
+        after: Bookmark,
+        upto: Bookmark,
+    ) -> Result<u64, SegmentError> {
+        both!(self, l => l.bytes_between(after, upto))
+    }
     pub(super) fn read_batch(
         &self,
         after: Bookmark,

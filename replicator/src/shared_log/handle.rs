@@ -211,6 +211,30 @@ impl DbLog {
         })
     }
 
+    /// Bytes of this database's durable records after `after` up to
+    /// `upto`, from the index (no I/O).
+    pub fn bytes_between(&self, after: Bookmark, upto: Bookmark) -> Result<u64, SegmentError> {
+        let mut inner = self.lock();
+        let idx = inner.db(self.id);
+        if after < idx.base {
+            return Err(SegmentError::Released {
+                after,
+                start: idx.base,
+            });
+        }
+        let start = idx.entries.partition_point(|e| e.bookmark <= after);
+        let end = idx
+            .entries
+            .partition_point(|e| e.bookmark <= idx.durable.min(upto));
+        Ok(idx
+            .entries
+            .get(start..end)
+            .unwrap_or_default()
+            .iter()
+            .map(|e| e.loc.payload().1)
+            .sum())
+    }
+
     /// Where the durable records after `after` up to `upto` (about
     /// `max_bytes`, at least one) are, to be read later without the log.
     /// The plan is valid until the segments holding them are compacted or

@@ -235,6 +235,23 @@ fn catch_up_reads_in_bounded_batches_return_the_same_bytes() {
             .len(),
         10
     );
+    // The index alone sizes a span, the other database's records aside.
+    let size = |from: usize, to: usize| -> u64 {
+        a.records[from..to]
+            .iter()
+            .map(|r| r.bytes.len() as u64)
+            .sum()
+    };
+    assert_eq!(
+        db.bytes_between(Bookmark::ZERO, upto).expect("size"),
+        size(0, 10)
+    );
+    assert_eq!(
+        db.bytes_between(a.records[4].bookmark, a.end().0)
+            .expect("size"),
+        size(5, a.records.len())
+    );
+    assert_eq!(db.bytes_between(a.end().0, a.end().0).expect("size"), 0);
 }
 
 #[test]
