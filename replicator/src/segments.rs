@@ -666,6 +666,12 @@ impl SegmentLog {
     /// index (no I/O). [`SegmentError::Released`] if `after` is before
     /// the log's start.
     pub fn bytes_between(&self, after: Bookmark, upto: Bookmark) -> Result<u64, SegmentError> {
+        Ok(self.durable_span(after, upto)?.iter().map(|e| e.len).sum())
+    }
+
+    /// The index entries of the durable records after `after` up to
+    /// `upto`; [`SegmentError::Released`] if `after` is before the start.
+    fn durable_span(&self, after: Bookmark, upto: Bookmark) -> Result<&[Entry], SegmentError> {
         if after < self.base {
             return Err(SegmentError::Released {
                 after,
@@ -676,13 +682,7 @@ impl SegmentLog {
         let end = self
             .entries
             .partition_point(|e| e.bookmark <= self.durable.min(upto));
-        Ok(self
-            .entries
-            .get(start..end)
-            .unwrap_or_default()
-            .iter()
-            .map(|e| e.len)
-            .sum())
+        Ok(self.entries.get(start..end).unwrap_or_default())
     }
 
     /// Where the batch `read_batch` would return lies, to be read later
@@ -697,21 +697,12 @@ impl SegmentLog {
         upto: Bookmark,
         max_bytes: usize,
     ) -> Result<ReadPlan, SegmentError> {
-        if after < self.base {
-            return Err(SegmentError::Released {
-                after,
-                start: self.base,
-            });
-        }
-        let start = self.entries.partition_point(|e| e.bookmark <= after);
-        let end = self
-            .entries
-            .partition_point(|e| e.bookmark <= self.durable.min(upto));
+        let span = self.durable_span(after, upto)?;
         // Choose the batch first (at least one record), then read each
         // segment's share with one read and slice the records out of it.
         let mut chosen = 0usize;
         let mut bytes = 0usize;
-        for e in self.entries.get(start..end).unwrap_or_default() {
+        for e in span {
             if chosen > 0 && bytes.saturating_add(e.len as usize) > max_bytes {
                 break;
             }
@@ -720,7 +711,7 @@ impl SegmentLog {
         }
         Ok(ReadPlan {
             dir: self.dir.clone(),
-            entries: self.entries[start..start + chosen].to_vec(),
+            entries: span[..chosen].to_vec(),
         })
     }
 }

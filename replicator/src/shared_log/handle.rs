@@ -2,7 +2,7 @@
 //! for that database only.
 
 use super::format::{self, Kind};
-use super::index::DbIndex;
+use super::index::{DbIndex, RecEntry};
 use super::{Inner, SharedLog};
 use crate::bookmark::Bookmark;
 use crate::chain::ChainHash;
@@ -215,24 +215,8 @@ impl DbLog {
     /// `upto`, from the index (no I/O).
     pub fn bytes_between(&self, after: Bookmark, upto: Bookmark) -> Result<u64, SegmentError> {
         let mut inner = self.lock();
-        let idx = inner.db(self.id);
-        if after < idx.base {
-            return Err(SegmentError::Released {
-                after,
-                start: idx.base,
-            });
-        }
-        let start = idx.entries.partition_point(|e| e.bookmark <= after);
-        let end = idx
-            .entries
-            .partition_point(|e| e.bookmark <= idx.durable.min(upto));
-        Ok(idx
-            .entries
-            .get(start..end)
-            .unwrap_or_default()
-            .iter()
-            .map(|e| e.loc.payload().1)
-            .sum())
+        let span = durable_span(inner.db(self.id), after, upto)?;
+        Ok(span.iter().map(|e| e.loc.payload().1).sum())
     }
 
     /// Where the durable records after `after` up to `upto` (about
@@ -258,20 +242,10 @@ impl DbLog {
         max_bytes: usize,
     ) -> Result<ReadPlan, SegmentError> {
         let dir = inner.dir.clone();
-        let idx = inner.db(self.id);
-        if after < idx.base {
-            return Err(SegmentError::Released {
-                after,
-                start: idx.base,
-            });
-        }
-        let start = idx.entries.partition_point(|e| e.bookmark <= after);
-        let end = idx
-            .entries
-            .partition_point(|e| e.bookmark <= idx.durable.min(upto));
+        let span = durable_span(inner.db(self.id), after, upto)?;
         let mut chosen = 0usize;
         let mut bytes = 0usize;
-        for e in idx.entries.get(start..end).unwrap_or_default() {
+        for e in span {
             let len = e.loc.payload().1 as usize;
             if chosen > 0 && bytes.saturating_add(len) > max_bytes {
                 break;
@@ -279,7 +253,7 @@ impl DbLog {
             bytes += len;
             chosen += 1;
         }
-        let parts = idx.entries[start..start + chosen].iter().map(|e| {
+        let parts = span[..chosen].iter().map(|e| {
             let (offset, len) = e.loc.payload();
             (e.bookmark, e.chain, e.loc.segment, offset, len)
         });
@@ -310,4 +284,24 @@ impl DbLog {
             usize::MAX,
         )
     }
+}
+
+/// A database's index entries for its durable records after `after` up
+/// to `upto`; [`SegmentError::Released`] if `after` is before its start.
+fn durable_span(
+    idx: &DbIndex,
+    after: Bookmark,
+    upto: Bookmark,
+) -> Result<&[RecEntry], SegmentError> {
+    if after < idx.base {
+        return Err(SegmentError::Released {
+            after,
+            start: idx.base,
+        });
+    }
+    let start = idx.entries.partition_point(|e| e.bookmark <= after);
+    let end = idx
+        .entries
+        .partition_point(|e| e.bookmark <= idx.durable.min(upto));
+    Ok(idx.entries.get(start..end).unwrap_or_default())
 }
