@@ -150,6 +150,25 @@ struct MemLog {
     read_bytes: u64,
 }
 
+impl MemLog {
+    /// The confirmed records after `after` up to `upto`; an error if
+    /// `after` was released.
+    fn confirmed_between(
+        &self,
+        after: Bookmark,
+        upto: Bookmark,
+    ) -> Result<impl Iterator<Item = &Encoded>, SourceError> {
+        if after < self.start {
+            return Err(format!("released: {after} < {}", self.start).into());
+        }
+        let upto = upto.min(self.confirmed);
+        Ok(self
+            .records
+            .iter()
+            .filter(move |r| r.bookmark > after && r.bookmark <= upto))
+    }
+}
+
 impl MemSource {
     pub fn new(epoch: Epoch) -> MemSource {
         let s = MemSource::default();
@@ -193,16 +212,9 @@ impl Source for MemSource {
     }
     fn read_confirmed(&self, after: Bookmark, max_bytes: usize) -> Result<Vec<Bytes>, SourceError> {
         let mut l = self.inner.lock();
-        if after < l.start {
-            return Err(format!("released: {after} < {}", l.start).into());
-        }
         let mut out = Vec::new();
         let mut bytes = 0;
-        for r in l
-            .records
-            .iter()
-            .filter(|r| r.bookmark > after && r.bookmark <= l.confirmed)
-        {
+        for r in l.confirmed_between(after, l.confirmed)? {
             if !out.is_empty() && bytes + r.bytes.len() > max_bytes {
                 break;
             }
@@ -212,14 +224,9 @@ impl Source for MemSource {
         l.read_bytes += bytes as u64;
         Ok(out)
     }
-    fn confirmed_bytes_after(&self, after: Bookmark) -> Result<u64, SourceError> {
+    fn confirmed_bytes_between(&self, after: Bookmark, upto: Bookmark) -> Result<u64, SourceError> {
         let l = self.inner.lock();
-        if after < l.start {
-            return Err(format!("released: {after} < {}", l.start).into());
-        }
-        Ok(l.records
-            .iter()
-            .filter(|r| r.bookmark > after && r.bookmark <= l.confirmed)
+        Ok(l.confirmed_between(after, upto)?
             .map(|r| r.bytes.len() as u64)
             .sum())
     }

@@ -36,8 +36,8 @@ impl Source for NodeSource {
     ) -> Result<Vec<bytes::Bytes>, SourceError> {
         Ok(self.0.read_confirmed(after, max_bytes)?)
     }
-    fn confirmed_bytes_after(&self, after: Bookmark) -> Result<u64, SourceError> {
-        Ok(self.0.confirmed_bytes_after(after)?)
+    fn confirmed_bytes_between(&self, after: Bookmark, upto: Bookmark) -> Result<u64, SourceError> {
+        Ok(self.0.confirmed_bytes_between(after, upto)?)
     }
     fn disk_bytes(&self) -> u64 {
         self.0.disk_bytes()
@@ -74,8 +74,8 @@ impl Source for DbSource {
     ) -> Result<Vec<bytes::Bytes>, SourceError> {
         Ok(self.0.read_confirmed(after, max_bytes)?)
     }
-    fn confirmed_bytes_after(&self, after: Bookmark) -> Result<u64, SourceError> {
-        Ok(self.0.confirmed_bytes_after(after)?)
+    fn confirmed_bytes_between(&self, after: Bookmark, upto: Bookmark) -> Result<u64, SourceError> {
+        Ok(self.0.confirmed_bytes_between(after, upto)?)
     }
     fn disk_bytes(&self) -> u64 {
         self.0.disk_bytes().unwrap_or(0)

@@ -59,10 +59,11 @@ pub trait Source: Send + Sync {
     /// Encoded confirmed records after `after`, up to about `max_bytes`
     /// (at least one if there is one).
     fn read_confirmed(&self, after: Bookmark, max_bytes: usize) -> Result<Vec<Bytes>, SourceError>;
-    /// Bytes of the confirmed records after `after`, from the log's index
-    /// alone: nothing is read from disk (a round that is not due asks
-    /// only this, see `upload`).
-    fn confirmed_bytes_after(&self, after: Bookmark) -> Result<u64, SourceError>;
+    /// Bytes of the confirmed records after `after` up to `upto`, from the
+    /// log's index alone: nothing is read from disk (a round that is not
+    /// due asks only this, for the records new since the last round; see
+    /// `upload`).
+    fn confirmed_bytes_between(&self, after: Bookmark, upto: Bookmark) -> Result<u64, SourceError>;
     /// Bytes of log on local disk.
     fn disk_bytes(&self) -> u64;
     /// The newest point up to which releasing still keeps at least

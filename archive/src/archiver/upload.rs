@@ -116,18 +116,25 @@ impl Archiver {
     /// Whether the unarchived tail after `after` is due for upload (old
     /// enough or large enough), also setting the lag gauges. A round that
     /// is not due reads nothing from disk: the tail's size comes from the
-    /// log's index ([`Source::confirmed_bytes_after`]) and its age from
-    /// its first record, read once per archived end. A follower writes its
+    /// log's index ([`Source::confirmed_bytes_between`], for the records
+    /// confirmed since the last round, the index being walked under the
+    /// follower's lock) and its age from its first record, read once per
+    /// archived end. A follower writes its
     /// log with `O_DIRECT`, so any record read here is a disk read, and
     /// with every follower's uploader on the same timer, reading the new
     /// records each round came as bursts of reads on the followers' disks
     /// that delayed the quorum's writes (papers/performance.md, lever 56).
     fn tail_due(&mut self, source: &dyn Source, after: Bookmark) -> Result<bool, ArchiveError> {
         let max_bytes = self.config.max_lag_bytes * self.patience();
-        let first_commit_us = match self.tail {
-            Some(t) if t.from == after => t.first_commit_us,
+        let mut tail = match self.tail {
+            Some(t) if t.from == after => t,
             _ => match read_records(source, after, 1)?.first() {
-                Some(e) => e.commit_us(),
+                Some(e) => TailStart {
+                    from: after,
+                    first_commit_us: e.commit_us(),
+                    counted_to: after,
+                    bytes: 0,
+                },
                 None => {
                     self.stats.lag_bytes.store(0, Ordering::Relaxed);
                     self.stats.lag_ms.store(0, Ordering::Relaxed);
@@ -135,17 +142,18 @@ impl Archiver {
                 }
             },
         };
-        self.tail = Some(TailStart {
-            from: after,
-            first_commit_us,
-        });
-        let bytes = source
-            .confirmed_bytes_after(after)
-            .map_err(ArchiveError::Source)?;
-        let age_ms = now_us().saturating_sub(first_commit_us) / 1000;
-        self.stats.lag_bytes.store(bytes, Ordering::Relaxed);
+        let confirmed = source.confirmed();
+        if confirmed > tail.counted_to {
+            tail.bytes += source
+                .confirmed_bytes_between(tail.counted_to, confirmed)
+                .map_err(ArchiveError::Source)?;
+            tail.counted_to = confirmed;
+        }
+        self.tail = Some(tail);
+        let age_ms = now_us().saturating_sub(tail.first_commit_us) / 1000;
+        self.stats.lag_bytes.store(tail.bytes, Ordering::Relaxed);
         self.stats.lag_ms.store(age_ms, Ordering::Relaxed);
-        Ok(age_ms >= self.config.max_lag_ms * self.patience() || bytes >= max_bytes)
+        Ok(age_ms >= self.config.max_lag_ms * self.patience() || tail.bytes >= max_bytes)
     }
 
     /// The next object's records after `after`: about `object_bytes`,
@@ -209,10 +217,13 @@ fn read_records(
         .collect()
 }
 
-/// The unarchived tail's first record: the archived end it follows and
-/// its commit time.
+/// The unarchived tail as earlier rounds sized it: the archived end it
+/// follows, its first record's commit time, and the bytes of its records
+/// up to `counted_to`.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct TailStart {
     from: Bookmark,
     first_commit_us: u64,
+    counted_to: Bookmark,
+    bytes: u64,
 }

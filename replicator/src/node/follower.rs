@@ -234,12 +234,16 @@ impl FollowerNode {
         Ok(records)
     }
 
-    /// Bytes of the records after `after` up to the confirmed position,
-    /// from the log's index (no I/O). [`SegmentError::Released`] if
-    /// `after` is before the log's start.
-    pub fn confirmed_bytes_after(&self, after: Bookmark) -> Result<u64, SegmentError> {
+    /// Bytes of the records after `after` up to `upto`, at most to the
+    /// confirmed position, from the log's index (no I/O).
+    /// [`SegmentError::Released`] if `after` is before the log's start.
+    pub fn confirmed_bytes_between(
+        &self,
+        after: Bookmark,
+        upto: Bookmark,
+    ) -> Result<u64, SegmentError> {
         let core = self.state.core.lock();
-        let upto = core.follower.confirmed();
+        let upto = upto.min(core.follower.confirmed());
         core.log.bytes_between(after, upto)
     }
 

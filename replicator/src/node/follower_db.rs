@@ -397,11 +397,11 @@ impl FollowerDb {
         self.peek(|_| None, |c| c.broken.clone())
     }
 
-    /// Bytes of the records after `after` up to the confirmed position,
-    /// from the log's index (no I/O).
-    pub fn confirmed_bytes_after(&self, after: Bookmark) -> Result<u64, DbError> {
+    /// Bytes of the records after `after` up to `upto`, at most to the
+    /// confirmed position, from the log's index (no I/O).
+    pub fn confirmed_bytes_between(&self, after: Bookmark, upto: Bookmark) -> Result<u64, DbError> {
         Ok(self.with(|_, core| {
-            let upto = core.follower.confirmed();
+            let upto = upto.min(core.follower.confirmed());
             core.log.bytes_between(after, upto)
         })??)
     }
