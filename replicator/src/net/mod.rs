@@ -83,6 +83,14 @@ pub trait Transport: Send + Sync {
     /// handler on the caller's thread, so callers may hold their own locks
     /// (which the handler also takes) while calling them.
     fn send(&self, conn: ConnId, message: &Message);
+    /// Sends each message to its connection, as [`Transport::send`] would
+    /// one after another. A transport may write them all with one system
+    /// call (a record's Appends to every peer).
+    fn send_many(&self, sends: &[(ConnId, &Message)]) {
+        for (conn, message) in sends {
+            self.send(*conn, message);
+        }
+    }
     fn close(&self, conn: ConnId);
     /// "std" or "io_uring".
     fn backend(&self) -> &'static str;

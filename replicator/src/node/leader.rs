@@ -515,9 +515,24 @@ impl State {
     fn run(&self, core: &Core, actions: Vec<LeaderAction>) {
         self.unconfirmed_bytes
             .store(core.leader.unconfirmed_bytes(), Ordering::Release);
+        // Sends in a row go out together (one system call where the
+        // transport can), before whatever action follows them.
+        let mut sends: Vec<(ConnId, Message)> = Vec::new();
+        let flush = |sends: &mut Vec<(ConnId, Message)>| {
+            if !sends.is_empty() {
+                let batch: Vec<(ConnId, &Message)> = sends.iter().map(|(c, m)| (*c, m)).collect();
+                self.transport().send_many(&batch);
+                sends.clear();
+            }
+        };
         for action in actions {
+            if let LeaderAction::Send { peer, message } = action {
+                sends.push((peer.0, message));
+                continue;
+            }
+            flush(&mut sends);
             match action {
-                LeaderAction::Send { peer, message } => self.transport().send(peer.0, &message),
+                LeaderAction::Send { .. } => unreachable!("sends are batched above"),
                 LeaderAction::Confirmed(b) => {
                     let woken = {
                         let mut w = self.watch.lock();
@@ -545,6 +560,7 @@ impl State {
                 }
             }
         }
+        flush(&mut sends);
     }
 }
 

@@ -7,7 +7,8 @@
 //! on a socket pair the ring always has a recv on); `send` writes the
 //! frame into the socket itself with one non-blocking `sendmsg` when the
 //! ring has nothing of that connection's to send, and posts it otherwise
-//! (see [`outlet`]). Accepting and dialing are blocking, on their own
+//! (see [`outlet`]); `send_many` writes frames to several connections
+//! that way with one system call (see [`batch`]). Accepting and dialing are blocking, on their own
 //! threads as in [`super::std_net`]; the socket is then handed to the ring.
 //!
 //! Each connection keeps one recv outstanding into its own buffer (frames
@@ -25,6 +26,7 @@
 //! The ring thread and its connections live in `ring.rs`; see there for
 //! what keeps its requests sound.
 
+mod batch;
 mod outlet;
 mod ring;
 #[cfg(test)]
@@ -34,6 +36,7 @@ use super::CONNECT_TIMEOUT;
 use super::auth::{Auth, Opener, Session};
 use super::{ConnId, NetHandler, Transport};
 use crate::wire::{Message, encode_parts};
+use bytes::Bytes;
 use outlet::{Outlet, Parts, Sent};
 use parking_lot::{Mutex, RwLock};
 use ring::{Ring, new_ring};
@@ -287,6 +290,58 @@ impl Transport for UringTransport {
         let post = |parts| self.shared.post(Cmd::Send(conn, parts)).is_ok();
         if let Sent::Failed(e) = outlet.send(head, body, direct, post) {
             let _ = self.shared.post(Cmd::Fail(conn, e.to_string()));
+        }
+    }
+
+    fn send_many(&self, sends: &[(ConnId, &Message)]) {
+        let distinct = {
+            let mut conns: Vec<ConnId> = sends.iter().map(|(c, _)| *c).collect();
+            conns.sort_unstable();
+            conns.windows(2).all(|w| w[0] != w[1])
+        };
+        if sends.len() < 2 || sends.len() > batch::MAX_BATCH || !distinct || self.shared.on_ring() {
+            for (conn, message) in sends {
+                self.send(*conn, message);
+            }
+            return;
+        }
+        let mut frames: Vec<(ConnId, Arc<Outlet>, Bytes, Bytes)> = Vec::with_capacity(sends.len());
+        {
+            let outlets = self.shared.outlets.read();
+            for (conn, message) in sends {
+                match encode_parts(message) {
+                    Ok((head, body)) => {
+                        if let Some(o) = outlets.get(conn) {
+                            frames.push((*conn, Arc::clone(o), head, body));
+                        }
+                    }
+                    Err(e) => {
+                        let _ = self.shared.post(Cmd::Fail(*conn, e.to_string()));
+                    }
+                }
+            }
+        }
+        // Sealed (and locked) in connection order, written in the given one.
+        let mut order: Vec<usize> = (0..frames.len()).collect();
+        order.sort_unstable_by_key(|&i| frames[i].0);
+        let mut sealed: Vec<Option<outlet::Sealed<'_>>> = (0..frames.len()).map(|_| None).collect();
+        for &i in &order {
+            let (_, o, head, body) = &frames[i];
+            sealed[i] = o.seal(head.clone(), body.clone(), true);
+        }
+        let conns: Vec<ConnId> = frames.iter().map(|f| f.0).collect();
+        let (at, live): (Vec<usize>, Vec<outlet::Sealed<'_>>) = sealed
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.map(|s| (i, s)))
+            .unzip();
+        let written = batch::write_all(&live);
+        for ((i, frame), written) in at.into_iter().zip(live).zip(written) {
+            let conn = conns[i];
+            let post = |parts| self.shared.post(Cmd::Send(conn, parts)).is_ok();
+            if let Sent::Failed(e) = frame.finish(written, post) {
+                let _ = self.shared.post(Cmd::Fail(conn, e.to_string()));
+            }
         }
     }
 

@@ -22,6 +22,12 @@
 //! connection: a slow peer is waited for by the ring, with its write
 //! timeout and queue bound, never by the sender.
 //!
+//! A sender with frames for several connections at once (a record's
+//! Appends) seals each ([`Outlet::seal`], which holds the outlet's lock
+//! in the [`Sealed`] frame), writes them all with one system call
+//! (`batch`), and finishes each ([`Sealed::finish`]), posting what a
+//! socket did not take, as `send` does for one.
+//!
 //! A connection that is closing, failed or closed takes no more frames.
 
 use super::super::auth::Sealer;
@@ -69,6 +75,61 @@ pub(super) enum Sent {
     Failed(io::Error),
 }
 
+/// A frame tagged under its outlet's lock, which it holds: written (or
+/// not) and then finished, so that frames leave in the order they were
+/// sealed.
+pub(super) struct Sealed<'a> {
+    state: parking_lot::MutexGuard<'a, State>,
+    pub(super) parts: Parts,
+    direct: bool,
+    fd: std::os::fd::RawFd,
+}
+
+impl Sealed<'_> {
+    /// Whether the sender writes this frame into the socket itself.
+    pub(super) fn writable(&self) -> bool {
+        self.direct
+    }
+
+    /// The socket the frame is written to.
+    pub(super) fn fd(&self) -> std::os::fd::RawFd {
+        self.fd
+    }
+
+    /// Ends the send: `written` is what the sender's write returned (None:
+    /// no write was made); what is left goes to the ring through `post`.
+    pub(super) fn finish(
+        mut self,
+        written: Option<io::Result<usize>>,
+        post: impl FnOnce(Parts) -> bool,
+    ) -> Sent {
+        match written {
+            Some(Ok(n)) => {
+                advance(&mut self.parts, n);
+                if self.parts.iter().all(|p| p.is_empty()) {
+                    self.state.direct += 1;
+                    return Sent::Done;
+                }
+            }
+            Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Some(Err(e)) => {
+                // The ring reports the connection closed; nothing more is
+                // written to it.
+                self.state.shut = true;
+                return Sent::Failed(e);
+            }
+            None => {}
+        }
+        let parts = std::mem::take(&mut self.parts);
+        if post(parts) {
+            self.state.ring_owns = true;
+            self.state.posted += 1;
+            self.state.ringed += 1;
+        }
+        Sent::Posted
+    }
+}
+
 impl Outlet {
     pub(super) fn new(stream: TcpStream, seal: Option<Sealer>) -> Outlet {
         Outlet {
@@ -96,40 +157,36 @@ impl Outlet {
         direct: bool,
         post: impl FnOnce(Parts) -> bool,
     ) -> Sent {
+        let Some(sealed) = self.seal(head, body, direct) else {
+            return Sent::Done;
+        };
+        let written = match sealed.writable() {
+            true => Some(write_some(&self.stream, &sealed.parts)),
+            false => None,
+        };
+        sealed.finish(written, post)
+    }
+
+    /// Tags the frame under the outlet's lock, which the returned frame
+    /// holds until [`Sealed::finish`]: None if the connection takes no
+    /// more frames. A frame to write at once is [`Sealed::writable`].
+    pub(super) fn seal(&self, head: Bytes, body: Bytes, direct: bool) -> Option<Sealed<'_>> {
         let mut s = self.state.lock();
         if s.shut {
-            return Sent::Done;
+            return None;
         }
         let tag = s
             .seal
             .as_mut()
             .map(|seal| seal.seal(&head, &body))
             .unwrap_or_default();
-        let mut parts = [head, body, tag];
-        if direct && !s.ring_owns {
-            match write_some(&self.stream, &parts) {
-                Ok(n) => {
-                    advance(&mut parts, n);
-                    if parts.iter().all(|p| p.is_empty()) {
-                        s.direct += 1;
-                        return Sent::Done;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => {
-                    // The ring reports the connection closed; nothing
-                    // more is written to it.
-                    s.shut = true;
-                    return Sent::Failed(e);
-                }
-            }
-        }
-        if post(parts) {
-            s.ring_owns = true;
-            s.posted += 1;
-            s.ringed += 1;
-        }
-        Sent::Posted
+        let direct = direct && !s.ring_owns;
+        Some(Sealed {
+            state: s,
+            parts: [head, body, tag],
+            direct,
+            fd: self.stream.as_raw_fd(),
+        })
     }
 
     /// Frames written directly and frames posted to the ring, so far.
@@ -166,19 +223,7 @@ impl Outlet {
 /// One non-blocking `sendmsg` of the non-empty parts; how many bytes the
 /// socket took (`WouldBlock` when none).
 fn write_some(stream: &TcpStream, parts: &Parts) -> io::Result<usize> {
-    let empty = libc::iovec {
-        iov_base: std::ptr::null_mut(),
-        iov_len: 0,
-    };
-    let mut iov = [empty; 3];
-    let mut count = 0;
-    for p in parts.iter().filter(|p| !p.is_empty()) {
-        iov[count] = libc::iovec {
-            iov_base: p.as_ptr() as *mut libc::c_void,
-            iov_len: p.len(),
-        };
-        count += 1;
-    }
+    let (mut iov, count) = iovecs(parts);
     if count == 0 {
         return Ok(0);
     }
@@ -204,6 +249,24 @@ fn write_some(stream: &TcpStream, parts: &Parts) -> io::Result<usize> {
             return Err(e);
         }
     }
+}
+
+/// The non-empty parts as iovecs, and how many there are.
+pub(super) fn iovecs(parts: &Parts) -> ([libc::iovec; 3], usize) {
+    let empty = libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    };
+    let mut iov = [empty; 3];
+    let mut count = 0;
+    for p in parts.iter().filter(|p| !p.is_empty()) {
+        iov[count] = libc::iovec {
+            iov_base: p.as_ptr() as *mut libc::c_void,
+            iov_len: p.len(),
+        };
+        count += 1;
+    }
+    (iov, count)
 }
 
 /// Drops the first `n` bytes of `parts`.

@@ -460,3 +460,91 @@ fn frames_written_directly_and_through_the_ring_arrive_sealed_in_order() {
     assert!(direct > 0, "no frame was written directly");
     assert!(posted > 0, "no frame went through the ring");
 }
+
+#[test]
+fn a_batch_to_several_connections_arrives_sealed_and_in_order_on_each() {
+    let key = || Auth::new(Some(crate::net::ClusterKey::from_bytes([7; 32])));
+    let (server_tx, server_rx) = mpsc::channel();
+    // A reader that falls behind now and then: some sockets fill, and the
+    // ring takes their frames over between batches.
+    let seen = AtomicUsize::new(0);
+    let slow = Arc::new(OnMessage {
+        inner: Collect(Mutex::new(server_tx)),
+        on: Box::new(move |inner, conn, message| {
+            if seen.fetch_add(1, Ordering::Relaxed) % 97 == 96 {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            inner.message(conn, message);
+        }),
+    });
+    let Some(server) = crate::uring::available_or_skip(UringTransport::new(slow, key()), "skipped")
+    else {
+        return;
+    };
+    let (client_tx, client_rx) = mpsc::channel();
+    let client =
+        UringTransport::new(Arc::new(Collect(Mutex::new(client_tx))), key()).expect("ring");
+    let addr = server.listen(local()).expect("listen");
+    let mut conns = Vec::new();
+    let mut at_server = Vec::new();
+    for tag in 1..=3u64 {
+        client.connect(addr, tag);
+        let Ev::Connected(conn, t) = next(&client_rx) else {
+            panic!("not connected");
+        };
+        assert_eq!(t, tag);
+        conns.push(conn);
+        let Ev::Accepted(a) = next(&server_rx) else {
+            panic!("not accepted");
+        };
+        at_server.push(a);
+    }
+    let page = Bytes::from(vec![5u8; 32 * 1024]);
+    let appends = 400u64;
+    for s in 1..=appends {
+        let record = Record {
+            bookmark: b(s),
+            previous: b(s - 1),
+            prev_chain: crate::chain::ChainHash::GENESIS,
+            commit_us: 0,
+            page_size: 32 * 1024,
+            db_pages: 3,
+            pages: vec![(2, page.clone())],
+        };
+        let m = Message::Append(record.to_encoded().expect("encode"));
+        let batch: Vec<(ConnId, &Message)> = conns.iter().map(|c| (*c, &m)).collect();
+        client.send_many(&batch);
+    }
+    // The same connection twice in one batch: both frames, in order.
+    let beat = |s| Message::Heartbeat {
+        epoch: Epoch(1),
+        confirmed: b(s),
+        sent_us: s,
+    };
+    let (one, two) = (beat(1), beat(2));
+    client.send_many(&[(conns[0], &one), (conns[0], &two)]);
+    let mut next_append = [1u64; 3];
+    let mut beats = Vec::new();
+    while next_append.iter().any(|n| *n <= appends) || beats.len() < 2 {
+        match server_rx.recv_timeout(WAIT).expect("a frame in time").1 {
+            Ev::Message(c, Message::Append(r)) => {
+                let i = at_server
+                    .iter()
+                    .position(|a| *a == c)
+                    .expect("a known connection");
+                assert_eq!(r.bookmark, b(next_append[i]), "appends out of order");
+                next_append[i] += 1;
+            }
+            Ev::Message(c, Message::Heartbeat { sent_us, .. }) => {
+                assert_eq!(c, at_server[0]);
+                assert_eq!(next_append[0], appends + 1, "a heartbeat passed an append");
+                beats.push(sent_us);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(beats, [1, 2]);
+    let (direct, posted) = client.sent_counts();
+    assert!(direct > 0, "no frame was written by its sender");
+    assert!(posted > 0, "no frame went through the ring");
+}
