@@ -64,33 +64,7 @@ pub(super) fn write_all(frames: &[Sealed<'_>]) -> Written {
 }
 
 fn one_by_one(frame: &Sealed<'_>) -> Option<io::Result<usize>> {
-    frame.writable().then(|| sendmsg(frame))
-}
-
-fn sendmsg(frame: &Sealed<'_>) -> io::Result<usize> {
-    let (mut iov, count) = iovecs(&frame.parts);
-    // SAFETY: a zeroed msghdr is valid (no name, no control data).
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = iov.as_mut_ptr();
-    msg.msg_iovlen = count;
-    loop {
-        // SAFETY: `msg` points at `iov`, whose entries point into the
-        // frame's parts; all outlive the call, and the kernel only reads.
-        let n = unsafe {
-            libc::sendmsg(
-                frame.fd(),
-                &raw const msg,
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
+    frame.writable().then(|| frame.write())
 }
 
 /// The frames' results; `Err` (with what did complete) if the ring failed.
@@ -129,7 +103,7 @@ fn submit(ring: &mut IoUring, frames: &[Sealed<'_>]) -> Result<Written, Written>
         // when the call fails is never submitted: the ring is then closed
         // (`write_all`).
         if unsafe { ring.submission().push(&sqe) }.is_err() {
-            out[i] = Some(sendmsg(frame)); // cannot happen: the ring holds a batch
+            out[i] = Some(frame.write()); // cannot happen: the ring holds a batch
             continue;
         }
         queued += 1;

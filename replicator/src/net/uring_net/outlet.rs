@@ -96,6 +96,12 @@ impl Sealed<'_> {
         self.fd
     }
 
+    /// One non-blocking `sendmsg` of the frame; how many bytes the socket
+    /// took (`WouldBlock` when none).
+    pub(super) fn write(&self) -> io::Result<usize> {
+        write_some(self.fd, &self.parts)
+    }
+
     /// Ends the send: `written` is what the sender's write returned (None:
     /// no write was made); what is left goes to the ring through `post`.
     pub(super) fn finish(
@@ -161,7 +167,7 @@ impl Outlet {
             return Sent::Done;
         };
         let written = match sealed.writable() {
-            true => Some(write_some(&self.stream, &sealed.parts)),
+            true => Some(sealed.write()),
             false => None,
         };
         sealed.finish(written, post)
@@ -222,7 +228,7 @@ impl Outlet {
 
 /// One non-blocking `sendmsg` of the non-empty parts; how many bytes the
 /// socket took (`WouldBlock` when none).
-fn write_some(stream: &TcpStream, parts: &Parts) -> io::Result<usize> {
+fn write_some(fd: std::os::fd::RawFd, parts: &Parts) -> io::Result<usize> {
     let (mut iov, count) = iovecs(parts);
     if count == 0 {
         return Ok(0);
@@ -233,14 +239,10 @@ fn write_some(stream: &TcpStream, parts: &Parts) -> io::Result<usize> {
     msg.msg_iovlen = count;
     loop {
         // SAFETY: `msg` points at `iov`, whose entries point into `parts`;
-        // all of them outlive the call, and the kernel only reads them.
-        let n = unsafe {
-            libc::sendmsg(
-                stream.as_raw_fd(),
-                &raw const msg,
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
+        // all of them outlive the call, and the kernel only reads them. A
+        // stale `fd` would fail the call, not touch memory.
+        let n =
+            unsafe { libc::sendmsg(fd, &raw const msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
         if n >= 0 {
             return Ok(n as usize);
         }

@@ -102,6 +102,20 @@ fn b(s: u64) -> Bookmark {
     Bookmark::new(Epoch(1), Sequence(s))
 }
 
+/// The Append of record `s` (after `s - 1`), one page of `page`'s bytes.
+fn append(s: u64, page: Bytes) -> Message {
+    let record = Record {
+        bookmark: b(s),
+        previous: b(s - 1),
+        prev_chain: crate::chain::ChainHash::GENESIS,
+        commit_us: 0,
+        page_size: page.len() as u32,
+        db_pages: 3,
+        pages: vec![(2, page)],
+    };
+    Message::Append(record.to_encoded().expect("encode"))
+}
+
 #[test]
 fn messages_cross_a_connection_in_order_with_appends_intact() {
     let Some((server, server_rx)) = transport() else {
@@ -121,16 +135,7 @@ fn messages_cross_a_connection_in_order_with_appends_intact() {
     };
     let mut sent = Vec::new();
     for s in 1..=200u64 {
-        let record = Record {
-            bookmark: b(s),
-            previous: b(s - 1),
-            prev_chain: crate::chain::ChainHash::GENESIS,
-            commit_us: 0,
-            page_size: 4096,
-            db_pages: 3,
-            pages: vec![(2, Bytes::from(vec![s as u8; 4096]))],
-        };
-        let m = Message::Append(record.to_encoded().expect("encode"));
+        let m = append(s, Bytes::from(vec![s as u8; 4096]));
         client.send(conn, &m);
         client.send(
             conn,
@@ -325,16 +330,7 @@ fn a_peer_that_stops_reading_is_closed_after_the_write_timeout() {
     // Far more than the loopback socket buffers hold.
     let page = Bytes::from(vec![7u8; 64 * 1024]);
     for s in 1..=1024u64 {
-        let record = Record {
-            bookmark: b(s),
-            previous: b(s - 1),
-            prev_chain: crate::chain::ChainHash::GENESIS,
-            commit_us: 0,
-            page_size: 64 * 1024,
-            db_pages: 3,
-            pages: vec![(2, page.clone())],
-        };
-        client.send(conn, &Message::Append(record.to_encoded().expect("encode")));
+        client.send(conn, &append(s, page.clone()));
     }
     let started = Instant::now();
     match next(&rx) {
@@ -373,22 +369,27 @@ impl NetHandler for OnMessage {
     }
 }
 
-#[test]
-fn frames_written_directly_and_through_the_ring_arrive_sealed_in_order() {
-    let key = || Auth::new(Some(crate::net::ClusterKey::from_bytes([9; 32])));
-    let (server_tx, server_rx) = mpsc::channel();
-    // A reader that falls behind now and then, so the sender's socket
-    // fills and the ring takes over.
+/// A handler that passes every message on and sleeps 20 ms after every
+/// `every`-th: its reader falls behind now and then, so a sender's socket
+/// fills and the sender's ring takes its frames over.
+fn slow_reader(tx: mpsc::Sender<(ThreadId, Ev)>, every: usize) -> Arc<OnMessage> {
     let seen = AtomicUsize::new(0);
-    let slow = Arc::new(OnMessage {
-        inner: Collect(Mutex::new(server_tx)),
+    Arc::new(OnMessage {
+        inner: Collect(Mutex::new(tx)),
         on: Box::new(move |inner, conn, message| {
-            if seen.fetch_add(1, Ordering::Relaxed) % 64 == 63 {
+            if seen.fetch_add(1, Ordering::Relaxed) % every == every - 1 {
                 std::thread::sleep(Duration::from_millis(20));
             }
             inner.message(conn, message);
         }),
-    });
+    })
+}
+
+#[test]
+fn frames_written_directly_and_through_the_ring_arrive_sealed_in_order() {
+    let key = || Auth::new(Some(crate::net::ClusterKey::from_bytes([9; 32])));
+    let (server_tx, server_rx) = mpsc::channel();
+    let slow = slow_reader(server_tx, 64);
     let made = UringTransport::new(slow, key());
     let Some(server) = crate::uring::available_or_skip(made, "skipped") else {
         return;
@@ -425,16 +426,7 @@ fn frames_written_directly_and_through_the_ring_arrive_sealed_in_order() {
     let page = Bytes::from(vec![3u8; 32 * 1024]);
     let appends = 600u64;
     for s in 1..=appends {
-        let record = Record {
-            bookmark: b(s),
-            previous: b(s - 1),
-            prev_chain: crate::chain::ChainHash::GENESIS,
-            commit_us: 0,
-            page_size: 32 * 1024,
-            db_pages: 3,
-            pages: vec![(2, page.clone())],
-        };
-        client.send(conn, &Message::Append(record.to_encoded().expect("encode")));
+        client.send(conn, &append(s, page.clone()));
         if s % 8 == 0 {
             let beat = Message::Heartbeat {
                 epoch: Epoch(1),
@@ -465,18 +457,7 @@ fn frames_written_directly_and_through_the_ring_arrive_sealed_in_order() {
 fn a_batch_to_several_connections_arrives_sealed_and_in_order_on_each() {
     let key = || Auth::new(Some(crate::net::ClusterKey::from_bytes([7; 32])));
     let (server_tx, server_rx) = mpsc::channel();
-    // A reader that falls behind now and then: some sockets fill, and the
-    // ring takes their frames over between batches.
-    let seen = AtomicUsize::new(0);
-    let slow = Arc::new(OnMessage {
-        inner: Collect(Mutex::new(server_tx)),
-        on: Box::new(move |inner, conn, message| {
-            if seen.fetch_add(1, Ordering::Relaxed) % 97 == 96 {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            inner.message(conn, message);
-        }),
-    });
+    let slow = slow_reader(server_tx, 97);
     let Some(server) = crate::uring::available_or_skip(UringTransport::new(slow, key()), "skipped")
     else {
         return;
@@ -502,16 +483,7 @@ fn a_batch_to_several_connections_arrives_sealed_and_in_order_on_each() {
     let page = Bytes::from(vec![5u8; 32 * 1024]);
     let appends = 400u64;
     for s in 1..=appends {
-        let record = Record {
-            bookmark: b(s),
-            previous: b(s - 1),
-            prev_chain: crate::chain::ChainHash::GENESIS,
-            commit_us: 0,
-            page_size: 32 * 1024,
-            db_pages: 3,
-            pages: vec![(2, page.clone())],
-        };
-        let m = Message::Append(record.to_encoded().expect("encode"));
+        let m = append(s, page.clone());
         let batch: Vec<(ConnId, &Message)> = conns.iter().map(|c| (*c, &m)).collect();
         client.send_many(&batch);
     }
