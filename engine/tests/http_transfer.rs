@@ -420,15 +420,18 @@ fn past_the_running_transfers_an_import_or_export_is_503_with_retry_after_until_
             s
         })
         .collect();
-    let full = || {
-        let r = import(&h, &url, b"INSERT INTO t VALUES (2);", None);
-        r.status == 503
-    };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !full() {
+    loop {
+        let r = import(&h, &url, b"INSERT INTO t VALUES (2);", None);
+        if r.status == 503 {
+            break;
+        }
+        // The last probe's answer says why, if they never fill.
         assert!(
             std::time::Instant::now() < deadline,
-            "the slots never filled"
+            "the slots never filled; the last probe: {} {}",
+            r.status,
+            String::from_utf8_lossy(&r.body)
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
