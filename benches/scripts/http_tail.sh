@@ -25,12 +25,7 @@ PIDS=()
 cleanup() { stop_pids "${PIDS[@]}"; rm -rf "$WORK"; }
 trap cleanup EXIT INT TERM
 
-if [ -n "${WALRELAY_BIN:-}" ]; then
-  BINS=("$(realpath "$WALRELAY_BIN")")
-else
-  cargo build -q --profile "$PROFILE" -p walrelay-engine --bin walrelay
-  BINS=("$(realpath "./$BUILT/walrelay")")
-fi
+BINS=("$(walrelay_bin)")
 if [ -n "${WALRELAY_BIN_B:-}" ]; then BINS+=("$(realpath "$WALRELAY_BIN_B")"); fi
 URL="http://127.0.0.1:$((PORT + 10))/v1/databases/main/query"
 
@@ -40,11 +35,7 @@ for round in $(seq 1 "$ROUNDS"); do
     "$bin" up --dir "$WORK/up" --base-port "$PORT" --writers 0 --insecure \
       --fleet-nodes 0 --seconds $((SECONDS_EACH + 120)) >"$WORK/up.log" 2>&1 &
     PIDS=($!)
-    for _ in $(seq 1 600); do
-      curl -sf -X POST "$URL" -d '{"sql":"SELECT 1"}' >/dev/null 2>&1 && break
-      sleep 0.1
-    done
-    curl -sf -X POST "$URL" -d '{"sql":"CREATE TABLE IF NOT EXISTS kv(id INTEGER PRIMARY KEY, v TEXT)"}' >/dev/null
+    kv_ready "$URL"
     echo "round $round, $bin:"
     python3 benches/scripts/http_tail.py "$URL" "$SECONDS_EACH"
     stop_pids "${PIDS[@]}"

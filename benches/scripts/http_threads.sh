@@ -31,22 +31,13 @@ cleanup() { stop_pids "${PIDS[@]}"; rm -rf "$WORK"; }
 trap cleanup EXIT INT TERM
 
 need_wrk
-if [ -n "${WALRELAY_BIN:-}" ]; then
-  BIN=$(realpath "$WALRELAY_BIN")
-else
-  cargo build -q --profile "$PROFILE" -p walrelay-engine --bin walrelay
-  BIN=./$BUILT/walrelay
-fi
+BIN=$(walrelay_bin)
 # shellcheck disable=SC2086 # UP_ARGS is a list of options
 "$BIN" up --dir "$WORK/up" --base-port "$PORT" --writers 0 --insecure \
   --fleet-nodes 0 --seconds $((SECONDS_EACH + 120)) ${UP_ARGS:-} >"$WORK/up.log" 2>&1 &
 PIDS+=($!)
 URL="http://127.0.0.1:$((PORT + 10))/v1/databases/main/query"
-for _ in $(seq 1 600); do
-  curl -sf -X POST "$URL" -d '{"sql":"SELECT 1"}' >/dev/null 2>&1 && break
-  sleep 0.1
-done
-curl -sf -X POST "$URL" -d '{"sql":"CREATE TABLE IF NOT EXISTS kv(id INTEGER PRIMARY KEY, v TEXT)"}' >/dev/null
+kv_ready "$URL"
 VALUE=$(printf 'x%.0s' $(seq 1 100))
 BODY=${BODY:-"{\"sql\":\"INSERT INTO kv(v) VALUES (?1)\",\"params\":[\"$VALUE\"]}"}
 # The body must answer 200: a typo would measure error answers.

@@ -50,3 +50,29 @@ need_wrk() { need wrk || { apt-get update -qq && apt-get install -y -qq wrk; }; 
 # LTO), and where its binaries land.
 PROFILE=${WALRELAY_PROFILE:-perf}
 BUILT=target/$PROFILE
+
+# The `walrelay` binary to measure: WALRELAY_BIN if set, else the
+# profile's build (built here). Prints its absolute path.
+walrelay_bin() {
+  if [ -n "${WALRELAY_BIN:-}" ]; then
+    realpath "$WALRELAY_BIN"
+  else
+    cargo build -q --profile "$PROFILE" -p walrelay-engine --bin walrelay
+    realpath "./$BUILT/walrelay"
+  fi
+}
+
+# Waits (at most 60 s) until the `/query` endpoint $1 answers, then
+# creates the benchmarks' table `kv` there; fails if it never answers.
+kv_ready() {
+  local _
+  for _ in $(seq 1 600); do
+    if curl -sf -X POST "$1" -d '{"sql":"SELECT 1"}' >/dev/null 2>&1; then
+      curl -sf -X POST "$1" -d '{"sql":"CREATE TABLE IF NOT EXISTS kv(id INTEGER PRIMARY KEY, v TEXT)"}' >/dev/null
+      return
+    fi
+    sleep 0.1
+  done
+  echo "timed out waiting for $1" >&2
+  return 1
+}

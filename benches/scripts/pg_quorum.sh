@@ -141,8 +141,7 @@ cargo build -q --profile "$PROFILE" -p walrelay-benches --bin rtt_probe
   >"$WORK/up.log" 2>&1 &
 PIDS+=($!)
 URL="http://127.0.0.1:$((WR_PORT + 10))/v1/databases/main/query"
-wait_for "curl -sf -X POST $URL -d '{\"sql\":\"SELECT 1\"}'" 600
-curl -sf -X POST "$URL" -d '{"sql":"CREATE TABLE IF NOT EXISTS kv(id INTEGER PRIMARY KEY, v TEXT)"}' >/dev/null
+kv_ready "$URL"
 wrk_post_script "$WORK/insert.lua" "{\"sql\":\"INSERT INTO kv(v) VALUES (?1)\",\"params\":[\"$VALUE\"]}"
 wrk_post_script "$WORK/empty.lua" '{"sql":"SELECT 1"}'
 # wrk's --latency percentiles, in microseconds: "p50 p99".

@@ -8,8 +8,9 @@
 //! frame into the socket itself with one non-blocking `sendmsg` when the
 //! ring has nothing of that connection's to send, and posts it otherwise
 //! (see [`outlet`]); `send_many` writes frames to several connections
-//! that way with one system call (see [`batch`]). Accepting and dialing are blocking, on their own
-//! threads as in [`super::std_net`]; the socket is then handed to the ring.
+//! that way with one system call (see [`batch`]). Accepting and dialing
+//! are blocking, on their own threads as in [`super::std_net`]; the
+//! socket is then handed to the ring.
 //!
 //! Each connection keeps one recv outstanding into its own buffer (frames
 //! are split out of it, no copy) and at most one `sendmsg` of its queued
@@ -294,25 +295,31 @@ impl Transport for UringTransport {
     }
 
     fn send_many(&self, sends: &[(ConnId, &Message)]) {
-        let distinct = {
-            let mut conns: Vec<ConnId> = sends.iter().map(|(c, _)| *c).collect();
-            conns.sort_unstable();
-            conns.windows(2).all(|w| w[0] != w[1])
+        // A connection twice in one batch would be sealed twice under one
+        // lock: such a batch (never a record's fan-out) goes one by one.
+        let distinct = || {
+            sends
+                .iter()
+                .enumerate()
+                .all(|(i, (c, _))| sends[..i].iter().all(|(d, _)| d != c))
         };
-        if sends.len() < 2 || sends.len() > batch::MAX_BATCH || !distinct || self.shared.on_ring() {
+        if sends.len() < 2 || sends.len() > batch::MAX_BATCH || self.shared.on_ring() || !distinct()
+        {
             for (conn, message) in sends {
                 self.send(*conn, message);
             }
             return;
         }
-        let mut frames: Vec<(ConnId, Arc<Outlet>, Bytes, Bytes)> = Vec::with_capacity(sends.len());
+        let mut outlets: Vec<(ConnId, Arc<Outlet>)> = Vec::with_capacity(sends.len());
+        let mut payloads: Vec<Option<(Bytes, Bytes)>> = Vec::with_capacity(sends.len());
         {
-            let outlets = self.shared.outlets.read();
+            let registered = self.shared.outlets.read();
             for (conn, message) in sends {
                 match encode_parts(message) {
-                    Ok((head, body)) => {
-                        if let Some(o) = outlets.get(conn) {
-                            frames.push((*conn, Arc::clone(o), head, body));
+                    Ok(parts) => {
+                        if let Some(o) = registered.get(conn) {
+                            outlets.push((*conn, Arc::clone(o)));
+                            payloads.push(Some(parts));
                         }
                     }
                     Err(e) => {
@@ -322,14 +329,14 @@ impl Transport for UringTransport {
             }
         }
         // Sealed (and locked) in connection order, written in the given one.
-        let mut order: Vec<usize> = (0..frames.len()).collect();
-        order.sort_unstable_by_key(|&i| frames[i].0);
-        let mut sealed: Vec<Option<outlet::Sealed<'_>>> = (0..frames.len()).map(|_| None).collect();
+        let mut order: Vec<usize> = (0..outlets.len()).collect();
+        order.sort_unstable_by_key(|&i| outlets[i].0);
+        let mut sealed: Vec<Option<outlet::Sealed<'_>>> =
+            (0..outlets.len()).map(|_| None).collect();
         for &i in &order {
-            let (_, o, head, body) = &frames[i];
-            sealed[i] = o.seal(head.clone(), body.clone(), true);
+            let (head, body) = payloads[i].take().expect("each frame is sealed once");
+            sealed[i] = outlets[i].1.seal(head, body, true);
         }
-        let conns: Vec<ConnId> = frames.iter().map(|f| f.0).collect();
         let (at, live): (Vec<usize>, Vec<outlet::Sealed<'_>>) = sealed
             .into_iter()
             .enumerate()
@@ -337,7 +344,7 @@ impl Transport for UringTransport {
             .unzip();
         let written = batch::write_all(&live);
         for ((i, frame), written) in at.into_iter().zip(live).zip(written) {
-            let conn = conns[i];
+            let conn = outlets[i].0;
             let post = |parts| self.shared.post(Cmd::Send(conn, parts)).is_ok();
             if let Sent::Failed(e) = frame.finish(written, post) {
                 let _ = self.shared.post(Cmd::Fail(conn, e.to_string()));

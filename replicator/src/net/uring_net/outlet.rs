@@ -166,10 +166,7 @@ impl Outlet {
         let Some(sealed) = self.seal(head, body, direct) else {
             return Sent::Done;
         };
-        let written = match sealed.writable() {
-            true => Some(sealed.write()),
-            false => None,
-        };
+        let written = sealed.writable().then(|| sealed.write());
         sealed.finish(written, post)
     }
 
