@@ -1,11 +1,13 @@
 //! Runtime limits over HTTP: each limit's refusal in D1's error shape with
 //! its status and code, a client that hangs up cancels its query, a
-//! stopping server cancels what runs and stops within its grace period,
+//! stopping server cancels what runs and stops within its grace period
+//! (answering what still runs then with its outcome unknown),
 //! and the server's own bounds: connections open at once, and how long a
 //! connection may wait without a request.
 
 mod common;
 
+use common::gate::Gate;
 use common::raw_http::{closed_within, read_answer, send_query};
 use common::{RUNAWAY, metric};
 use serde_json::Value as Json;
@@ -15,7 +17,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use walrelay_engine::http::server::{HttpConfig, HttpServer, Node, Role, serve};
-use walrelay_engine::{Database, Limits, Options};
+use walrelay_engine::{CommitGate, Database, Limits, Options, TransactionSink};
 
 /// The codes of `http::server::codes`, spelled out so a renumbering shows.
 const TIMEOUT: u64 = 7408;
@@ -33,18 +35,21 @@ fn fixture(readers: usize, f: impl FnOnce(&mut Limits)) -> Fixture {
 }
 
 fn fixture_with(readers: usize, f: impl FnOnce(&mut Limits), http: HttpConfig) -> Fixture {
-    let dir = tempfile::tempdir().expect("dir");
     let mut limits = Limits::default();
     f(&mut limits);
-    let db = Database::open(
-        dir.path().join("h.db"),
+    fixture_on(
         Options {
             readers,
             limits,
             ..Options::default()
         },
+        http,
     )
-    .expect("open");
+}
+
+fn fixture_on(options: Options, http: HttpConfig) -> Fixture {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = Database::open(dir.path().join("h.db"), options).expect("open");
     let node = Node::new(
         Role::Primary(db.clone()),
         http,
@@ -178,6 +183,55 @@ fn a_stopping_server_cancels_its_running_queries_and_stops_within_its_grace_peri
     f.wait_until("every query ended", || f.db.readers_in_use().0 == 0);
     drop(sockets);
     println!("stopped in {took:?}");
+}
+
+#[test]
+fn a_write_still_waiting_for_its_quorum_as_the_server_stops_is_answered_503_with_its_outcome_unknown()
+ {
+    // A gate that confirms only what this test releases: the quorum that
+    // never answers.
+    let gate = Arc::new(Gate::default());
+    let mut f = fixture_on(
+        Options {
+            sink: Some(Arc::clone(&gate) as Arc<dyn TransactionSink>),
+            gate: Some(Arc::clone(&gate) as Arc<dyn CommitGate>),
+            ..Options::default()
+        },
+        HttpConfig::default(),
+    );
+    let mut create = send_query(f.addr(), "CREATE TABLE t(x)", None);
+    f.wait_until("the table committed", || gate.committed().len() == 1);
+    gate.release(gate.committed()[0]);
+    assert_eq!(read_answer(&mut create).status, 200);
+
+    let mut write = send_query(f.addr(), "INSERT INTO t VALUES (7)", None);
+    f.wait_until("the write committed", || gate.committed().len() == 2);
+    let started = Instant::now();
+    drop(f.server.take());
+    let took = started.elapsed();
+    write
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let r = read_answer(&mut write);
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(r.json()["errors"][0]["code"], UNAVAILABLE, "{r:?}");
+    let message = r.json()["errors"][0]["message"].to_string();
+    assert!(message.contains("outcome is unknown"), "{message}");
+    assert_eq!(r.header("retry-after").as_deref(), Some("1"), "{r:?}");
+    // Answered within the grace period, not after it.
+    assert!(
+        took < Duration::from_millis(walrelay_engine::http::server::SHUTDOWN_GRACE_MS + 1_000),
+        "stopping took {took:?}"
+    );
+    // The write did commit here; its quorum decides the rest.
+    gate.release(gate.committed()[1]);
+    let rows =
+        f.db.session(walrelay_engine::Constraint::FirstPrimary)
+            .expect("session")
+            .prepare("SELECT count(*) FROM t")
+            .raw()
+            .expect("count");
+    assert_eq!(rows.rows, vec![vec![walrelay_engine::Value::Integer(1)]]);
 }
 
 #[test]

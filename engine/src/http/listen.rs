@@ -12,7 +12,10 @@
 //!   Nor may an answer wait that long for the client to take any of it
 //!   (`write_timeout`).
 //! - **Stopping:** no new connections; open ones finish the request in
-//!   hand (the node cancels it) and close.
+//!   hand (the node cancels it) and close. A request still running when
+//!   the grace period ([`SHUTDOWN_GRACE_MS`]) is nearly over, such as a
+//!   write whose quorum does not answer, is answered 503 with its outcome
+//!   unknown rather than left to a dropped connection.
 //!
 //! Answers go out at once: without TCP_NODELAY a response written in two
 //! parts waits for the client's delayed ACK (tens of milliseconds)
@@ -20,9 +23,11 @@
 //!
 //! [`HttpConfig::max_connections`]: super::server::HttpConfig::max_connections
 //! [`HttpConfig::idle_timeout_ms`]: super::server::HttpConfig::idle_timeout_ms
+//! [`SHUTDOWN_GRACE_MS`]: super::server::SHUTDOWN_GRACE_MS
 
-use super::server::{Answer, Node, codes};
+use super::server::{Answer, Node, SHUTDOWN_GRACE_MS, codes};
 use axum::Router;
+use axum::response::IntoResponse;
 use hyper::server::conn::http1;
 use hyper::service::{Service, service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -34,6 +39,11 @@ use tokio::sync::{Semaphore, watch};
 
 /// How often a node at its connection limit says so.
 const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// How long before a stopping server's grace period ends a request still
+/// running is answered instead ([`unfinished`]): time to write the answer
+/// before the connections are dropped.
+const UNFINISHED_MARGIN_MS: u64 = 300;
 
 /// Serves `app` on `listener` until `stop` turns true, then waits for the
 /// open connections to finish.
@@ -82,11 +92,18 @@ pub(super) async fn serve_bounded(
             tracing::debug!(error = %e, "TCP_NODELAY not set on an HTTP connection");
         }
         let router = TowerToHyperService::new(app.clone());
+        let (for_requests, node_for_requests) = (stop.clone(), Arc::clone(&node));
         let service = service_fn(move |request| {
             let (request, ended) = super::unread_body::watch(request);
             let answer = router.call(request);
+            let mut stop = for_requests.clone();
+            let node = Arc::clone(&node_for_requests);
             async move {
-                let mut response = answer.await?;
+                let mut response = tokio::select! {
+                    biased;
+                    r = answer => r?,
+                    () = grace_nearly_over(&mut stop) => unfinished(&node),
+                };
                 super::unread_body::mark(&mut response, ended.as_deref());
                 Ok::<_, std::convert::Infallible>(response)
             }
@@ -122,6 +139,34 @@ pub(super) async fn serve_bounded(
 /// Until `stop` turns true (or its sender is gone).
 pub(super) async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Until a stopping server's grace period is nearly over (never while it
+/// serves).
+async fn grace_nearly_over(stop: &mut watch::Receiver<bool>) {
+    stopped(stop).await;
+    if stop.has_changed().is_err() && !*stop.borrow() {
+        // The sender is gone without a stop: not a stop.
+        return std::future::pending().await;
+    }
+    tokio::time::sleep(Duration::from_millis(
+        SHUTDOWN_GRACE_MS - UNFINISHED_MARGIN_MS,
+    ))
+    .await;
+}
+
+/// The answer to a request still running as the node stops (its future
+/// is dropped, which cancels what it ran): a 503 whose outcome is unknown,
+/// since a write may have committed and may yet become durable.
+fn unfinished(node: &Node) -> axum::response::Response {
+    let mut answer = Answer::error(
+        503,
+        codes::UNAVAILABLE,
+        "this node stopped before the request finished: its outcome is unknown (a write may \
+         have committed, and may still become durable); read it back before retrying a write",
+    );
+    answer.retry_after_s = Some(1);
+    super::answer::respond(node.refuse(answer)).into_response()
 }
 
 /// Answers a connection past the limit with a 503 and closes it. The

@@ -6,6 +6,7 @@
 
 pub mod consistency;
 pub mod fleet;
+pub mod gate;
 pub mod http_kit;
 pub mod pg;
 pub mod procs;
