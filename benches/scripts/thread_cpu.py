@@ -26,7 +26,8 @@ def snapshot():
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
             continue
-        if len(cmd) < 2 or not cmd[0].endswith(b"walrelay"):
+        # Any binary named walrelay* (a copy kept aside for an A/B run).
+        if len(cmd) < 2 or not os.path.basename(cmd[0]).startswith(b"walrelay"):
             continue
         role = cmd[1].decode(errors="replace")
         for tid in tids:

@@ -60,6 +60,19 @@ use std::time::{Duration, Instant};
 pub(crate) const MAX_GROUP: usize = 64;
 pub(crate) const MAX_GROUP_BYTES: u64 = 1 << 20;
 
+/// Upper bounds of the buckets that count group commits by how many
+/// writes each committed ([`GroupCommitStats::sizes`]); one more bucket
+/// counts the larger ones, up to [`MAX_GROUP`].
+pub const GROUP_SIZE_BOUNDS: [u64; 10] = [2, 3, 4, 6, 8, 12, 16, 24, 32, 48];
+
+/// The bucket of [`GROUP_SIZE_BOUNDS`] a group of `writes` counts in.
+pub(crate) fn size_bucket(writes: u64) -> usize {
+    GROUP_SIZE_BOUNDS
+        .iter()
+        .position(|&bound| writes <= bound)
+        .unwrap_or(GROUP_SIZE_BOUNDS.len())
+}
+
 /// One write waiting for, or running in, a group.
 pub(crate) struct WriteJob<'a> {
     pub(crate) sql: Cow<'a, str>,
@@ -129,6 +142,8 @@ pub(crate) struct WriteGroups {
     at_gate: Arc<AtomicUsize>,
     groups: AtomicU64,
     grouped_writes: AtomicU64,
+    /// Groups by how many writes each committed ([`size_bucket`]).
+    sizes: [AtomicU64; GROUP_SIZE_BOUNDS.len() + 1],
     rerun_alone: AtomicU64,
     led_alone: AtomicU64,
 }
@@ -191,6 +206,11 @@ pub struct GroupCommitStats {
     pub groups: u64,
     /// Writes those transactions committed.
     pub grouped_writes: u64,
+    /// Those transactions by how many writes each committed: one count
+    /// per bucket of [`GROUP_SIZE_BOUNDS`] (a group of n writes counts in
+    /// the first bound at or above n), the last one past them. They add
+    /// up to `groups` (each read a moment apart, so within a few).
+    pub sizes: [u64; GROUP_SIZE_BOUNDS.len() + 1],
     /// Writes of a group that ran again alone (see the module docs).
     pub rerun_alone: u64,
     /// Writes a leader committed by itself, finding nothing queued: a
@@ -265,6 +285,7 @@ impl Database {
         GroupCommitStats {
             groups: g.groups.load(Ordering::Relaxed),
             grouped_writes: g.grouped_writes.load(Ordering::Relaxed),
+            sizes: std::array::from_fn(|i| g.sizes[i].load(Ordering::Relaxed)),
             rerun_alone: g.rerun_alone.load(Ordering::Relaxed),
             led_alone: g.led_alone.load(Ordering::Relaxed),
             at_gate: g.at_gate.load(Ordering::Relaxed) as u64,
@@ -463,6 +484,7 @@ impl Database {
                 .count();
             g.groups.fetch_add(1, Ordering::Relaxed);
             g.grouped_writes.fetch_add(ran as u64, Ordering::Relaxed);
+            g.sizes[size_bucket(ran as u64)].fetch_add(1, Ordering::Relaxed);
         }
         members
             .into_iter()

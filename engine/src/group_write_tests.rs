@@ -167,6 +167,11 @@ fn writes_queued_behind_a_busy_writer_commit_as_one_transaction_with_one_bookmar
     assert_eq!(stats.groups, 1);
     assert_eq!(stats.grouped_writes, 8);
     assert_eq!(stats.rerun_alone, 0);
+    // Counted by its size: the bucket of 8 writes, and no other.
+    let mut sizes = [0; GROUP_SIZE_BOUNDS.len() + 1];
+    sizes[size_bucket(8)] = 1;
+    assert_eq!(stats.sizes, sizes);
+    assert_eq!(GROUP_SIZE_BOUNDS[size_bucket(8)], 8);
 }
 
 #[test]
@@ -381,6 +386,7 @@ fn writes_bringing_more_than_the_group_byte_budget_commit_in_several_groups() {
     }
     let stats = f.db.group_commit_stats();
     assert_eq!((stats.groups, stats.grouped_writes), (2, 4), "two of two");
+    assert_eq!(stats.sizes[size_bucket(2)], 2, "{:?}", stats.sizes);
     assert_eq!(count(&f.db, "SELECT count(*) FROM t"), 4);
 }
 
@@ -446,4 +452,14 @@ fn a_write_reports_its_own_inserted_row_id_and_zero_when_it_inserted_none() {
         exec(&f.db, "INSERT INTO t(v) VALUES (8)").meta.last_row_id,
         2
     );
+}
+
+#[test]
+fn a_group_counts_in_the_first_size_bucket_at_or_above_its_writes() {
+    assert_eq!(size_bucket(2), 0);
+    assert_eq!(GROUP_SIZE_BOUNDS[size_bucket(5)], 6);
+    assert_eq!(GROUP_SIZE_BOUNDS[size_bucket(16)], 16);
+    assert_eq!(GROUP_SIZE_BOUNDS[size_bucket(17)], 24);
+    assert_eq!(size_bucket(49), GROUP_SIZE_BOUNDS.len(), "past the bounds");
+    assert_eq!(size_bucket(MAX_GROUP as u64), GROUP_SIZE_BOUNDS.len());
 }

@@ -140,6 +140,32 @@ impl Metrics {
         ] {
             counter(&mut out, name, help, &node, n);
         }
+        let _ = writeln!(
+            out,
+            "# HELP walrelay_group_commit_size Writes per group commit (transactions of two or more writes)."
+        );
+        let _ = writeln!(out, "# TYPE walrelay_group_commit_size histogram");
+        let mut cumulative = 0;
+        let bounds = crate::group_write::GROUP_SIZE_BOUNDS
+            .iter()
+            .map(u64::to_string);
+        for (bound, n) in bounds.chain(["+Inf".to_string()]).zip(g.sizes) {
+            cumulative += n;
+            let _ = writeln!(
+                out,
+                "walrelay_group_commit_size_bucket{{{node},le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "walrelay_group_commit_size_sum{{{node}}} {}",
+            g.grouped_writes
+        );
+        // The buckets' total, so that `+Inf` and the count agree.
+        let _ = writeln!(
+            out,
+            "walrelay_group_commit_size_count{{{node}}} {cumulative}"
+        );
         out
     }
 
@@ -317,17 +343,48 @@ mod tests {
     }
 
     #[test]
-    fn a_primary_reports_its_group_commit_counters() {
+    fn a_primary_reports_its_group_commit_counters_and_a_cumulative_histogram_of_group_sizes() {
+        // Two groups, of 3 and 16 writes.
+        let mut sizes = [0; crate::group_write::GROUP_SIZE_BOUNDS.len() + 1];
+        sizes[crate::group_write::size_bucket(3)] += 1;
+        sizes[crate::group_write::size_bucket(16)] += 1;
         let text = Metrics::render_group_commit(
             "primary",
             "eu",
             &crate::group_write::GroupCommitStats {
                 groups: 2,
                 grouped_writes: 19,
+                sizes,
                 rerun_alone: 1,
                 led_alone: 7,
                 at_gate: 3,
             },
+        );
+        let size = |le: &str| {
+            format!(
+                "walrelay_group_commit_size_bucket{{role=\"primary\",node_region=\"eu\",le=\"{le}\"}} "
+            )
+        };
+        for (le, n) in [
+            ("2", 0),
+            ("3", 1),
+            ("12", 1),
+            ("16", 2),
+            ("48", 2),
+            ("+Inf", 2),
+        ] {
+            assert!(
+                text.contains(&format!("{}{n}\n", size(le))),
+                "le {le}: {text}"
+            );
+        }
+        assert!(
+            text.contains("walrelay_group_commit_size_sum{role=\"primary\",node_region=\"eu\"} 19")
+        );
+        assert!(
+            text.contains(
+                "walrelay_group_commit_size_count{role=\"primary\",node_region=\"eu\"} 2"
+            )
         );
         assert!(
             text.contains("walrelay_group_commits_total{role=\"primary\",node_region=\"eu\"} 2")
