@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use walrelay_benches::cluster;
 use walrelay_benches::floor::{
-    Percentiles, concurrent_durable_overwrite, durable_overwrite, loopback_round_trip, percentiles,
-    process_cpu_us, quorum_floor,
+    Durably, Percentiles, concurrent_durable_overwrite, durable_overwrite, loopback_round_trip,
+    percentiles, process_cpu_us, quorum_floor,
 };
 use walrelay_engine::{Constraint, Value};
 use walrelay_replicator::ClusterKey;
@@ -102,10 +102,31 @@ fn main() {
     let commit = percentiles(&mut commit);
     // The same floor for followers that share this one disk: the W-th of N
     // concurrent overwrites + fdatasync, plus one round trip.
-    let mut shared = concurrent_durable_overwrite(root.path(), 4096, n, n / 2 + 1, floor_iters)
-        .expect("shared-disk floor");
+    let mut shared = concurrent_durable_overwrite(
+        root.path(),
+        4096,
+        n,
+        n / 2 + 1,
+        floor_iters,
+        Durably::Fdatasync,
+    )
+    .expect("shared-disk floor");
     let shared = percentiles(&mut shared);
     let shared_floor = quorum_floor(&shared, &rtt);
+    // The same, written the way the followers write (O_DIRECT, RWF_DSYNC):
+    // not the target's floor, but what says how much of a commit is the
+    // disk's path for the followers' kind of write.
+    let mut direct = concurrent_durable_overwrite(
+        root.path(),
+        4096,
+        n,
+        n / 2 + 1,
+        floor_iters,
+        Durably::DirectDsync,
+    )
+    .expect("shared-disk floor, direct");
+    let direct = percentiles(&mut direct);
+    let direct_floor = quorum_floor(&direct, &rtt);
     std::thread::sleep(Duration::from_millis(200));
     let mut lags: Vec<Duration> = replica
         .node()
@@ -192,6 +213,8 @@ fn main() {
     show("  quorum floor (sum)", &floor);
     show("  W-th of N concurrent overwrites", &shared);
     show("  shared-disk quorum floor (sum)", &shared_floor);
+    show("  W-th of N, O_DIRECT + RWF_DSYNC", &direct);
+    show("  the same as a quorum floor (sum)", &direct_floor);
     println!("walrelay, W={} of N={n}, one replica:", n / 2 + 1);
     show("  commit latency, 1 session", &commit);
     let ratio = commit.ratio_to(&floor);
@@ -202,6 +225,11 @@ fn main() {
     let ratio = commit.ratio_to(&shared_floor);
     println!(
         "  commit / shared-disk floor       p50 {:>8.2}x     p99 {:>8.2}x",
+        ratio.p50_us, ratio.p99_us
+    );
+    let ratio = commit.ratio_to(&direct_floor);
+    println!(
+        "  commit / O_DIRECT floor          p50 {:>8.2}x     p99 {:>8.2}x   (the followers' kind of write)",
         ratio.p50_us, ratio.p99_us
     );
     println!("  throughput, 1 session            {one:>10.0} commits/s");

@@ -3,7 +3,9 @@
 //! be reported as ratios to it rather than as machine-specific absolutes.
 //!
 //! - [`durable_overwrite`]: one `pwrite` + `fdatasync` into a preallocated
-//!   file (the follower log's write path).
+//!   file; [`concurrent_durable_overwrite`]: the W-th of N at once on one
+//!   disk, buffered + `fdatasync` or as the followers write (`O_DIRECT`,
+//!   `RWF_DSYNC`).
 //! - [`loopback_round_trip`]: one request/reply over loopback TCP.
 //! - [`quorum_floor`]: one of each, the least a quorum commit can cost.
 //! - [`read_files`] and [`write_synced`]: reading given files in full and
@@ -99,24 +101,43 @@ fn durable_overwrite_in(
     Ok(samples)
 }
 
+/// How a floor's thread makes its overwrite durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durably {
+    /// A buffered `pwrite`, then `fdatasync`.
+    Fdatasync,
+    /// One `pwritev2(RWF_DSYNC)` of an aligned buffer on an `O_DIRECT`
+    /// descriptor: the way walrelay's followers write (theirs go through
+    /// io_uring; the kernel's path below it is the same).
+    DirectDsync,
+}
+
 /// Times `iterations` rounds of `files` concurrent durable overwrites on one
 /// disk: each round, every thread overwrites `size_bytes` of its own
-/// preallocated file and calls `fdatasync`; the round's time is when the
-/// `quorum`-th of them finished. This is the storage floor of a quorum whose
-/// followers share one disk (a one-machine cluster), where the flushes
-/// queue behind each other.
+/// preallocated file and makes it durable `how`; the round's time is when
+/// the `quorum`-th of them finished. This is the storage floor of a quorum
+/// whose followers share one disk (a one-machine cluster), where the
+/// flushes queue behind each other. With [`Durably::DirectDsync`],
+/// `size_bytes` must be a multiple of 4096.
 pub fn concurrent_durable_overwrite(
     dir: &Path,
     size_bytes: usize,
     files: usize,
     quorum: usize,
     iterations: usize,
+    how: Durably,
 ) -> io::Result<Vec<Duration>> {
     use std::sync::{Arc, Barrier, mpsc};
     if size_bytes == 0 || files == 0 || quorum == 0 || quorum > files {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "need size_bytes > 0 and 0 < quorum <= files",
+        ));
+    }
+    if how == Durably::DirectDsync && !size_bytes.is_multiple_of(DIRECT_ALIGN) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "an O_DIRECT overwrite needs a multiple of 4096 bytes",
         ));
     }
     let file_len = PREALLOC_BYTES.max(size_bytes);
@@ -129,16 +150,14 @@ pub fn concurrent_durable_overwrite(
     let mut threads = Vec::with_capacity(files);
     for tmp in handles {
         let (start_round, done_tx) = (Arc::clone(&start_round), done_tx.clone());
+        let mut writer = Overwriter::open(&tmp, size_bytes, how)?;
         threads.push(std::thread::spawn(move || {
-            let mut buf = vec![0u8; size_bytes];
+            let _keep = tmp;
             for i in 0..iterations {
                 start_round.wait();
-                buf.fill((i % 255 + 1) as u8);
                 let offset = overwrite_offset(i, size_bytes, file_len);
-                let r = tmp
-                    .as_file()
-                    .write_all_at(&buf, offset)
-                    .and_then(|()| tmp.as_file().sync_data())
+                let r = writer
+                    .overwrite((i % 255 + 1) as u8, offset)
                     .map(|()| Instant::now());
                 if done_tx.send(r).is_err() {
                     return;
@@ -165,6 +184,75 @@ pub fn concurrent_durable_overwrite(
         let _ = t.join();
     }
     Ok(samples)
+}
+
+/// `O_DIRECT`'s alignment of offsets, lengths and buffers on this disk.
+const DIRECT_ALIGN: usize = 4096;
+
+/// One floor thread's file and buffer ([`concurrent_durable_overwrite`]).
+struct Overwriter {
+    file: File,
+    how: Durably,
+    /// `size_bytes` plus room to align its start.
+    buf: Vec<u8>,
+    size_bytes: usize,
+}
+
+impl Overwriter {
+    fn open(
+        tmp: &tempfile::NamedTempFile,
+        size_bytes: usize,
+        how: Durably,
+    ) -> io::Result<Overwriter> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = match how {
+            Durably::Fdatasync => tmp.as_file().try_clone()?,
+            Durably::DirectDsync => std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(tmp.path())?,
+        };
+        Ok(Overwriter {
+            file,
+            how,
+            buf: vec![0u8; size_bytes + DIRECT_ALIGN],
+            size_bytes,
+        })
+    }
+
+    /// Fills the buffer's aligned `size_bytes` with `fill` and writes them
+    /// durably at `offset`.
+    fn overwrite(&mut self, fill: u8, offset: u64) -> io::Result<()> {
+        let skip = self.buf.as_ptr().align_offset(DIRECT_ALIGN);
+        let buf = &mut self.buf[skip..skip + self.size_bytes];
+        buf.fill(fill);
+        match self.how {
+            Durably::Fdatasync => {
+                self.file.write_all_at(buf, offset)?;
+                self.file.sync_data()
+            }
+            Durably::DirectDsync => {
+                use std::os::fd::AsRawFd;
+                let iov = libc::iovec {
+                    iov_base: buf.as_mut_ptr().cast(),
+                    iov_len: buf.len(),
+                };
+                let offset = libc::off_t::try_from(offset).map_err(io::Error::other)?;
+                // SAFETY: `iov` describes `buf`, a live slice of this
+                // Overwriter's own buffer, aligned for O_DIRECT, that
+                // outlives the call; the descriptor is this Overwriter's
+                // open file.
+                let n = unsafe {
+                    libc::pwritev2(self.file.as_raw_fd(), &iov, 1, offset, libc::RWF_DSYNC)
+                };
+                match usize::try_from(n) {
+                    Ok(n) if n == buf.len() => Ok(()),
+                    Ok(n) => Err(io::Error::other(format!("short O_DIRECT write: {n} bytes"))),
+                    Err(_) => Err(io::Error::last_os_error()),
+                }
+            }
+        }
+    }
 }
 
 /// Offset of the `i`th overwrite: consecutive aligned slots, wrapping.
@@ -433,6 +521,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let err = durable_overwrite(dir.path(), 0, 1).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn concurrent_overwrites_time_each_round_both_ways_and_refuse_what_cannot_be_written() {
+        let dir = tempfile::tempdir().unwrap();
+        for how in [Durably::Fdatasync, Durably::DirectDsync] {
+            let samples = concurrent_durable_overwrite(dir.path(), 8192, 3, 2, 4, how).unwrap();
+            assert_eq!(samples.len(), 4, "{how:?}");
+        }
+        // An O_DIRECT write must be whole blocks: refused before any file.
+        let e = concurrent_durable_overwrite(dir.path(), 1000, 3, 2, 1, Durably::DirectDsync)
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(
+            concurrent_durable_overwrite(dir.path(), 4096, 2, 3, 1, Durably::Fdatasync).is_err(),
+            "a quorum larger than the files"
+        );
     }
 
     #[test]

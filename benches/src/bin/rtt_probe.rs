@@ -31,7 +31,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use walrelay_benches::floor::{
-    Percentiles, concurrent_durable_overwrite, durable_overwrite, percentiles,
+    Durably, Percentiles, concurrent_durable_overwrite, durable_overwrite, percentiles,
 };
 
 /// Size of one follower log write in the floor: a commit of one small
@@ -90,6 +90,7 @@ fn floor(dir: &Path, iters: usize) -> Result<()> {
         FOLLOWERS,
         QUORUM,
         iters,
+        Durably::Fdatasync,
     )?));
     println!(
         "fsync_p50_us={f50} fsync_p99_us={f99} shared_disk_p50_us={s50} shared_disk_p99_us={s99}"
