@@ -91,6 +91,15 @@ fn import(h: &HttpCluster, url: &str, sql: &[u8], bearer: Option<&str>) -> Bytes
     )
 }
 
+/// Whether the server has answered or closed `stream` (without waiting).
+fn answered(stream: &std::net::TcpStream) -> bool {
+    stream.set_nonblocking(true).expect("nonblocking");
+    let mut byte = [0u8; 1];
+    let r = stream.peek(&mut byte);
+    stream.set_nonblocking(false).expect("blocking");
+    r.is_ok()
+}
+
 fn d1_error(r: &BytesReply, status: u16, code: u32, has: &str, what: &str) {
     r.assert_d1_error(status, code, has, what);
 }
@@ -407,18 +416,19 @@ fn past_the_running_transfers_an_import_or_export_is_503_with_retry_after_until_
     let url = h.c.primary_http.url();
     let addr = h.c.primary_http.addr();
     // Imports whose bodies are still on their way hold every slot.
-    let holding: Vec<std::net::TcpStream> = (0..walrelay_engine::http::transfer::MAX_RUNNING)
-        .map(|_| {
-            let mut s = std::net::TcpStream::connect(addr).expect("connect");
-            write!(
-                s,
-                "POST /v1/databases/main/import HTTP/1.1\r\nhost: x\r\nauthorization: {}\r\n\
-                 content-length: 1000\r\n\r\nINSERT INTO t VALUES (1);",
-                h.admin()
-            )
-            .expect("send");
-            s
-        })
+    let hold = || {
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        write!(
+            s,
+            "POST /v1/databases/main/import HTTP/1.1\r\nhost: x\r\nauthorization: {}\r\n\
+             content-length: 1000\r\n\r\nINSERT INTO t VALUES (1);",
+            h.admin()
+        )
+        .expect("send");
+        s
+    };
+    let mut holding: Vec<std::net::TcpStream> = (0..walrelay_engine::http::transfer::MAX_RUNNING)
+        .map(|_| hold())
         .collect();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
@@ -433,6 +443,13 @@ fn past_the_running_transfers_an_import_or_export_is_503_with_retry_after_until_
             r.status,
             String::from_utf8_lossy(&r.body)
         );
+        // A holder whose head the server read while that probe held a
+        // slot was refused (answered and closed): it is sent again.
+        for held in &mut holding {
+            if answered(held) {
+                *held = hold();
+            }
+        }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     // An import that took a slot while they filled may still be on its
