@@ -44,6 +44,7 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 /// running is answered instead ([`unfinished`]): time to write the answer
 /// before the connections are dropped.
 const UNFINISHED_MARGIN_MS: u64 = 300;
+const _: () = assert!(UNFINISHED_MARGIN_MS < SHUTDOWN_GRACE_MS);
 
 /// Serves `app` on `listener` until `stop` turns true, then waits for the
 /// open connections to finish.
