@@ -101,32 +101,20 @@ fn main() {
     }
     let commit = percentiles(&mut commit);
     // The same floor for followers that share this one disk: the W-th of N
-    // concurrent overwrites + fdatasync, plus one round trip.
-    let mut shared = concurrent_durable_overwrite(
-        root.path(),
-        4096,
-        n,
-        n / 2 + 1,
-        floor_iters,
-        Durably::Fdatasync,
-    )
-    .expect("shared-disk floor");
-    let shared = percentiles(&mut shared);
-    let shared_floor = quorum_floor(&shared, &rtt);
-    // The same, written the way the followers write (O_DIRECT, RWF_DSYNC):
-    // not the target's floor, but what says how much of a commit is the
-    // disk's path for the followers' kind of write.
-    let mut direct = concurrent_durable_overwrite(
-        root.path(),
-        4096,
-        n,
-        n / 2 + 1,
-        floor_iters,
-        Durably::DirectDsync,
-    )
-    .expect("shared-disk floor, direct");
-    let direct = percentiles(&mut direct);
-    let direct_floor = quorum_floor(&direct, &rtt);
+    // concurrent overwrites, plus one round trip; made durable with
+    // fdatasync (the target's floor), and the way the followers write
+    // (O_DIRECT, RWF_DSYNC), which says how much of a commit is the disk's
+    // path for their kind of write.
+    let shared_disk = |how: Durably| {
+        let mut samples =
+            concurrent_durable_overwrite(root.path(), 4096, n, n / 2 + 1, floor_iters, how)
+                .unwrap_or_else(|e| panic!("shared-disk floor ({how:?}): {e}"));
+        let overwrites = percentiles(&mut samples);
+        let floor = quorum_floor(&overwrites, &rtt);
+        (overwrites, floor)
+    };
+    let (shared, shared_floor) = shared_disk(Durably::Fdatasync);
+    let (direct, direct_floor) = shared_disk(Durably::DirectDsync);
     std::thread::sleep(Duration::from_millis(200));
     let mut lags: Vec<Duration> = replica
         .node()
