@@ -140,31 +140,16 @@ impl Metrics {
         ] {
             counter(&mut out, name, help, &node, n);
         }
-        let _ = writeln!(
-            out,
-            "# HELP walrelay_group_commit_size Writes per group commit (transactions of two or more writes)."
-        );
-        let _ = writeln!(out, "# TYPE walrelay_group_commit_size histogram");
-        let mut cumulative = 0;
-        let bounds = crate::group_write::GROUP_SIZE_BOUNDS
-            .iter()
-            .map(u64::to_string);
-        for (bound, n) in bounds.chain(["+Inf".to_string()]).zip(g.sizes) {
-            cumulative += n;
-            let _ = writeln!(
-                out,
-                "walrelay_group_commit_size_bucket{{{node},le=\"{bound}\"}} {cumulative}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "walrelay_group_commit_size_sum{{{node}}} {}",
-            g.grouped_writes
-        );
+        let bounds = &crate::group_write::GROUP_SIZE_BOUNDS;
         // The buckets' total, so that `+Inf` and the count agree.
-        let _ = writeln!(
-            out,
-            "walrelay_group_commit_size_count{{{node}}} {cumulative}"
+        histogram(
+            &mut out,
+            "walrelay_group_commit_size",
+            "Writes per group commit (transactions of two or more writes).",
+            &node,
+            (bounds, &g.sizes[..bounds.len()]),
+            g.sizes.iter().sum(),
+            g.grouped_writes,
         );
         out
     }
@@ -254,26 +239,15 @@ impl Metrics {
                 lag.last_confirm_lag_us
             );
             let h = self.confirm_lag.lock();
-            let _ = writeln!(
-                out,
-                "# HELP walrelay_confirm_lag_us Confirm lag: primary quorum to visible here."
+            histogram(
+                &mut out,
+                "walrelay_confirm_lag_us",
+                "Confirm lag: primary quorum to visible here.",
+                &node,
+                (&LAG_BUCKETS_US, &h.counts),
+                h.count,
+                h.sum,
             );
-            let _ = writeln!(out, "# TYPE walrelay_confirm_lag_us histogram");
-            let mut cumulative = 0;
-            for (bound, n) in LAG_BUCKETS_US.iter().zip(h.counts) {
-                cumulative += n;
-                let _ = writeln!(
-                    out,
-                    "walrelay_confirm_lag_us_bucket{{{node},le=\"{bound}\"}} {cumulative}"
-                );
-            }
-            let _ = writeln!(
-                out,
-                "walrelay_confirm_lag_us_bucket{{{node},le=\"+Inf\"}} {}",
-                h.count
-            );
-            let _ = writeln!(out, "walrelay_confirm_lag_us_sum{{{node}}} {}", h.sum);
-            let _ = writeln!(out, "walrelay_confirm_lag_us_count{{{node}}} {}", h.count);
         }
         out
     }
@@ -296,6 +270,30 @@ fn counter(out: &mut String, name: &str, help: &str, node: &str, n: u64) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} counter");
     let _ = writeln!(out, "{name}{{{node}}} {n}");
+}
+
+/// A histogram in the text format: `buckets` are its bounds and the
+/// count of observations in each (not cumulative), `count` every
+/// observation (those past the last bound too), `sum` their total.
+fn histogram(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    node: &str,
+    buckets: (&[u64], &[u64]),
+    count: u64,
+    sum: u64,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    let mut cumulative = 0;
+    for (bound, n) in buckets.0.iter().zip(buckets.1) {
+        cumulative += n;
+        let _ = writeln!(out, "{name}_bucket{{{node},le=\"{bound}\"}} {cumulative}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{{node},le=\"+Inf\"}} {count}");
+    let _ = writeln!(out, "{name}_sum{{{node}}} {sum}");
+    let _ = writeln!(out, "{name}_count{{{node}}} {count}");
 }
 
 #[cfg(test)]
