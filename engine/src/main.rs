@@ -3,6 +3,7 @@
 mod archive_args;
 mod archive_cmd;
 mod cmd;
+mod cpu_scheduling;
 mod fleet_cmd;
 mod replica_cmd;
 mod supervisor;
@@ -31,6 +32,12 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
     about = "Replicated SQLite storage with WAL capture"
 )]
 struct Cli {
+    /// How this process's threads are scheduled: `batch` (SCHED_BATCH: a
+    /// woken thread does not preempt the one that woke it; fewer context
+    /// switches per write) or `normal` (SCHED_OTHER). `up` passes its
+    /// choice to every process it starts.
+    #[arg(long, global = true, value_enum, default_value_t = cpu_scheduling::CpuScheduling::Batch)]
+    cpu_scheduling: cpu_scheduling::CpuScheduling,
     #[command(subcommand)]
     command: Command,
 }
@@ -233,9 +240,11 @@ fn init_logs() {
 
 fn main() -> Result<()> {
     init_logs();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    cli.cpu_scheduling.apply();
+    match cli.command {
         Command::Demo { db, orders } => demo(db, orders),
-        Command::Up(a) => up_cmd::up(a),
+        Command::Up(a) => up_cmd::up(a, cli.cpu_scheduling),
         Command::Follower(a) => cmd::follower(a),
         Command::Primary(a) => cmd::primary(a),
         Command::Replica(a) => replica_cmd::replica(a),

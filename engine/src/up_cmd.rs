@@ -5,6 +5,7 @@
 //! Ctrl-C.
 
 use crate::cmd::{CLUSTER_KEY_FILE, backend, backend_name, install_stop_handler};
+use crate::cpu_scheduling::CpuScheduling;
 use crate::supervisor::{Plan, Slot, Supervised};
 use anyhow::{Context, Result, bail};
 use std::net::SocketAddr;
@@ -118,7 +119,7 @@ fn join(addrs: &[SocketAddr]) -> String {
         .join(",")
 }
 
-pub fn up(a: UpArgs) -> Result<()> {
+pub fn up(a: UpArgs, scheduling: CpuScheduling) -> Result<()> {
     install_stop_handler();
     if a.replicas > 26 {
         bail!("at most 26 replicas (regions region-a to region-z)");
@@ -183,7 +184,9 @@ pub fn up(a: UpArgs) -> Result<()> {
     );
     let spawn = |args: Vec<String>| -> Result<Child> {
         let mut command = Command::new(&exe);
-        command.args(&args);
+        command
+            .args(["--cpu-scheduling", scheduling.name()])
+            .args(&args);
         // Own process group: a terminal's Ctrl-C reaches only `up`, which
         // then stops the primary first (it waits for its last commits to be
         // confirmed, which needs the followers still up) and the rest after.

@@ -71,6 +71,7 @@ fn up_runs_an_authenticated_cluster_reports_latency_and_lag_and_restarts_after_c
         let r = up.query(node, "first-unconstrained", &select_one());
         assert_eq!(r.status, 200, "node {node}: {r:?}");
     }
+    assert_every_thread_runs_under(&up, libc::SCHED_BATCH);
     let (status, lines) = up.interrupt();
     assert!(status.success(), "{lines:#?}");
     let has = |s: &str| lines.iter().any(|l| l.contains(s));
@@ -114,13 +115,35 @@ fn commits_per_s(line: &str) -> Option<u64> {
         .and_then(|n| n.parse().ok())
 }
 
+/// Every thread of every process `up` runs (followers, primary, replicas)
+/// is scheduled under `policy` (`--cpu-scheduling`, batch by default).
+fn assert_every_thread_runs_under(up: &Up, policy: i32) {
+    let threads = up.thread_policies();
+    let names: std::collections::BTreeSet<&str> = threads.iter().map(|(n, _)| n.as_str()).collect();
+    assert!(
+        names.len() >= 8,
+        "five followers and three data nodes: {names:?}"
+    );
+    let other: Vec<_> = threads.iter().filter(|(_, p)| *p != policy).collect();
+    assert!(
+        other.is_empty(),
+        "threads not under policy {policy}: {other:?}"
+    );
+}
+
 #[test]
 fn up_insecure_serves_without_a_token_and_warns_on_every_start() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().expect("dir");
     let base = free_base();
     for start in 0..2 {
-        let mut up = Up::start(dir.path(), base, &["--writers", "0", "--insecure"]);
+        // The second start hands `normal` scheduling to every process.
+        let extra: &[&str] = if start == 0 {
+            &["--writers", "0", "--insecure"]
+        } else {
+            &["--writers", "0", "--insecure", "--cpu-scheduling", "normal"]
+        };
+        let mut up = Up::start(dir.path(), base, extra);
         up.wait_line("the insecure warning", Duration::from_secs(30), |l| {
             l.contains("WARNING") && l.contains("insecure")
         });
@@ -132,6 +155,8 @@ fn up_insecure_serves_without_a_token_and_warns_on_every_start() {
         }
         if start == 0 {
             status_line_counts_http_writes(&mut up);
+        } else {
+            assert_every_thread_runs_under(&up, libc::SCHED_OTHER);
         }
         let (status, lines) = up.interrupt();
         assert!(status.success(), "{lines:#?}");

@@ -259,6 +259,33 @@ impl Up {
         (status, std::mem::take(&mut self.seen), took)
     }
 
+    /// The scheduling policy (`SCHED_*`) of every thread of every process
+    /// `up` supervises (`DIR/pids`), with the pid file's name; a process
+    /// gone meanwhile is skipped. Read from `/proc/PID/task/TID/stat`.
+    pub fn thread_policies(&self) -> Vec<(String, i32)> {
+        let mut out = Vec::new();
+        let pids = std::fs::read_dir(self.dir.join("pids")).expect("DIR/pids");
+        for entry in pids.map_while(Result::ok) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Ok(pid) = std::fs::read_to_string(entry.path()) else {
+                continue;
+            };
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", pid.trim())) else {
+                continue;
+            };
+            for task in tasks.map_while(Result::ok) {
+                let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+                    continue;
+                };
+                // After the parenthesised name: state is field 3, policy 41.
+                let after = &stat[stat.rfind(')').expect("stat") + 2..];
+                let policy = after.split(' ').nth(41 - 3).expect("policy field");
+                out.push((name.clone(), policy.parse().expect("policy")));
+            }
+        }
+        out
+    }
+
     /// Every line printed so far.
     pub fn drain(&mut self) -> &[String] {
         self.seen.extend(self.lines.try_iter());
