@@ -4,8 +4,9 @@
     thread_cpu.py snap FILE             # save a snapshot of /proc
     thread_cpu.py diff BEFORE AFTER N   # per-unit figures over N units
 
-A thread is keyed by its process's role (the first argument of
-`walrelay`: up, primary, follower, replica) and its name with digits
+A thread is keyed by its process's role (the subcommand of `walrelay`,
+after any global option such as `--cpu-scheduling batch`: up, primary,
+follower, replica) and its name with digits
 dropped (`iou-wrk-123` -> `iou-wrk`), so the five followers' rings add up
 in one row. `diff` prints, per row, CPU microseconds and voluntary and
 involuntary context switches per unit (a request, a commit), largest CPU
@@ -14,6 +15,9 @@ first, then the total. Used by http_threads.sh.
 import json
 import os
 import sys
+
+# walrelay's options that come before the subcommand, each with a value.
+GLOBAL_OPTIONS = {"--cpu-scheduling"}
 
 TICK_US = 1_000_000 / os.sysconf("SC_CLK_TCK")
 
@@ -29,7 +33,12 @@ def snapshot():
         # Any binary named walrelay* (a copy kept aside for an A/B run).
         if len(cmd) < 2 or not os.path.basename(cmd[0]).startswith(b"walrelay"):
             continue
-        role = cmd[1].decode(errors="replace")
+        # The subcommand: the first argument that is neither a global
+        # option nor its value (`--cpu-scheduling batch primary ...`).
+        args = [a.decode(errors="replace") for a in cmd[1:] if a]
+        while len(args) > 2 and args[0] in GLOBAL_OPTIONS:
+            args = args[2:]
+        role = args[0] if args else "?"
         for tid in tids:
             try:
                 stat = open(f"/proc/{pid}/task/{tid}/stat").read()
