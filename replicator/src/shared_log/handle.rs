@@ -196,6 +196,12 @@ impl DbLog {
             tracing::error!(database = %self.id, %err, "shared log maintenance after a release failed");
         }
         let segments = (inner.stats.segments_deleted - before) as usize;
+        // Unlinking 64 MiB files and syncing the directory takes
+        // milliseconds: done without the lock, so no append or sync of
+        // any database waits behind it.
+        let doomed = inner.take_doomed();
+        drop(inner);
+        doomed.unlink();
         tracing::info!(
             database = %self.id,
             start = %last.bookmark,

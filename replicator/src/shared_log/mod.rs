@@ -71,6 +71,11 @@
 //! churn): the log then stays over its bound, said once in the log, until
 //! databases release.
 //!
+//! A dead segment leaves the index under the log's lock, but its file is
+//! unlinked (and the directory synced) after the lock is dropped: that
+//! takes milliseconds for a 64 MiB file, and no database's append or sync
+//! should wait behind it.
+//!
 //! # Descriptors
 //!
 //! The log keeps one file open, the segment being written (plus, until
@@ -252,6 +257,12 @@ struct Inner {
     /// The next segment, prepared ahead once the active one is half
     /// written (see `prealloc`).
     spare: Option<Spare>,
+    /// Segments retention took out of the index, whose files are
+    /// unlinked after the lock is dropped (see `compaction::Doomed`).
+    doomed: Vec<u64>,
+    /// No new segment takes an index below this: a doomed segment's file
+    /// may still be there.
+    index_floor: u64,
 }
 
 /// The host-wide log (see the module docs).
@@ -312,6 +323,7 @@ impl Inner {
             .keys()
             .next_back()
             .map_or(0, |i| i.checked_add(1).expect("segment index overflow"))
+            .max(self.index_floor)
     }
 
     /// Creates the next segment, preallocated (from the spare prepared
@@ -571,7 +583,12 @@ impl SharedLog {
     /// Retention: deletes the segments nothing needs and, while more than
     /// `max_segments` are kept, compacts the oldest (see the module docs).
     pub fn maintain(&self) -> Result<(), SegmentError> {
-        self.inner.lock().maintain()
+        let (done, doomed) = {
+            let mut inner = self.inner.lock();
+            (inner.maintain(), inner.take_doomed())
+        };
+        doomed.unlink();
+        done
     }
 
     /// Whether a sync failed (the log takes nothing until reopened).

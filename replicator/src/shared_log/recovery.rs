@@ -412,6 +412,8 @@ impl SharedLog {
             over_bound_warned: false,
             stats: Default::default(),
             spare: None,
+            doomed: Vec::new(),
+            index_floor: 0,
         };
         Ok((
             Arc::new(SharedLog {

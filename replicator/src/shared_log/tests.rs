@@ -409,6 +409,11 @@ fn release_and_compaction_hold_the_segment_bound_with_a_lagging_database_whose_r
                 }
                 assert!(log.segments() <= MAX, "held: {} segments", log.segments());
                 assert!(log.disk_bytes() <= (MAX as u64) * (16 << 10));
+                assert_eq!(
+                    segment_files(dir.path()),
+                    log.segments(),
+                    "a release returns with the files of the segments it freed unlinked"
+                );
             }
             reached |= log.segments() >= MAX;
         }
@@ -726,4 +731,18 @@ fn cuts_resets_releases_and_compaction_with_a_spare_keep_every_database_whole() 
     assert_eq!((rec.cut_bytes, rec.unchained), (0, 0));
     check(&log, ida, &a);
     check(&log, idb, &b);
+}
+
+/// Segment files in `dir` (not a spare being built).
+fn segment_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .expect("read dir")
+        .filter(|e| {
+            e.as_ref()
+                .expect("dir entry")
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".seg")
+        })
+        .count()
 }
