@@ -67,6 +67,7 @@ pub mod record;
 pub mod segments;
 pub mod shared_log;
 pub mod subscriber;
+pub mod unlink;
 #[cfg(target_os = "linux")]
 pub mod uring;
 pub mod wire;

@@ -27,6 +27,7 @@ use crate::bookmark::Bookmark;
 use crate::chain::ChainHash;
 use crate::history::History;
 use crate::prealloc;
+use crate::unlink::Unlink;
 use std::fs::File;
 
 /// What [`SegmentLog::release_through`] released.
@@ -171,20 +172,29 @@ impl SegmentLog {
     /// The caller (the archiver) must have made the records durable in
     /// cold storage first, and must release only confirmed records.
     pub fn release_through(&mut self, upto: Bookmark) -> Result<Released, SegmentError> {
+        let (released, unlink) = self.release_deferred(upto)?;
+        unlink.run()?;
+        Ok(released)
+    }
+
+    /// [`Self::release_through`] but for the unlinks: the released
+    /// segments leave the log (its marker is the commit point), and the
+    /// caller unlinks their files after it has dropped its locks (see
+    /// [`crate::unlink`]).
+    pub fn release_deferred(&mut self, upto: Bookmark) -> Result<(Released, Unlink), SegmentError> {
         if self.failed {
             return Err(SegmentError::Failed);
         }
         let Some(plan) = self.plan_release(upto) else {
-            return Ok(Released {
+            let nothing = Released {
                 segments: 0,
                 bytes: 0,
                 start: self.base,
-            });
+            };
+            return Ok((nothing, Unlink::none()));
         };
         base::store(&self.dir, &plan.marker)?;
         let bytes = self.commit_plan(&plan);
-        self.unlink(&plan.segments)?;
-        sync_dir(self)?;
         tracing::info!(
             start = %self.base,
             segments = plan.segments.len(),
@@ -193,11 +203,17 @@ impl SegmentLog {
             disk_bytes = self.disk_bytes(),
             "released an archived prefix of the log"
         );
-        Ok(Released {
+        let files = plan
+            .segments
+            .iter()
+            .map(|&i| Self::segment_path(&self.dir, i))
+            .collect();
+        let released = Released {
             segments: plan.segments.len(),
             bytes,
             start: self.base,
-        })
+        };
+        Ok((released, Unlink::new(self.dir.clone(), files)))
     }
 
     /// Empties the log and starts it at `start` (a confirmed record whose

@@ -647,3 +647,21 @@ fn appends_after_a_reopen_mid_block_keep_every_record_before_them() {
         reopens_whole(dir.path(), backend, 7);
     }
 }
+
+#[test]
+fn a_batch_larger_than_one_read_piece_reads_back_whole() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (mut log, _) =
+        SegmentLog::open_with(dir.path(), 4 << 20, b(0), IoBackend::Std).expect("open");
+    // 100 records of 5 pages each: about 2 MiB back to back in one
+    // segment, read as one run in pieces.
+    let want: Vec<Bytes> = (1..=100).map(|s| big_rec(s, 5)).collect();
+    for r in &want {
+        log.append(r).expect("append");
+    }
+    log.sync().expect("sync");
+    let plan = log.plan_batch(b(0), b(100), usize::MAX).expect("plan");
+    assert!(plan.span_bytes() > 4 * (256 << 10), "{}", plan.span_bytes());
+    assert_eq!(plan.read().expect("read"), want);
+    assert_eq!(plan.read_checked().expect("read checked"), want);
+}

@@ -273,8 +273,9 @@ impl FollowerNode {
     /// Releases the log's whole segments up to `upto` (see
     /// [`SegmentLog::release_through`]): the caller has made them durable
     /// in cold storage. Refused for anything past the confirmed position.
-    /// Holds the node's lock for the marker's fsyncs and the unlinks
-    /// (appends wait that long; releases are rare).
+    /// Holds the node's lock for the marker's fsyncs (appends wait that
+    /// long; releases are rare) but not for the unlinks (see
+    /// [`crate::unlink`]).
     pub fn release_through(&self, upto: Bookmark) -> Result<Released, ReleaseError> {
         let mut core = self.state.core.lock();
         if let Some(why) = &core.broken {
@@ -284,7 +285,7 @@ impl FollowerNode {
         if upto > confirmed {
             return Err(ReleaseError::NotConfirmed { upto, confirmed });
         }
-        let released = core.log.release_through(upto)?;
+        let (released, unlink) = core.log.release_deferred(upto)?;
         if released.segments > 0 {
             let chain = core
                 .log
@@ -296,6 +297,8 @@ impl FollowerNode {
             });
             self.state.run(&mut core, actions);
         }
+        drop(core);
+        unlink.run_logged();
         Ok(released)
     }
 }

@@ -444,30 +444,35 @@ impl FollowerDb {
     /// now). Refused for anything past the confirmed position.
     pub fn release_through(&self, upto: Bookmark) -> Result<Released, DbError> {
         let host = Arc::clone(&self.host);
-        self.with(|db, core| {
-            if let Some(why) = &core.broken {
-                return Err(ReleaseError::Broken(why.clone()));
-            }
-            let confirmed = core.follower.confirmed();
-            if upto > confirmed {
-                return Err(ReleaseError::NotConfirmed { upto, confirmed });
-            }
-            let before = core.log.start();
-            let released = core.log.release_through(upto)?;
-            if released.start != before {
-                let chain = core
-                    .log
-                    .chain_at(released.start)
-                    .unwrap_or(ChainHash::GENESIS);
-                let actions = core.follower.handle(FollowerEvent::Released {
-                    start: released.start,
-                    chain,
-                });
-                db.run(&host, core, actions);
-            }
-            Ok(released)
-        })?
-        .map_err(DbError::from)
+        let (released, unlink) = self
+            .with(|db, core| {
+                if let Some(why) = &core.broken {
+                    return Err(ReleaseError::Broken(why.clone()));
+                }
+                let confirmed = core.follower.confirmed();
+                if upto > confirmed {
+                    return Err(ReleaseError::NotConfirmed { upto, confirmed });
+                }
+                let before = core.log.start();
+                let (released, unlink) = core.log.release_deferred(upto)?;
+                if released.start != before {
+                    let chain = core
+                        .log
+                        .chain_at(released.start)
+                        .unwrap_or(ChainHash::GENESIS);
+                    let actions = core.follower.handle(FollowerEvent::Released {
+                        start: released.start,
+                        chain,
+                    });
+                    db.run(&host, core, actions);
+                }
+                Ok((released, unlink))
+            })?
+            .map_err(DbError::from)?;
+        // Without the database's lock: its appends do not wait for the
+        // unlinks (see `crate::unlink`).
+        unlink.run_logged();
+        Ok(released)
     }
 }
 

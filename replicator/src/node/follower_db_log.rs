@@ -9,6 +9,7 @@ use crate::history::History;
 use crate::record::Encoded;
 use crate::segments::{ReadPlan, Released, SegmentError, SegmentLog};
 use crate::shared_log::DbLog;
+use crate::unlink::Unlink;
 use bytes::Bytes;
 
 /// See the module docs.
@@ -69,8 +70,13 @@ impl HostedLog {
     ) -> Result<u64, SegmentError> {
         both!(self, l => l.reset_to(start, chain, history))
     }
-    pub(super) fn release_through(&mut self, upto: Bookmark) -> Result<Released, SegmentError> {
-        both!(self, l => l.release_through(upto))
+    /// Releases through `upto`; the caller unlinks the freed segments
+    /// once it holds no lock (see [`crate::unlink`]).
+    pub(super) fn release_deferred(
+        &mut self,
+        upto: Bookmark,
+    ) -> Result<(Released, Unlink), SegmentError> {
+        both!(self, l => l.release_deferred(upto))
     }
     pub(super) fn plan_batch(
         &self,

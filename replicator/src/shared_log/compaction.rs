@@ -14,13 +14,13 @@
 
 use super::format::{self, Base, Kind};
 use super::index::Loc;
-use super::{Inner, bump, segment_path, sync_dir};
+use super::{Inner, bump, segment_path};
 use crate::ids::DatabaseId;
 use crate::segments::SegmentError;
+use crate::unlink::Unlink;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 
 /// A live entry to move: whose, which (a record's position in the index,
 /// or the base entry), and where it is.
@@ -102,7 +102,7 @@ impl Inner {
 
     /// Takes every segment with nothing live that is not being written
     /// (the oldest ones, and any other holding no cut or base entry) out
-    /// of the index, to be unlinked by [`Doomed::unlink`].
+    /// of the index, to be unlinked by the caller ([`Inner::take_doomed`]).
     fn delete_dead(&mut self) -> Result<(), SegmentError> {
         let active = self.active_index();
         let mut prefix = true;
@@ -132,12 +132,15 @@ impl Inner {
     }
 
     /// The segments taken out of the index since the last call, to be
-    /// unlinked by the caller once it has dropped the log's lock.
-    pub(super) fn take_doomed(&mut self) -> Doomed {
-        Doomed {
-            dir: self.dir.clone(),
-            segments: std::mem::take(&mut self.doomed),
+    /// unlinked by the caller once it has dropped the log's lock (see
+    /// [`crate::unlink`]; `index_floor` keeps their indexes from reuse).
+    pub(super) fn take_doomed(&mut self) -> Unlink {
+        let doomed = std::mem::take(&mut self.doomed);
+        if !doomed.is_empty() {
+            tracing::info!(segments = ?doomed, kept = self.segments.len(), "shared log deletes segments nothing needs");
         }
+        let files = doomed.iter().map(|&i| segment_path(&self.dir, i)).collect();
+        Unlink::new(self.dir.clone(), files)
     }
 
     /// Copies the live entries of segment `victim` forward, syncs them,
@@ -220,44 +223,5 @@ impl Inner {
             "shared log compacted its oldest segment: live entries moved forward"
         );
         Ok(())
-    }
-}
-
-/// Segment files that retention took out of the log's index, unlinked
-/// after the log's lock is dropped: unlinking a 64 MiB file and syncing
-/// the directory take milliseconds, and every append and sync of every
-/// database on the host needs that lock. Safe at any moment: everything
-/// that made a segment dead was synced before it was taken out, nothing
-/// reads a segment outside the index (a read plan on it fails, as for
-/// any deleted segment), no new segment takes a doomed index
-/// (`index_floor`), and recovery treats a file that outlived a crash
-/// like any segment whose entries are all dead.
-#[must_use = "the files are unlinked only by `unlink`"]
-pub(super) struct Doomed {
-    dir: PathBuf,
-    segments: Vec<u64>,
-}
-
-impl Doomed {
-    /// Unlinks the files and syncs the directory. A failure leaves a file
-    /// the next open finds dead; it is logged, and nothing is lost.
-    pub(super) fn unlink(self) {
-        if self.segments.is_empty() {
-            return;
-        }
-        for &index in &self.segments {
-            let path = segment_path(&self.dir, index);
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(err) => {
-                    tracing::error!(path = %path.display(), %err, "shared log could not delete a segment nothing needs; the next open will")
-                }
-            }
-        }
-        if let Err(err) = sync_dir(&self.dir) {
-            tracing::error!(%err, "shared log could not sync its directory after deleting segments");
-        }
-        tracing::info!(segments = ?self.segments, "shared log deleted segments nothing needs");
     }
 }

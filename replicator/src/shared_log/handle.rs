@@ -10,6 +10,7 @@ use crate::history::History;
 use crate::ids::DatabaseId;
 use crate::record::Encoded;
 use crate::segments::{ReadPlan, Released, SegmentError};
+use crate::unlink::Unlink;
 use bytes::Bytes;
 use parking_lot::MutexGuard;
 use std::sync::Arc;
@@ -164,16 +165,26 @@ impl DbLog {
     /// segments as retention allows. `segments` in the answer counts the
     /// shared segments deleted; the start moved if `start` did.
     pub fn release_through(&self, upto: Bookmark) -> Result<Released, SegmentError> {
+        let (released, unlink) = self.release_deferred(upto)?;
+        unlink.run_logged();
+        Ok(released)
+    }
+
+    /// [`Self::release_through`] but for the unlinks of the segments it
+    /// freed, left to the caller to run once it holds no lock (see
+    /// [`crate::unlink`]).
+    pub fn release_deferred(&self, upto: Bookmark) -> Result<(Released, Unlink), SegmentError> {
         let mut inner = self.lock();
         inner.check()?;
         let idx = inner.db(self.id);
         let limit = upto.min(idx.durable);
         let Some(last) = idx.newest_at_or_before(limit) else {
-            return Ok(Released {
+            let nothing = Released {
                 segments: 0,
                 bytes: 0,
                 start: idx.base,
-            });
+            };
+            return Ok((nothing, Unlink::none()));
         };
         let mut history = idx.base_history.clone();
         for e in idx
@@ -196,12 +207,8 @@ impl DbLog {
             tracing::error!(database = %self.id, %err, "shared log maintenance after a release failed");
         }
         let segments = (inner.stats.segments_deleted - before) as usize;
-        // Unlinking 64 MiB files and syncing the directory takes
-        // milliseconds: done without the lock, so no append or sync of
-        // any database waits behind it.
-        let doomed = inner.take_doomed();
+        let unlink = inner.take_doomed();
         drop(inner);
-        doomed.unlink();
         tracing::info!(
             database = %self.id,
             start = %last.bookmark,
@@ -210,11 +217,12 @@ impl DbLog {
             segments,
             "shared log released an archived prefix of a database"
         );
-        Ok(Released {
+        let released = Released {
             segments,
             bytes,
             start: last.bookmark,
-        })
+        };
+        Ok((released, unlink))
     }
 
     /// Bytes of this database's durable records after `after` up to

@@ -258,7 +258,7 @@ struct Inner {
     /// written (see `prealloc`).
     spare: Option<Spare>,
     /// Segments retention took out of the index, whose files are
-    /// unlinked after the lock is dropped (see `compaction::Doomed`).
+    /// unlinked after the lock is dropped (see [`crate::unlink`]).
     doomed: Vec<u64>,
     /// No new segment takes an index below this: a doomed segment's file
     /// may still be there.
@@ -583,12 +583,12 @@ impl SharedLog {
     /// Retention: deletes the segments nothing needs and, while more than
     /// `max_segments` are kept, compacts the oldest (see the module docs).
     pub fn maintain(&self) -> Result<(), SegmentError> {
-        let (done, doomed) = {
+        let (done, unlink) = {
             let mut inner = self.inner.lock();
             (inner.maintain(), inner.take_doomed())
         };
-        doomed.unlink();
-        done
+        let unlinked = unlink.run();
+        done.and(unlinked)
     }
 
     /// Whether a sync failed (the log takes nothing until reopened).
