@@ -163,6 +163,7 @@ impl Uploader {
         config: ArchiverConfig,
         until_idle: bool,
     ) -> std::io::Result<Uploader> {
+        let mut schedule = Schedule::new(config.rank);
         let mut archiver = Archiver::new(store, config);
         let stats = archiver.stats();
         let stopping = archiver.stopping_flag();
@@ -176,7 +177,11 @@ impl Uploader {
             .spawn(move || {
                 walrelay_replicator::background::lower_this_thread();
                 let mut quiet = 0;
-                while !flag.load(Ordering::Relaxed) {
+                loop {
+                    schedule.wait(&flag);
+                    if flag.load(Ordering::Relaxed) {
+                        break;
+                    }
                     let report = archiver.round(&source, Flush::No);
                     if until_idle {
                         quiet = match report {
@@ -188,7 +193,6 @@ impl Uploader {
                             return;
                         }
                     }
-                    sleep_unless(&flag, ROUND_EVERY);
                 }
                 // An uploader yielding its slot leaves nothing confirmed
                 // unarchived; a stopping process uploads for at most
@@ -311,6 +315,44 @@ fn idle_state(archiver: &Archiver) -> Idle {
     }
 }
 
+/// When an uploader's rounds run: one every [`ROUND_EVERY`], at a phase
+/// its rank sets. The followers' uploaders all start together, and a
+/// round's work lands on the disk they share (on the test machine, one
+/// disk for all five): most of all the releases after an upload, each a
+/// burst of unlinks and a directory sync, which made commits wait when
+/// all five came at once (papers/performance.md, lever 61). At a phase
+/// apart they come a fifth of a period apart.
+struct Schedule {
+    next: Instant,
+}
+
+impl Schedule {
+    /// Uploaders whose phases differ.
+    const PHASES: u32 = 5;
+
+    fn new(rank: u32) -> Schedule {
+        Schedule {
+            next: Instant::now() + Self::phase(rank),
+        }
+    }
+
+    /// Where in the period rounds of `rank` start.
+    fn phase(rank: u32) -> Duration {
+        ROUND_EVERY * (rank % Self::PHASES) / Self::PHASES
+    }
+
+    /// Sleeps until the next round is due (at once if `flag` is set). A
+    /// round that overran its period makes the next start a whole period
+    /// later, at the same phase.
+    fn wait(&mut self, flag: &AtomicBool) {
+        sleep_unless(flag, self.next.saturating_duration_since(Instant::now()));
+        let now = Instant::now();
+        while self.next <= now {
+            self.next += ROUND_EVERY;
+        }
+    }
+}
+
 /// Sleeps `total`, waking early if `flag` is set.
 fn sleep_unless(flag: &AtomicBool, total: Duration) {
     let step = Duration::from_millis(50);
@@ -319,5 +361,52 @@ fn sleep_unless(flag: &AtomicBool, total: Duration) {
         let d = left.min(step);
         std::thread::sleep(d);
         left -= d;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uploaders_of_the_first_five_ranks_start_their_rounds_a_fifth_of_a_period_apart() {
+        let phases: Vec<Duration> = (0..5).map(Schedule::phase).collect();
+        assert_eq!(phases[0], Duration::ZERO);
+        for w in phases.windows(2) {
+            assert_eq!(w[1] - w[0], ROUND_EVERY / 5);
+        }
+        assert!(phases[4] < ROUND_EVERY);
+        assert_eq!(
+            Schedule::phase(5),
+            Schedule::phase(0),
+            "ranks past five share phases"
+        );
+    }
+
+    #[test]
+    fn a_round_that_overran_its_period_keeps_its_phase() {
+        let flag = AtomicBool::new(false);
+        let mut s = Schedule::new(2);
+        let first = s.next;
+        s.wait(&flag);
+        assert!(Instant::now() >= first);
+        assert_eq!(s.next, first + ROUND_EVERY);
+        std::thread::sleep(ROUND_EVERY * 2 + ROUND_EVERY / 2);
+        s.wait(&flag);
+        let periods = (s.next - first).as_nanos() / ROUND_EVERY.as_nanos();
+        assert_eq!(s.next, first + ROUND_EVERY * periods as u32, "on the phase");
+        assert!(periods >= 3, "{periods}");
+    }
+
+    #[test]
+    fn a_stop_ends_the_wait_for_a_round() {
+        let flag = AtomicBool::new(true);
+        let mut s = Schedule::new(4);
+        let started = Instant::now();
+        s.wait(&flag);
+        assert!(
+            started.elapsed() < ROUND_EVERY / 5 * 4,
+            "did not sleep out the phase"
+        );
     }
 }
