@@ -22,13 +22,12 @@
 //! peer's released start: the marker names `start` and a first index above
 //! every segment there is, then every segment is unlinked.
 
-use super::{Entry, SegmentError, SegmentLog, io_at};
+use super::{Entry, SegmentError, SegmentLog};
 use crate::bookmark::Bookmark;
 use crate::chain::ChainHash;
 use crate::history::History;
 use crate::prealloc;
 use crate::unlink::Unlink;
-use std::fs::File;
 
 /// What [`SegmentLog::release_through`] released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,12 +49,6 @@ pub(super) struct Plan {
     pub(super) segments: Vec<u64>,
     /// Records released (the first `records` entries).
     pub(super) records: usize,
-}
-
-fn sync_dir(log: &SegmentLog) -> Result<(), SegmentError> {
-    File::open(&log.dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_at(&log.dir))
 }
 
 impl SegmentLog {
@@ -149,17 +142,13 @@ impl SegmentLog {
             .sum()
     }
 
-    /// Unlinks released segments (a missing one is already gone).
-    pub(super) fn unlink(&self, segments: &[u64]) -> Result<(), SegmentError> {
-        for &index in segments {
-            let path = Self::segment_path(&self.dir, index);
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io_at(&path)(e)),
-            }
-        }
-        Ok(())
+    /// The files of `segments`, to unlink (see [`crate::unlink`]).
+    pub(super) fn unlinking(&self, segments: &[u64]) -> Unlink {
+        let files = segments
+            .iter()
+            .map(|&i| Self::segment_path(&self.dir, i))
+            .collect();
+        Unlink::new(self.dir.clone(), files)
     }
 
     /// Deletes the whole segment files whose records are all at or before
@@ -203,17 +192,12 @@ impl SegmentLog {
             disk_bytes = self.disk_bytes(),
             "released an archived prefix of the log"
         );
-        let files = plan
-            .segments
-            .iter()
-            .map(|&i| Self::segment_path(&self.dir, i))
-            .collect();
         let released = Released {
             segments: plan.segments.len(),
             bytes,
             start: self.base,
         };
-        Ok((released, Unlink::new(self.dir.clone(), files)))
+        Ok((released, self.unlinking(&plan.segments)))
     }
 
     /// Empties the log and starts it at `start` (a confirmed record whose
@@ -279,8 +263,7 @@ impl SegmentLog {
         // current segment) stays good: a spare is only zeros, and nothing
         // but its index and size decide whether the next roll takes it.
         prealloc::keep_only_for(&mut self.spare, next);
-        self.unlink(&old)?;
-        sync_dir(self)?;
+        self.unlinking(&old).run()?;
         Ok(bytes)
     }
 }

@@ -194,7 +194,9 @@ fn a_crash_at_any_point_after_the_marker_reopens_at_the_new_start_and_finishes_t
         let plan = log.plan_release(b(9)).expect("something to release");
         assert_eq!(plan.segments, [0, 1, 2]);
         base::store(dir.path(), &plan.marker).expect("marker");
-        log.unlink(&plan.segments[..unlinked]).expect("unlink");
+        log.unlinking(&plan.segments[..unlinked])
+            .run()
+            .expect("unlink");
         drop(log); // the crash
         let (log, r) = reopen(dir.path());
         assert_eq!(r.released_removed, 3 - unlinked, "unlinked {unlinked}");

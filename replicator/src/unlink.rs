@@ -25,17 +25,14 @@ use std::path::PathBuf;
 #[derive(Debug, Default)]
 #[must_use = "the files are unlinked only by `run`"]
 pub struct Unlink {
-    dir: Option<PathBuf>,
+    dir: PathBuf,
     files: Vec<PathBuf>,
 }
 
 impl Unlink {
     /// `files`, all in `dir`.
     pub(crate) fn new(dir: PathBuf, files: Vec<PathBuf>) -> Unlink {
-        Unlink {
-            dir: Some(dir),
-            files,
-        }
+        Unlink { dir, files }
     }
 
     /// Nothing to unlink.
@@ -56,9 +53,6 @@ impl Unlink {
     /// directory. On an error the rest are still tried; what is left is
     /// found unneeded and removed by the next open.
     pub fn run(self) -> Result<(), SegmentError> {
-        let Some(dir) = self.dir else {
-            return Ok(());
-        };
         if self.files.is_empty() {
             return Ok(());
         }
@@ -72,11 +66,14 @@ impl Unlink {
                 }
             }
         }
-        let synced = File::open(&dir).and_then(|d| d.sync_all());
+        let synced = File::open(&self.dir).and_then(|d| d.sync_all());
         if let Some(e) = first_error {
             return Err(e);
         }
-        synced.map_err(|source| SegmentError::Io { path: dir, source })
+        synced.map_err(|source| SegmentError::Io {
+            path: self.dir,
+            source,
+        })
     }
 
     /// [`Unlink::run`], an error logged (nothing is lost by one: the next
