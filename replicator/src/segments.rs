@@ -15,7 +15,7 @@
 //!                           the rest is zero (a zero magic ends the scan)
 //! <dir>/<index:016x>.seg.tmp the next segment while it is built (see
 //!                           `prealloc`; ahead of need, once the current
-//!                           one is half written); removed at open
+//!                           one is an eighth written); removed at open
 //! <dir>/released           where the log starts once a prefix archived in
 //!                           cold storage was released (see `release`)
 //! <dir>/poisoned           left by a failed sync (see `poison`)
@@ -298,7 +298,7 @@ pub struct SegmentLog {
     durable: Bookmark,
     io: Io,
     failed: bool,
-    /// The next segment, prepared ahead once the current one is half
+    /// The next segment, prepared ahead once the current one is an eighth
     /// written (see `prealloc`).
     spare: Option<Spare>,
     spares_used: u64,
@@ -462,7 +462,7 @@ impl SegmentLog {
         Ok(self.current.replace((index, file)))
     }
 
-    /// Once the current segment is half written, starts preparing the next
+    /// Once the current segment is an eighth written, starts preparing the next
     /// one on a thread of its own (see `prealloc`), so the roll finds it
     /// ready instead of zero-filling inline on the caller's (the
     /// transport's) thread.

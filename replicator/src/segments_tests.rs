@@ -449,23 +449,34 @@ fn ready_spare(log: &mut SegmentLog) -> (u64, u64) {
 }
 
 #[test]
-fn a_roll_after_the_half_way_point_takes_the_segment_prepared_ahead() {
+fn a_roll_after_an_eighth_of_the_segment_takes_the_segment_prepared_ahead() {
     use std::os::unix::fs::MetadataExt;
     for backend in BACKENDS {
         let dir = tempfile::tempdir().expect("tmp");
         let (mut log, _) = open(dir.path(), backend);
-        log.append(&rec(1)).expect("append");
-        assert!(log.spare.is_none(), "under half written: nothing prepared");
-        log.append(&rec(2)).expect("append");
+        assert!(log.spare.is_none(), "nothing written: nothing prepared");
+        let r1 = rec(1);
+        assert!(r1.len() as u64 * 8 >= SEG, "a record is over an eighth");
+        log.append(&r1).expect("append");
         let (index, inode) = ready_spare(&mut log);
         assert_eq!(index, 1, "the next segment");
+        log.append(&rec(2)).expect("append");
         log.append(&rec(3)).expect("append");
         log.append(&rec(4)).expect("rolls");
         assert_eq!(log.spares_used(), 1);
-        assert!(tmp_files(dir.path()).is_empty(), "renamed into place");
         let seg = SegmentLog::segment_path(dir.path(), 1);
         assert_eq!(std::fs::metadata(&seg).expect("seg").ino(), inode);
-        assert!(log.spare.is_none(), "the new segment is not half written");
+        // The new segment is already an eighth written: the one after it
+        // is on its way, and it is the only temporary file.
+        assert_eq!(log.spare.as_ref().map(|s| s.index()), Some(2));
+        let tmp = prealloc::tmp_path(&SegmentLog::segment_path(dir.path(), 2));
+        let tmp_name = tmp.file_name().and_then(|n| n.to_str()).map(String::from);
+        assert!(
+            tmp_files(dir.path())
+                .iter()
+                .all(|n| Some(n) == tmp_name.as_ref()),
+            "segment 1's was renamed into place"
+        );
         assert_eq!(log.sync().expect("sync"), b(4));
         let data = std::fs::read(&seg).expect("read");
         let r4 = rec(4);
@@ -520,7 +531,7 @@ fn a_log_dropped_while_its_spare_is_prepared_reopens_clean_with_no_leftover_tmp(
     log.sync().expect("sync");
     let big = big_rec(2, 640);
     log.append(&big).expect("append");
-    assert!(log.spare.is_some(), "more than half written");
+    assert!(log.spare.is_some(), "more than an eighth written");
     drop(log);
     assert!(tmp_files(dir.path()).is_empty(), "dropping removed it");
     let (mut log, r) = open_big();
@@ -548,7 +559,7 @@ fn cuts_back_to_an_earlier_segment_drop_the_spare_and_the_log_reads_back_whole()
         log.append(&rec(s)).expect("append");
     }
     log.sync().expect("sync");
-    assert_eq!(ready_spare(&mut log).0, 2, "segment 1 is half written");
+    assert_eq!(ready_spare(&mut log).0, 2, "segment 1 is an eighth written");
     // A cut inside the current segment: the next index is still 2.
     log.truncate_after(b(4)).expect("cut");
     assert_eq!(log.spare.as_ref().map(|s| s.index()), Some(2));

@@ -254,7 +254,7 @@ struct Inner {
     /// Said once that live data holds the log over its bound.
     over_bound_warned: bool,
     stats: SharedLogStats,
-    /// The next segment, prepared ahead once the active one is half
+    /// The next segment, prepared ahead once the active one is an eighth
     /// written (see `prealloc`).
     spare: Option<Spare>,
     /// Segments retention took out of the index, whose files are
@@ -358,7 +358,7 @@ impl Inner {
         Ok(())
     }
 
-    /// Once the active segment is half written, starts preparing the next
+    /// Once the active segment is an eighth written, starts preparing the next
     /// one on a thread of its own (see `prealloc`): the roll then finds it
     /// ready instead of zero-filling inline under the log's lock.
     fn prepare_next(&mut self) {

@@ -572,7 +572,7 @@ fn until_spare(log: &Arc<SharedLog>, id: DatabaseId, e: &mut Expect, size: usize
             assert!(spare.wait(), "the spare was built");
             let index = spare.index();
             let a = inner.active.as_ref().expect("active");
-            assert!(a.write_offset * 2 >= a.size, "only past half-way");
+            assert!(a.write_offset * 8 >= a.size, "only past an eighth");
             let tmp = crate::prealloc::tmp_path(&segment_path(log.dir(), index));
             let meta = std::fs::metadata(tmp).expect("the spare's file");
             assert_eq!(meta.len(), inner.config.segment_bytes);
@@ -585,7 +585,7 @@ fn until_spare(log: &Arc<SharedLog>, id: DatabaseId, e: &mut Expect, size: usize
 }
 
 #[test]
-fn a_roll_after_the_half_way_point_takes_the_segment_prepared_ahead() {
+fn a_roll_after_an_eighth_of_the_segment_takes_the_segment_prepared_ahead() {
     use std::os::unix::fs::MetadataExt;
     let dir = tempfile::tempdir().expect("dir");
     let mut a = Expect::default();
