@@ -11,6 +11,12 @@
 # 3 ms and when they started. papers/performance.md (lever 56) shows what
 # it printed.
 #
+# BURST_SECONDS=N first loads the cluster with wrk at 16 connections for N
+# seconds (one INSERT of a 100-byte value each), so the lone writer runs
+# while the followers upload, snapshot and release what the burst wrote.
+# IO_SAMPLE=1 prints, each second of the lone writer's run, the disk's
+# bytes and each walrelay thread kind's CPU and I/O (io_by_thread.py).
+#
 # Not part of CI. Every wait is bounded; `up` is stopped by its PID (it
 # stops its children), also on error or Ctrl-C.
 set -euo pipefail
@@ -33,11 +39,27 @@ for round in $(seq 1 "$ROUNDS"); do
   for bin in "${BINS[@]}"; do
     rm -rf "$WORK/up"
     "$bin" up --dir "$WORK/up" --base-port "$PORT" --writers 0 --insecure \
-      --fleet-nodes 0 --seconds $((SECONDS_EACH + 120)) >"$WORK/up.log" 2>&1 &
+      --fleet-nodes 0 --seconds $((SECONDS_EACH + ${BURST_SECONDS:-0} + 120)) >"$WORK/up.log" 2>&1 &
     PIDS=($!)
     kv_ready "$URL"
     echo "round $round, $bin:"
+    if [ "${BURST_SECONDS:-0}" -gt 0 ]; then
+      need_wrk
+      wrk_post_script "$WORK/insert.lua" \
+        "{\"sql\":\"INSERT INTO kv(v) VALUES (?1)\",\"params\":[\"$(printf 'x%.0s' $(seq 1 100))\"]}"
+      wrk -t2 -c16 -d"${BURST_SECONDS}s" -s "$WORK/insert.lua" "$URL" |
+        awk '/^Requests\/sec/ { print "burst: " $2 " requests/s" }'
+    fi
+    SAMPLER=
+    if [ -n "${IO_SAMPLE:-}" ]; then
+      python3 benches/scripts/io_by_thread.py "$SECONDS_EACH" >"$WORK/io.txt" &
+      SAMPLER=$!
+    fi
     python3 benches/scripts/http_tail.py "$URL" "$SECONDS_EACH"
+    if [ -n "$SAMPLER" ]; then
+      wait "$SAMPLER" || true
+      cat "$WORK/io.txt"
+    fi
     stop_pids "${PIDS[@]}"
     PIDS=()
   done

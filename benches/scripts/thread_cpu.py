@@ -22,6 +22,20 @@ GLOBAL_OPTIONS = {"--cpu-scheduling"}
 TICK_US = 1_000_000 / os.sysconf("SC_CLK_TCK")
 
 
+def role_of(cmd):
+    """The role of a process from its command line (a list of bytes), or
+    None if it is not walrelay: any binary named walrelay* (a copy kept
+    aside for an A/B run), its role the subcommand: the first argument that
+    is neither a global option nor its value (`--cpu-scheduling batch
+    primary ...`)."""
+    if len(cmd) < 2 or not os.path.basename(cmd[0]).startswith(b"walrelay"):
+        return None
+    args = [a.decode(errors="replace") for a in cmd[1:] if a]
+    while len(args) > 2 and args[0] in GLOBAL_OPTIONS:
+        args = args[2:]
+    return args[0] if args else "?"
+
+
 def snapshot():
     rows = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -30,15 +44,9 @@ def snapshot():
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
             continue
-        # Any binary named walrelay* (a copy kept aside for an A/B run).
-        if len(cmd) < 2 or not os.path.basename(cmd[0]).startswith(b"walrelay"):
+        role = role_of(cmd)
+        if role is None:
             continue
-        # The subcommand: the first argument that is neither a global
-        # option nor its value (`--cpu-scheduling batch primary ...`).
-        args = [a.decode(errors="replace") for a in cmd[1:] if a]
-        while len(args) > 2 and args[0] in GLOBAL_OPTIONS:
-            args = args[2:]
-        role = args[0] if args else "?"
         for tid in tids:
             try:
                 stat = open(f"/proc/{pid}/task/{tid}/stat").read()
