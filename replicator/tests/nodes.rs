@@ -16,8 +16,17 @@ use walrelay_replicator::{
 
 const DB: DatabaseId = DatabaseId(5);
 
+/// The cluster key of the test running on this thread: every test's
+/// cluster has its own. Tests run at once in one process (and CI runs
+/// binaries beside each other), a leader redials a stopped or reserved
+/// follower's address every few milliseconds, and the kernel hands a
+/// freed port to the next listener: with one key for all, a leader could
+/// join another test's follower (same database, epoch and node), count its
+/// acks and confirm what its own followers do not hold. A stranger's key
+/// is refused at the handshake instead.
 fn key() -> Option<ClusterKey> {
-    Some(ClusterKey::from_bytes([0x5a; 32]))
+    thread_local!(static KEY: [u8; 32] = rand::random());
+    Some(ClusterKey::from_bytes(KEY.with(|k| *k)))
 }
 
 fn b(s: u64) -> Bookmark {
@@ -345,9 +354,20 @@ fn cluster_with_a_released_prefix() -> Released {
     let late_addr = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free port");
-    let early: Vec<FollowerNode> = (0..4)
-        .map(|i| follower_at(dirs[i].path(), "127.0.0.1:0".parse().expect("addr"), vec![]))
+    // B, C and D first, so that A can name them as its peers: a follower
+    // that falls behind the leader's small tail (a connection dropped under
+    // load) is sent to catch up from its peers, and one with none would
+    // wait there for good.
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    let others: Vec<FollowerNode> = (1..4)
+        .map(|i| follower_at(dirs[i].path(), any, vec![]))
         .collect();
+    let a = follower_at(
+        dirs[0].path(),
+        any,
+        others.iter().map(|f| f.addr()).collect(),
+    );
+    let early: Vec<FollowerNode> = std::iter::once(a).chain(others).collect();
     let mut addrs: Vec<_> = early.iter().map(|f| f.addr()).collect();
     addrs.push(late_addr);
     let leader = LeaderNode::start(LeaderNodeConfig {
