@@ -45,8 +45,7 @@ for round in $(seq 1 "$ROUNDS"); do
     echo "round $round, $bin:"
     if [ "${BURST_SECONDS:-0}" -gt 0 ]; then
       need_wrk
-      wrk_post_script "$WORK/insert.lua" \
-        "{\"sql\":\"INSERT INTO kv(v) VALUES (?1)\",\"params\":[\"$(printf 'x%.0s' $(seq 1 100))\"]}"
+      wrk_post_script "$WORK/insert.lua" "$(insert_body)"
       wrk -t2 -c16 -d"${BURST_SECONDS}s" -s "$WORK/insert.lua" "$URL" |
         awk '/^Requests\/sec/ { print "burst: " $2 " requests/s" }'
     fi

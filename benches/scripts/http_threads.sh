@@ -40,8 +40,7 @@ BIN=$(walrelay_bin)
 PIDS+=($!)
 URL="http://127.0.0.1:$((PORT + 10))/v1/databases/main/query"
 kv_ready "$URL"
-VALUE=$(printf 'x%.0s' $(seq 1 100))
-BODY=${BODY:-"{\"sql\":\"INSERT INTO kv(v) VALUES (?1)\",\"params\":[\"$VALUE\"]}"}
+BODY=${BODY:-$(insert_body)}
 # The body must answer 200: a typo would measure error answers.
 curl -sf -X POST "$URL" -d "$BODY" >/dev/null
 wrk_post_script "$WORK/insert.lua" "$BODY"

@@ -19,7 +19,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from thread_cpu import role_of  # noqa: E402
+from thread_cpu import role_of, thread_kind  # noqa: E402
 
 TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
 MIB = 1 << 20
@@ -54,7 +54,7 @@ def snapshot():
                 continue
             for tid in os.listdir(f"/proc/{pid}/task"):
                 base = f"/proc/{pid}/task/{tid}"
-                name = open(f"{base}/comm").read().strip().rstrip("0123456789-")
+                name = thread_kind(open(f"{base}/comm").read().strip())
                 stat = open(f"{base}/stat").read().rsplit(")", 1)[1].split()
                 io = dict(line.split(": ") for line in open(f"{base}/io").read().splitlines())
                 row = rows.setdefault(f"{role}|{name}", [0, 0, 0])

@@ -33,6 +33,12 @@ quorum_profile() {
     END { if (n) printf "%d %.1f", r / n, c / n; else printf "0 0" }'
 }
 
+# The benchmarks' write as the HTTP API's JSON body: one INSERT of a
+# 100-byte value into `kv` (the table kv_ready creates).
+insert_body() {
+  printf '{"sql":"INSERT INTO kv(v) VALUES (?1)","params":["%s"]}' "$(printf 'x%.0s' $(seq 1 100))"
+}
+
 # Writes wrk's script for a keep-alive POST of JSON body $2 to file $1 (the
 # body holds no single quote).
 wrk_post_script() {

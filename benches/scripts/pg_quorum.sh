@@ -142,7 +142,7 @@ cargo build -q --profile "$PROFILE" -p walrelay-benches --bin rtt_probe
 PIDS+=($!)
 URL="http://127.0.0.1:$((WR_PORT + 10))/v1/databases/main/query"
 kv_ready "$URL"
-wrk_post_script "$WORK/insert.lua" "{\"sql\":\"INSERT INTO kv(v) VALUES (?1)\",\"params\":[\"$VALUE\"]}"
+wrk_post_script "$WORK/insert.lua" "$(insert_body)"
 wrk_post_script "$WORK/empty.lua" '{"sql":"SELECT 1"}'
 # wrk's --latency percentiles, in microseconds: "p50 p99".
 wrk_latency() {

@@ -36,6 +36,11 @@ def role_of(cmd):
     return args[0] if args else "?"
 
 
+def thread_kind(name):
+    """A thread's name with its digits dropped (`iou-wrk-123` -> `iou-wrk`)."""
+    return name.rstrip("0123456789").rstrip("-")
+
+
 def snapshot():
     rows = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -58,7 +63,7 @@ def snapshot():
             cpu = int(fields[11]) + int(fields[12])  # utime + stime, ticks
             vol = int(status.split("voluntary_ctxt_switches:")[1].split()[0])
             invol = int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
-            key = f"{role}|{name.rstrip('0123456789').rstrip('-')}"
+            key = f"{role}|{thread_kind(name)}"
             row = rows.setdefault(key, [0, 0, 0])
             row[0] += cpu
             row[1] += vol

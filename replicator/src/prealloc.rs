@@ -38,13 +38,12 @@
 //! Each spare's allowance is also offset by a random part of a chunk
 //! (its stagger, in whole blocks): the followers of a cluster get the same
 //! records, and without it they wrote each chunk at the same moment.
-//! Unpaced, five
-//! followers filling 64 MiB each at once kept the disk saturated for about
-//! a second at every roll (every 64 MiB of log), and the quorum's syncs
-//! queued behind the zeros: over HTTP at one connection, windows of 47-92
-//! requests over 3 ms (up to 40 ms) every 8-10 s (papers/performance.md,
-//! lever 46). The roll that needs a spare still being filled lifts the
-//! pace and waits for it.
+//! Unpaced, five followers filling 64 MiB each at once kept the disk
+//! saturated for about a second at every roll (every 64 MiB of log), and
+//! the quorum's syncs queued behind the zeros: over HTTP at one
+//! connection, windows of 47-92 requests over 3 ms (up to 40 ms) every
+//! 8-10 s (papers/performance.md, lever 46). The roll that needs a spare
+//! still being filled lifts the pace and waits for it.
 //!
 //! A log holds at most one spare, and replacing or dropping one cancels and
 //! joins its thread and removes its file before anything else happens: two
