@@ -449,7 +449,7 @@ impl Database {
         w: &Pooled,
         jobs: Vec<WriteJob<'_>>,
     ) -> Vec<WriteOutcome> {
-        if w.conn.engine_exec("BEGIN IMMEDIATE").is_err() {
+        if w.conn.engine_exec_cached("BEGIN IMMEDIATE").is_err() {
             g.rerun_alone
                 .fetch_add(jobs.len() as u64, Ordering::Relaxed);
             return jobs.iter().map(|j| self.run_alone(w, j)).collect();
@@ -467,7 +467,7 @@ impl Database {
         }
         // Writes never started (the transaction ended) run alone.
         members.extend(jobs.map(Member::Again));
-        let committed = open && w.conn.engine_exec("COMMIT").is_ok();
+        let committed = open && w.conn.engine_exec_cached("COMMIT").is_ok();
         if !committed {
             if !w.conn.conn.is_autocommit() {
                 let _ = w.conn.engine_exec("ROLLBACK");
@@ -508,7 +508,10 @@ impl Database {
         if job.cancel.as_ref().is_some_and(CancelToken::is_cancelled) {
             return (Member::Settled(Err(QueryError::Cancelled)), true);
         }
-        if w.conn.engine_exec("SAVEPOINT walrelay_group").is_err() {
+        if w.conn
+            .engine_exec_cached("SAVEPOINT walrelay_group")
+            .is_err()
+        {
             return (Member::Again(job), !w.conn.conn.is_autocommit());
         }
         let r = self.run_job(w, &job);
@@ -533,11 +536,12 @@ impl Database {
             Err(_) => (Member::Again(job), true),
         };
         let end = if undo {
-            "ROLLBACK TO walrelay_group; RELEASE walrelay_group"
+            w.conn
+                .engine_exec("ROLLBACK TO walrelay_group; RELEASE walrelay_group")
         } else {
-            "RELEASE walrelay_group"
+            w.conn.engine_exec_cached("RELEASE walrelay_group")
         };
-        if w.conn.engine_exec(end).is_err() {
+        if end.is_err() {
             // The transaction is in an unknown state: end it, and run
             // every member again alone.
             let _ = w.conn.engine_exec("ROLLBACK");

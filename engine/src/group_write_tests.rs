@@ -463,3 +463,66 @@ fn a_group_counts_in_the_first_size_bucket_at_or_above_its_writes() {
     assert_eq!(size_bucket(49), GROUP_SIZE_BOUNDS.len(), "past the bounds");
     assert_eq!(size_bucket(MAX_GROUP as u64), GROUP_SIZE_BOUNDS.len());
 }
+
+#[test]
+fn the_engines_cached_transaction_statements_give_a_user_of_the_same_text_what_a_fresh_writer_would()
+ {
+    let cached = open(Limits::default());
+    let fresh = open(Limits::default());
+    for f in [&cached, &fresh] {
+        exec(&f.db, "CREATE TABLE t(v INTEGER)");
+    }
+    // A group leaves BEGIN IMMEDIATE, SAVEPOINT, RELEASE and COMMIT in the
+    // writer's statement cache; the other writer never ran one.
+    let inserts = |range| -> Vec<Write> {
+        ints(range)
+            .into_iter()
+            .map(|p| write("INSERT INTO t(v) VALUES (?1)", p))
+            .collect()
+    };
+    assert!(
+        grouped(&cached.db, inserts(1..=3))
+            .iter()
+            .all(Result::is_ok)
+    );
+    exec(&fresh.db, "INSERT INTO t(v) VALUES (1), (2), (3)");
+    assert_eq!(cached.db.group_commit_stats().groups, 1);
+    assert_eq!(fresh.db.group_commit_stats().groups, 0);
+    let outcome = |f: &Fixture, sql: &str, in_batch: bool| -> String {
+        let s = f.db.session(Constraint::FirstPrimary).expect("session");
+        let r = if in_batch {
+            s.batch([s.prepare("INSERT INTO t(v) VALUES (9)"), s.prepare(sql)])
+                .map(drop)
+        } else {
+            s.prepare(sql).run().map(drop)
+        };
+        format!("{r:?} rows {}", count(&f.db, "SELECT count(*) FROM t"))
+    };
+    for sql in [
+        "BEGIN IMMEDIATE",
+        "SAVEPOINT walrelay_group",
+        "RELEASE walrelay_group",
+        "COMMIT",
+    ] {
+        for in_batch in [false, true] {
+            let (c, f) = (
+                outcome(&cached, sql, in_batch),
+                outcome(&fresh, sql, in_batch),
+            );
+            assert_eq!(c, f, "{sql} (in a batch: {in_batch})");
+        }
+        // Alone, each is refused or fails: none leaves a transaction open.
+        assert!(outcome(&cached, sql, false).starts_with("Err"), "{sql}");
+    }
+    // BEGIN and COMMIT are refused inside a batch.
+    assert!(outcome(&cached, "COMMIT", true).starts_with("Err(Batch"));
+    // The writer still groups, and commits what it groups.
+    let before = count(&cached.db, "SELECT count(*) FROM t");
+    assert!(
+        grouped(&cached.db, inserts(4..=5))
+            .iter()
+            .all(Result::is_ok)
+    );
+    assert_eq!(count(&cached.db, "SELECT count(*) FROM t"), before + 2);
+    assert_eq!(cached.db.group_commit_stats().groups, 2);
+}

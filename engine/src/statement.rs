@@ -597,7 +597,7 @@ impl Database {
         let (p, w) = self.writer()?;
         let armed = w.watch.arm(limits.query_timeout_ms, cancel);
         forget_last_row_id(&w.conn.conn);
-        if let Err(e) = w.conn.engine_exec("BEGIN IMMEDIATE") {
+        if let Err(e) = w.conn.engine_exec_cached("BEGIN IMMEDIATE") {
             drop(armed);
             let e = self.explain(QueryError::sql(e));
             drop(w);
@@ -642,7 +642,7 @@ impl Database {
         w.conn.set_in_batch(false);
         let committed = match failure {
             Some(e) => Err(e),
-            None => w.conn.engine_exec("COMMIT").map_err(QueryError::sql),
+            None => w.conn.engine_exec_cached("COMMIT").map_err(QueryError::sql),
         };
         drop(armed);
         if let Err(e) = committed {

@@ -41,8 +41,15 @@ fn records(db: u64, from: u64, to: u64, mut prev: ChainHash) -> Vec<Encoded> {
     out
 }
 
+/// Cluster key `b` of the test running on this thread: the same `b` is
+/// the same key within a test, and no two tests share one. Tests run at
+/// once in one process, and a node redials a freed port that the kernel
+/// may have handed to another test's host: with keys shared between tests
+/// it could join a stranger's cluster (the node tests' cf520b0); a
+/// stranger's key is refused at the handshake instead.
 fn key(b: u8) -> Option<ClusterKey> {
-    Some(ClusterKey::from_bytes([b; 32]))
+    thread_local!(static BASE: [u8; 32] = rand::random());
+    Some(ClusterKey::from_bytes(BASE.with(|k| k.map(|x| x ^ b))))
 }
 
 /// The backends to run on: io_uring too where the kernel allows it (under
