@@ -83,14 +83,13 @@ impl Database {
                 match self.lead_alone_here(leader, job) {
                     Ok(outcome) => Handback::uncounted(outcome),
                     Err((leader, job)) => {
-                        return self
-                            .on_blocking_thread(move |db| {
-                                let p = db.primary().expect("a primary's role does not change");
-                                let groups = p.write_groups.as_ref().expect("group commit is on");
-                                let outcome = db.lead_group(p, groups, leader, job);
-                                db.through_gate(p, outcome, None, started)
-                            })
-                            .await;
+                        return match self.lead_on_blocking_thread(leader, job).await {
+                            Ok((o, at_gate)) => {
+                                self.confirmed_without_thread(o, Some(at_gate), started)
+                                    .await
+                            }
+                            Err(e) => Err(e),
+                        };
                     }
                 }
             }
@@ -176,6 +175,31 @@ impl Database {
             db.through_gate(p, Ok(o), at_gate, started)
         })
         .await
+    }
+
+    /// Leads a group on the blocking pool (the leader may wait for the
+    /// writer and for its group to gather, and runs every member's
+    /// statement): its unconfirmed result, counted at the gate from the
+    /// moment it committed, or its settled error. The confirmation is then
+    /// waited for by the task, as a member's is, so no thread sleeps
+    /// through the quorum round and the leader is woken with its members:
+    /// a blocking thread's sleep and wake-up less per log record.
+    async fn lead_on_blocking_thread(
+        &self,
+        leader: GroupLeader,
+        job: WriteJob<'static>,
+    ) -> Result<(Output, AtGate), QueryError> {
+        let db = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let p = db.primary().expect("a primary's role does not change");
+            let groups = p.write_groups.as_ref().expect("group commit is on");
+            match db.lead_group(p, groups, leader, job) {
+                Ok(o) => Ok((o, AtGate::enter(Some(groups)))),
+                Err(e) => Err(db.settle_error(e, false)),
+            }
+        })
+        .await
+        .unwrap_or(Err(QueryError::WriteAbandoned))
     }
 
     /// Runs `work` on the blocking pool; a panic there answers

@@ -337,6 +337,39 @@ fn a_lone_write_over_http_is_led_by_its_task_and_answers_only_once_confirmed() {
 }
 
 #[test]
+fn a_write_led_on_a_blocking_thread_leaves_its_confirmation_wait_to_its_task() {
+    let gate = Arc::new(Gate::default());
+    let (_dir, db) = open_with(&gate, true);
+    create_confirmed(&gate, &db);
+    let (_server, url) = serve_primary(&db);
+    // The first write waits at the gate, so the second does not find the
+    // writer quiet: it leads on a blocking thread.
+    let first = insert_over_http(&url, 1);
+    wait_until("the first write committed", || {
+        writes_committed(&gate, &db) >= 1
+    });
+    let second = insert_over_http(&url, 2);
+    wait_until("the second write committed", || {
+        writes_committed(&gate, &db) >= 2
+    });
+    let last = *gate.committed().last().expect("commits");
+    // Its task, not the thread that led it, left a wake-up with the gate
+    // for the second write's bookmark.
+    wait_until("a wake-up for the second write", || {
+        gate.calls.lock().iter().any(|(b, _)| *b == last)
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(
+        !first.is_finished() && !second.is_finished(),
+        "an answer escaped the gate"
+    );
+    gate.release(last);
+    assert!(first.join().expect("first") < last);
+    assert_eq!(second.join().expect("second"), last);
+    wait_until("each counted out", || db.group_commit_stats().at_gate == 0);
+}
+
+#[test]
 fn writes_over_http_waited_for_by_tasks_answer_only_once_confirmed_and_count_once_at_the_gate() {
     let gate = Arc::new(Gate::default());
     let (_dir, db) = open_with(&gate, true);
