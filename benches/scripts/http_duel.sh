@@ -10,6 +10,8 @@
 # CONNECTIONS keep-alive connections (default 16), each request one INSERT
 # of a 100-byte value (or the JSON body in BODY). It prints each round's
 # requests/s and B/A, then the median B/A over ROUNDS (default 6).
+# UP_ARGS_A and UP_ARGS_B are extra `up` options for each side: one build
+# given twice with two settings compares the settings.
 #
 # Why at once: this machine's speed drifts by tens of percent within
 # minutes, so two builds measured one after the other differ by more than
@@ -42,9 +44,14 @@ RATIOS=()
 for round in $(seq 1 "$ROUNDS"); do
   if ((round % 2)); then PA=$PORT PB=$((PORT + 100)); else PA=$((PORT + 100)) PB=$PORT; fi
   for side in a b; do
-    if [ $side = a ]; then bin=$A_BIN port=$PA; else bin=$B_BIN port=$PB; fi
+    if [ $side = a ]; then
+      bin=$A_BIN port=$PA extra=${UP_ARGS_A:-}
+    else
+      bin=$B_BIN port=$PB extra=${UP_ARGS_B:-}
+    fi
+    # shellcheck disable=SC2086 # the extra options are a list
     "$bin" up --dir "$WORK/$side" --base-port "$port" --writers 0 --insecure \
-      --fleet-nodes 0 --seconds $((SECONDS_EACH + 120)) >"$WORK/$side.log" 2>&1 &
+      --fleet-nodes 0 --seconds $((SECONDS_EACH + 120)) $extra >"$WORK/$side.log" 2>&1 &
     PIDS+=($!)
   done
   URL_A="http://127.0.0.1:$((PA + 10))/v1/databases/main/query"
