@@ -217,8 +217,7 @@ impl CaptureSink for Issuer {
     }
 }
 
-// The authorizer's switches (see crate::sandbox).
-const ALLOW_TX: u8 = crate::sandbox::ENGINE;
+// The authorizer's batch switch (see crate::sandbox).
 const IN_BATCH: u8 = crate::sandbox::IN_BATCH;
 
 /// A connection plus the authorizer switches the engine flips around its own
@@ -233,10 +232,7 @@ pub(crate) struct Conn {
 
 impl Conn {
     pub(crate) fn engine_exec(&self, sql: &str) -> rusqlite::Result<()> {
-        self.auth.fetch_or(ALLOW_TX, Ordering::SeqCst);
-        let r = self.conn.execute_batch(sql);
-        self.auth.fetch_and(!ALLOW_TX, Ordering::SeqCst);
-        r
+        crate::sandbox::as_engine(self, |c| c.execute_batch(sql))
     }
 
     /// [`Conn::engine_exec`] for one of the engine's own fixed statements
@@ -250,16 +246,13 @@ impl Conn {
     /// its statements afresh (so through the authorizer).
     pub(crate) fn engine_exec_cached(&self, sql: &'static str) -> rusqlite::Result<()> {
         debug_assert!(!sql.contains(';'), "one statement: {sql}");
-        self.auth.fetch_or(ALLOW_TX, Ordering::SeqCst);
         // Re-preparing after a schema change consults the authorizer too,
         // so the switch covers the step as well as the prepare.
-        let r = self
-            .conn
-            .prepare_cached(sql)
-            .and_then(|mut s| s.execute([]))
-            .map(drop);
-        self.auth.fetch_and(!ALLOW_TX, Ordering::SeqCst);
-        r
+        crate::sandbox::as_engine(self, |c| {
+            c.prepare_cached(sql)
+                .and_then(|mut s| s.execute([]))
+                .map(drop)
+        })
     }
 
     /// Inside a batch the authorizer refuses transaction control.

@@ -83,13 +83,10 @@ impl Database {
                 match self.lead_alone_here(leader, job) {
                     Ok(outcome) => Handback::uncounted(outcome),
                     Err((leader, job)) => {
-                        return match self.lead_on_blocking_thread(leader, job).await {
-                            Ok((o, at_gate)) => {
-                                self.confirmed_without_thread(o, Some(at_gate), started)
-                                    .await
-                            }
-                            Err(e) => Err(e),
-                        };
+                        let (o, at_gate) = self.lead_on_blocking_thread(leader, job).await?;
+                        return self
+                            .confirmed_without_thread(o, Some(at_gate), started)
+                            .await;
                     }
                 }
             }
@@ -189,26 +186,25 @@ impl Database {
         leader: GroupLeader,
         job: WriteJob<'static>,
     ) -> Result<(Output, AtGate), QueryError> {
-        let db = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let p = db.primary().expect("a primary's role does not change");
-            let groups = p.write_groups.as_ref().expect("group commit is on");
-            match db.lead_group(p, groups, leader, job) {
-                Ok(o) => Ok((o, AtGate::enter(Some(groups)))),
-                Err(e) => Err(db.settle_error(e, false)),
-            }
-        })
-        .await
-        .unwrap_or(Err(QueryError::WriteAbandoned))
+        self.clone()
+            .on_blocking_thread(move |db| {
+                let p = db.primary().expect("a primary's role does not change");
+                let groups = p.write_groups.as_ref().expect("group commit is on");
+                match db.lead_group(p, groups, leader, job) {
+                    Ok(o) => Ok((o, AtGate::enter(Some(groups)))),
+                    Err(e) => Err(db.settle_error(e, false)),
+                }
+            })
+            .await
     }
 
     /// Runs `work` on the blocking pool; a panic there answers
     /// [`QueryError::WriteAbandoned`] (whether the write committed is
     /// unknown, as when a group's leader goes away).
-    async fn on_blocking_thread(
+    async fn on_blocking_thread<T: Send + 'static>(
         self,
-        work: impl FnOnce(&Database) -> Result<Output, QueryError> + Send + 'static,
-    ) -> Result<Output, QueryError> {
+        work: impl FnOnce(&Database) -> Result<T, QueryError> + Send + 'static,
+    ) -> Result<T, QueryError> {
         tokio::task::spawn_blocking(move || work(&self))
             .await
             .unwrap_or(Err(QueryError::WriteAbandoned))

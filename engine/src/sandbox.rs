@@ -368,7 +368,9 @@ pub(crate) fn reset_if_dirty(c: &Conn) -> Result<(), rusqlite::Error> {
 }
 
 /// Runs `f` as an engine statement: the authorizer allows it. Whatever
-/// `f` prepares must not go into the statement cache.
+/// `f` prepares must not go into the statement cache, except the fixed
+/// transaction-control statements of [`Conn::engine_exec_cached`], which
+/// the authorizer allows a user outside a batch anyway.
 pub(crate) fn as_engine<T>(c: &Conn, f: impl FnOnce(&Connection) -> T) -> T {
     c.auth.fetch_or(ENGINE, Ordering::SeqCst);
     let r = f(&c.conn);
