@@ -64,6 +64,7 @@ pub mod node;
 mod prealloc;
 pub mod quorum;
 pub mod record;
+mod recycle;
 pub mod segments;
 pub mod shared_log;
 pub mod subscriber;

@@ -45,6 +45,11 @@
 //! 8-10 s (papers/performance.md, lever 46). The roll that needs a spare
 //! still being filled lifts the pace and waits for it.
 //!
+//! None of this is needed once a log has released segments: a roll then
+//! reuses one of them, already written, and writes no zeros at all
+//! ([`crate::recycle`]); a log prepares no spare while its pool holds a
+//! segment for the next roll.
+//!
 //! A log holds at most one spare, and replacing or dropping one cancels and
 //! joins its thread and removes its file before anything else happens: two
 //! preparations of one index never run at once, and a log reopened in the
@@ -284,6 +289,12 @@ pub(crate) fn create_segment(
     })
 }
 
+/// Whether a log whose active segment of `active_size` bytes has `written`
+/// bytes is past the point where its next segment is prepared ahead.
+pub(crate) fn spare_due(written: u64, active_size: u64) -> bool {
+    written.saturating_mul(SPARE_START_DIVISOR) >= active_size
+}
+
 /// Once the active segment is an eighth written (`written` of `active_size`
 /// bytes), makes sure `spare` is (being) built for segment `index` of
 /// `size` bytes, to be at `path()`: the index and size the next roll would
@@ -298,7 +309,7 @@ pub(crate) fn keep_ready(
     size: u64,
     path: impl FnOnce() -> PathBuf,
 ) {
-    if written.saturating_mul(SPARE_START_DIVISOR) < active_size {
+    if !spare_due(written, active_size) {
         return;
     }
     if !spare.as_ref().is_some_and(|s| s.is_for(index, size)) {
@@ -386,6 +397,12 @@ impl Spare {
                 None
             }
         }
+    }
+
+    /// Whether its preparation has ended (built, failed or cancelled):
+    /// taking it then waits for nothing.
+    pub(crate) fn is_done(&self) -> bool {
+        self.thread.as_ref().is_none_or(JoinHandle::is_finished)
     }
 
     /// Whether it is being made for exactly segment `index` of `size`

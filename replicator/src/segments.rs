@@ -55,6 +55,7 @@ use crate::direct_io::{RunWrite, SegFile, Tail};
 use crate::history::History;
 use crate::prealloc::{self, Spare};
 use crate::record::{Encoded, RecordError};
+use crate::recycle;
 use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -260,6 +261,10 @@ pub struct Recovery {
     /// Segments the `released` marker says were released that a crash
     /// (between the marker and their unlink) left behind, removed now.
     pub released_removed: usize,
+    /// Segments reused from the pool whose earlier records lie past the
+    /// log's end (stale: never kept, overwritten as the log grows; see
+    /// `crate::recycle`).
+    pub stale_segments: usize,
 }
 
 /// The log of one follower.
@@ -302,6 +307,11 @@ pub struct SegmentLog {
     /// written (see `prealloc`).
     spare: Option<Spare>,
     spares_used: u64,
+    /// Whether the pool held a file for the next roll, as last looked
+    /// for that roll's index (once per segment, when a spare would start).
+    pool_for: Option<(u64, bool)>,
+    /// Segments reused from the pool ([`crate::recycle`]).
+    recycled: u64,
 }
 
 fn io_at(path: &Path) -> impl Fn(io::Error) -> SegmentError + '_ {
@@ -429,9 +439,11 @@ impl SegmentLog {
         let size = self.next_segment_bytes().max(at_least);
         let index = self.next_index();
         let path = Self::segment_path(&self.dir, index);
-        // Preallocated, from the spare prepared ahead when it fits (see
-        // `prealloc` for why zeros are written and synced).
-        let created = prealloc::create_segment(&self.dir, &path, index, size, self.spare.take())?;
+        // A released segment from the pool, the spare prepared ahead, or
+        // zeros written inline (see `recycle` and `prealloc`).
+        let (created, reused) =
+            recycle::create_segment(&self.dir, &path, index, size, self.spare.take())?;
+        self.recycled += u64::from(reused);
         self.spares_used += u64::from(created.from_spare);
         let size = created.size;
         self.sizes.insert(index, size);
@@ -469,6 +481,21 @@ impl SegmentLog {
     fn prepare_next(&mut self) {
         if self.current.is_some() {
             let (index, size) = (self.next_index(), self.next_segment_bytes());
+            // No spare while the pool holds a segment for that roll
+            // (looked for once per roll, when a spare would start).
+            if prealloc::spare_due(self.write_offset, self.current_bytes) {
+                let pooled = match self.pool_for {
+                    Some((i, pooled)) if i == index => pooled,
+                    _ => {
+                        let pooled = recycle::has(&self.dir, size);
+                        self.pool_for = Some((index, pooled));
+                        pooled
+                    }
+                };
+                if pooled && self.spare.is_none() {
+                    return;
+                }
+            }
             prealloc::keep_ready(
                 &mut self.spare,
                 self.write_offset,
@@ -484,6 +511,12 @@ impl SegmentLog {
     /// zero-filled inline at their roll).
     pub fn spares_used(&self) -> u64 {
         self.spares_used
+    }
+
+    /// Segments reused from the pool of released ones instead of written
+    /// anew ([`crate::recycle`]).
+    pub fn segments_recycled(&self) -> u64 {
+        self.recycled
     }
 
     /// Appends one encoded record, staged until the next `sync` (which
@@ -688,9 +721,11 @@ impl SegmentLog {
     /// Where the batch `read_batch` would return lies, to be read later
     /// ([`ReadPlan::read`]) without the log: a caller holding the log
     /// under a lock reads outside it. The plan stays valid as long as its
-    /// segments are not deleted, and only `release_through` (or a
-    /// `reset_to`) deletes segments holding durable records that `cut`s
-    /// never reach (a cut only removes records after a kept position).
+    /// segments are not deleted or reused, and only `release_through` (or
+    /// a `reset_to`) deletes segments holding durable records that `cut`s
+    /// never reach (a cut only removes records after a kept position); a
+    /// released segment may be reused under a new index, which a read
+    /// made meanwhile finds with [`ReadPlan::read_checked`].
     pub fn plan_batch(
         &self,
         after: Bookmark,
@@ -738,3 +773,7 @@ mod tests;
 #[cfg(test)]
 #[path = "segments_release_tests.rs"]
 mod release_tests;
+
+#[cfg(test)]
+#[path = "segments_recycle_tests.rs"]
+mod recycle_tests;

@@ -92,6 +92,8 @@ impl SegmentLog {
             failed: false,
             spare: None,
             spares_used: 0,
+            pool_for: None,
+            recycled: 0,
         };
         let mut cut = false;
         for (n, &index) in indexes.iter().enumerate() {
@@ -121,7 +123,9 @@ impl SegmentLog {
                     }
                     // A valid first record that does not follow the
                     // released base: the marker and the log disagree.
-                    Ok((r, _)) if marked && log.entries.is_empty() => {
+                    // (One at or before the start is a reused segment's
+                    // earlier record: stale, below.)
+                    Ok((r, _)) if marked && log.entries.is_empty() && r.bookmark > log.base => {
                         return Err(SegmentError::BaseMismatch {
                             path,
                             start: log.base,
@@ -135,21 +139,40 @@ impl SegmentLog {
                     if let Some(len) = crate::record::legacy_record_len(&rest) {
                         return Err(SegmentError::LegacyRecord { path, len });
                     }
-                    // Zero magic: the clean end. Anything else: a torn or
-                    // corrupt tail, cut here.
+                    // Zero magic: the clean end. So is a segment that ends
+                    // where the next one picks up (a reused segment holds
+                    // its earlier life past the roll). Anything else: a
+                    // torn or corrupt tail, cut here, or in a reused
+                    // segment its earlier records (see `crate::recycle`).
                     let tail_is_zero = rest.iter().all(|&b| b == 0);
-                    if !tail_is_zero {
-                        // Valid records after the damage, here or in later
-                        // segments, mean it is not a torn tail: keep the bytes
-                        // aside and say so, loudly.
-                        let after = records_in(&rest.slice(1.min(rest.len())..))
+                    let rolled = || {
+                        indexes.get(n + 1).is_some_and(|&i| {
+                            i == index + 1
+                                && first_follows(&Self::segment_path(dir, i), last, last_chain)
+                        })
+                    };
+                    if !tail_is_zero && !rolled() {
+                        // Valid records after the damage that are newer
+                        // than the last good one, here or in later
+                        // segments, mean it is not a torn tail: keep the
+                        // bytes aside and say so, loudly. Older ones are a
+                        // reused segment's stale records.
+                        let here = records_after(&rest, last, true);
+                        let after = here.newer
                             + indexes[n + 1..]
                                 .iter()
                                 .map(|i| {
-                                    std::fs::read(Self::segment_path(dir, *i))
-                                        .map_or(0, |d| records_in(&Bytes::from(d)))
+                                    std::fs::read(Self::segment_path(dir, *i)).map_or(0, |d| {
+                                        records_after(&Bytes::from(d), last, false).newer
+                                    })
                                 })
                                 .sum::<usize>();
+                        if after == 0 && here.stale > 0 {
+                            // A reused segment's earlier records: past the
+                            // end, never kept, overwritten as the log grows.
+                            rec.stale_segments += 1;
+                            break;
+                        }
                         if after > 0 {
                             rec.mid_log_corruption = Some(last);
                             rec.records_after_corruption = after;
@@ -199,6 +222,7 @@ impl SegmentLog {
             std::fs::remove_file(&path).map_err(io_at(&path))?;
             rec.released_removed += 1;
         }
+        crate::recycle::trim(dir, segment_bytes).map_err(io_at(dir))?;
         if let Some(good) = poison::load(dir)? {
             rec.cut_bytes += log.cut_after(good)?;
         }
@@ -272,10 +296,22 @@ impl SegmentLog {
     }
 }
 
-/// How many whole, valid records start somewhere in `buf` (a scan for
-/// the record magic; only for telling damage from a torn tail).
-fn records_in(buf: &Bytes) -> usize {
-    let mut n = 0;
+/// Whole, valid records found in a scan for the record magic past a
+/// log's end: only for telling damage from a torn tail or stale records.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct After {
+    /// Records after the last good one: damage, not a torn tail.
+    newer: usize,
+    /// Records at or before it: a reused segment's earlier life.
+    stale: usize,
+}
+
+/// What valid records start somewhere in `buf`, a log's bytes past its
+/// last good record, `last`. With `past_end`, `buf` starts right at the
+/// end, where the record that did not follow was: a newer one there is
+/// not counted.
+fn records_after(buf: &Bytes, last: Bookmark, past_end: bool) -> After {
+    let mut found = After::default();
     let mut at = 0;
     while let Some(i) = buf[at..]
         .windows(crate::record::MAGIC.len())
@@ -283,14 +319,41 @@ fn records_in(buf: &Bytes) -> usize {
     {
         let start = at + i;
         match Encoded::decode(&buf.slice(start..)) {
-            Ok((_, used)) => {
-                n += 1;
+            Ok((r, used)) => {
+                if r.bookmark <= last {
+                    found.stale += 1;
+                } else if start > 0 || !past_end {
+                    found.newer += 1;
+                }
                 at = start + used;
             }
             Err(_) => at = start + 1,
         }
     }
-    n
+    found
+}
+
+/// Whether the first record of the segment at `path` follows `last` (with
+/// chain `last_chain`, if known): the log went on there, so the segment
+/// before ended cleanly whatever lies past its end. Reads a prefix, and
+/// the whole file only for a first record longer than that.
+fn first_follows(path: &Path, last: Bookmark, last_chain: Option<ChainHash>) -> bool {
+    const PREFIX: u64 = 64 << 10;
+    let follows = |bytes: Vec<u8>| match Encoded::decode(&Bytes::from(bytes)) {
+        Ok((r, _)) => Some(r.previous == last && last_chain.is_none_or(|c| c == r.prev_chain)),
+        Err(_) => None,
+    };
+    let Ok(file) = File::open(path) else {
+        return false;
+    };
+    let mut prefix = Vec::new();
+    if std::io::Read::read_to_end(&mut std::io::Read::take(&file, PREFIX), &mut prefix).is_err() {
+        return false;
+    }
+    match follows(prefix) {
+        Some(f) => f,
+        None => std::fs::read(path).ok().and_then(follows).unwrap_or(false),
+    }
 }
 
 /// Keeps `bytes` as `<dir>/quarantine/<name>` (synced) before the log

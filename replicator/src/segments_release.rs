@@ -9,7 +9,9 @@
 //! 1. the new base (bookmark, chain, epoch history of the released prefix,
 //!    first segment kept) is stored in the `released` marker, atomically
 //!    and durably ([`crate::marker`]): this is the commit point;
-//! 2. the released segments are unlinked;
+//! 2. the released segments are unlinked, or those of the full segment
+//!    size renamed into the log's pool for reuse while it has room
+//!    ([`crate::recycle`]);
 //! 3. the directory is synced.
 //!
 //! A crash before 1 completes leaves the old marker (or none) and every
@@ -27,6 +29,7 @@ use crate::bookmark::Bookmark;
 use crate::chain::ChainHash;
 use crate::history::History;
 use crate::prealloc;
+use crate::recycle;
 use crate::unlink::Unlink;
 
 /// What [`SegmentLog::release_through`] released.
@@ -142,13 +145,29 @@ impl SegmentLog {
             .sum()
     }
 
-    /// The files of `segments`, to unlink (see [`crate::unlink`]).
-    pub(super) fn unlinking(&self, segments: &[u64]) -> Unlink {
+    /// The files of `segments` (each an index and its size), to unlink
+    /// (see [`crate::unlink`]); those of the full segment size may go to
+    /// the pool for reuse instead ([`crate::recycle`]).
+    pub(super) fn unlinking(&self, segments: &[(u64, u64)]) -> Unlink {
         let files = segments
             .iter()
-            .map(|&i| Self::segment_path(&self.dir, i))
+            .map(|&(i, size)| {
+                let reuse = size == self.segment_bytes;
+                (
+                    Self::segment_path(&self.dir, i),
+                    reuse.then(|| recycle::free_path(&self.dir, i)),
+                )
+            })
             .collect();
-        Unlink::new(self.dir.clone(), files)
+        Unlink::recycling(self.dir.clone(), files)
+    }
+
+    /// Each of `segments` with its size on disk (0 if unknown).
+    pub(super) fn with_sizes(&self, segments: &[u64]) -> Vec<(u64, u64)> {
+        segments
+            .iter()
+            .map(|i| (*i, self.sizes.get(i).copied().unwrap_or(0)))
+            .collect()
     }
 
     /// Deletes the whole segment files whose records are all at or before
@@ -183,6 +202,7 @@ impl SegmentLog {
             return Ok((nothing, Unlink::none()));
         };
         base::store(&self.dir, &plan.marker)?;
+        let segments = self.with_sizes(&plan.segments);
         let bytes = self.commit_plan(&plan);
         tracing::info!(
             start = %self.base,
@@ -197,7 +217,7 @@ impl SegmentLog {
             bytes,
             start: self.base,
         };
-        Ok((released, self.unlinking(&plan.segments)))
+        Ok((released, self.unlinking(&segments)))
     }
 
     /// Empties the log and starts it at `start` (a confirmed record whose
@@ -244,7 +264,9 @@ impl SegmentLog {
                 history: history.clone(),
             },
         )?;
-        let old: Vec<u64> = self.sizes.keys().copied().collect();
+        // Unlinked, not reused: what they hold is not of the history the
+        // log now follows.
+        let old: Vec<(u64, u64)> = self.sizes.keys().map(|i| (*i, 0)).collect();
         let bytes = self.disk_bytes();
         self.entries.clear();
         self.pending.clear();

@@ -15,7 +15,12 @@
 //! as on any deleted segment); no new segment takes a handed-over index;
 //! and a file that outlives a crash is found unneeded again at the next
 //! open.
+//!
+//! A segment log's released segments may instead be renamed into its pool
+//! of segments for reuse ([`crate::recycle`]), while the pool has room:
+//! the same move as an unlink for everything that reads by segment name.
 
+use crate::recycle;
 use crate::segments::SegmentError;
 use std::fs::File;
 use std::io;
@@ -26,12 +31,21 @@ use std::path::PathBuf;
 #[must_use = "the files are unlinked only by `run`"]
 pub struct Unlink {
     dir: PathBuf,
-    files: Vec<PathBuf>,
+    /// Each file, and the pool name it may be recycled under instead.
+    files: Vec<(PathBuf, Option<PathBuf>)>,
 }
 
 impl Unlink {
     /// `files`, all in `dir`.
     pub(crate) fn new(dir: PathBuf, files: Vec<PathBuf>) -> Unlink {
+        let files = files.into_iter().map(|f| (f, None)).collect();
+        Unlink { dir, files }
+    }
+
+    /// `files`, all in `dir`, each with the pool name it is renamed to
+    /// instead while the pool holds fewer than [`recycle::MAX_FREE`]
+    /// (None: always unlinked).
+    pub(crate) fn recycling(dir: PathBuf, files: Vec<(PathBuf, Option<PathBuf>)>) -> Unlink {
         Unlink { dir, files }
     }
 
@@ -49,15 +63,33 @@ impl Unlink {
         self.files.len()
     }
 
-    /// Unlinks the files (one already gone is fine) and syncs their
-    /// directory. On an error the rest are still tried; what is left is
-    /// found unneeded and removed by the next open.
+    /// Unlinks the files (one already gone is fine), or renames those
+    /// that may be recycled into the pool while it has room, and syncs
+    /// their directory. On an error the rest are still tried; what is left
+    /// is found unneeded and removed by the next open.
     pub fn run(self) -> Result<(), SegmentError> {
         if self.files.is_empty() {
             return Ok(());
         }
+        let mut room = if self.files.iter().any(|(_, to)| to.is_some()) {
+            // Unknown (unreadable directory): no room, every file goes.
+            recycle::MAX_FREE
+                .saturating_sub(recycle::list(&self.dir).map_or(usize::MAX, |l| l.len()))
+        } else {
+            0
+        };
         let mut first_error = None;
-        for path in self.files {
+        for (path, to) in self.files {
+            if let Some(to) = to.filter(|_| room > 0) {
+                match std::fs::rename(&path, &to) {
+                    Ok(()) => {
+                        room -= 1;
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(_) => {} // unlinked instead
+                }
+            }
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -100,5 +132,28 @@ mod tests {
         unlink.run().expect("b was never there: fine");
         assert!(!a.exists());
         Unlink::none().run().expect("nothing to do");
+    }
+
+    #[test]
+    fn run_recycles_into_the_pool_while_it_has_room_and_unlinks_the_rest() {
+        let dir = tempfile::tempdir().expect("dir");
+        let seg = |i: u64| dir.path().join(format!("{i:016x}.seg"));
+        for i in 1..=4 {
+            std::fs::write(seg(i), b"old").expect("write");
+        }
+        let files = (1..=4)
+            .map(|i| (seg(i), (i != 2).then(|| recycle::free_path(dir.path(), i))))
+            .collect();
+        Unlink::recycling(dir.path().to_path_buf(), files)
+            .run()
+            .expect("run");
+        assert!((1..=4).all(|i| !seg(i).exists()), "every segment left");
+        assert!(recycle::free_path(dir.path(), 1).exists(), "recycled");
+        assert!(!recycle::free_path(dir.path(), 2).exists(), "not eligible");
+        assert!(recycle::free_path(dir.path(), 3).exists(), "recycled");
+        assert!(
+            !recycle::free_path(dir.path(), 4).exists(),
+            "the pool was full: unlinked"
+        );
     }
 }
