@@ -11,9 +11,14 @@ started (seconds into the run) with the server's own duration beside it
 (`meta.duration`). Slow writes that come at a fixed period point at a
 timer in some node (papers/performance.md, lever 56). Used by
 http_tail.sh; Python's client adds a steady ~100 us, not a tail.
+
+TAIL_FROM=N counts only the writes started N seconds or more into the
+run (the cluster's steady state: once its followers release archived
+segments and reuse them, say).
 """
 import http.client
 import json
+import os
 import sys
 import time
 from urllib.parse import urlparse
@@ -34,11 +39,14 @@ def main():
         e = time.perf_counter()
         server_ms = json.loads(answer)["result"][0]["meta"]["duration"]
         runs.append((s - t0, (e - s) * 1e6, server_ms * 1000))
+    tail_from = float(os.environ.get("TAIL_FROM", "0"))
+    runs = [r for r in runs if r[0] >= tail_from]
     lat = sorted(r[1] for r in runs)
     n = len(lat)
     slow = [r for r in runs if r[1] > slow_us]
+    counted = f" (from {tail_from:.0f} s)" if tail_from > 0 else ""
     print(
-        f"{n} writes in {seconds:.0f} s: p50 {lat[n // 2]:.0f} us, p99 {lat[int(n * 0.99)]:.0f} us, "
+        f"{n} writes in {seconds:.0f} s{counted}: p50 {lat[n // 2]:.0f} us, p99 {lat[int(n * 0.99)]:.0f} us, "
         f"p99.9 {lat[int(n * 0.999)]:.0f} us, max {lat[-1]:.0f} us; {len(slow)} over {slow_us:.0f} us"
     )
     for at, client_us, server_us in slow[:40]:

@@ -11,6 +11,8 @@
 # 3 ms and when they started. papers/performance.md (lever 56) shows what
 # it printed.
 #
+# TAIL_FROM=N counts only the writes from N seconds into each run (see
+# http_tail.py).
 # BURST_SECONDS=N first loads the cluster with wrk at 16 connections for N
 # seconds (one INSERT of a 100-byte value each), so the lone writer runs
 # while the followers upload, snapshot and release what the burst wrote.

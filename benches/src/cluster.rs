@@ -44,6 +44,17 @@ pub fn eager_followers() -> Option<usize> {
         .and_then(|v| v.parse().ok())
 }
 
+/// The bench followers' segment size: 64 MiB unless
+/// `WALRELAY_BENCH_SEGMENT_BYTES` says otherwise (for an A/B of what a
+/// spare segment's zero-fill costs the commits beside it: a segment
+/// large enough is never rolled, nor its spare begun, in a short phase).
+pub fn segment_bytes() -> u64 {
+    std::env::var("WALRELAY_BENCH_SEGMENT_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64 << 20)
+}
+
 /// Starts `n` followers, a primary and a replica under `dir`, with
 /// replication authenticated by `key` (None: open).
 pub fn start(dir: &Path, n: usize, key: Option<ClusterKey>) -> BenchCluster {
@@ -54,7 +65,7 @@ pub fn start(dir: &Path, n: usize, key: Option<ClusterKey>) -> BenchCluster {
                 listen: "127.0.0.1:0".parse().expect("addr"),
                 dir: dir.join(format!("follower-{i}")),
                 peers: vec![],
-                segment_bytes: 64 << 20,
+                segment_bytes: segment_bytes(),
                 backend: Backend::Auto,
                 auth: key.clone(),
                 catch_up_batch_bytes: CATCH_UP_BATCH_BYTES,
