@@ -372,7 +372,8 @@ fn a_failed_sync_stops_the_log_until_reopened() {
 }
 
 /// `WALRELAY_WRITE_SEGMENT_SEEDS=<dir>` writes fuzz seeds for segment
-/// recovery: a clean segment of three records and torn variants.
+/// recovery: a clean segment of three records, torn variants, and one a
+/// reused segment would hold (two records, then the earlier life's).
 #[test]
 fn segment_fuzz_seeds_follow_the_format() {
     let Ok(out) = std::env::var("WALRELAY_WRITE_SEGMENT_SEEDS") else {
@@ -390,6 +391,11 @@ fn segment_fuzz_seeds_follow_the_format() {
     let at = clean.len() / 2;
     flipped[at] ^= 0x10;
     std::fs::write(out.join("corrupt_middle"), &flipped).expect("seed");
+    let mut reused = Vec::new();
+    for s in [1, 2, 1, 2] {
+        reused.extend_from_slice(&rec(s));
+    }
+    std::fs::write(out.join("stale_after_end"), &reused).expect("seed");
 }
 
 #[test]
