@@ -102,7 +102,7 @@ pub(crate) fn take(dir: &Path, path: &Path, size: u64) -> io::Result<Option<(Fil
 /// written: nothing to write; a spare still being filled is dropped), else
 /// zeros written inline ([`prealloc::create_segment`]). Whether it was
 /// reused from the pool.
-pub(crate) fn create_segment(
+pub(crate) fn reuse_or_create(
     dir: &Path,
     path: &Path,
     index: u64,

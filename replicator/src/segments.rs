@@ -442,7 +442,7 @@ impl SegmentLog {
         // A released segment from the pool, the spare prepared ahead, or
         // zeros written inline (see `recycle` and `prealloc`).
         let (created, reused) =
-            recycle::create_segment(&self.dir, &path, index, size, self.spare.take())?;
+            recycle::reuse_or_create(&self.dir, &path, index, size, self.spare.take())?;
         self.recycled += u64::from(reused);
         self.spares_used += u64::from(created.from_spare);
         let size = created.size;
