@@ -145,14 +145,13 @@ impl SegmentLog {
             .sum()
     }
 
-    /// The files of `segments` (each an index and its size), to unlink
-    /// (see [`crate::unlink`]); those of the full segment size may go to
-    /// the pool for reuse instead ([`crate::recycle`]).
-    pub(super) fn unlinking(&self, segments: &[(u64, u64)]) -> Unlink {
+    /// The files of `segments` (each an index and whether it may be
+    /// reused), to unlink (see [`crate::unlink`]); the reusable ones may go
+    /// to the pool instead ([`crate::recycle`]).
+    pub(super) fn unlinking(&self, segments: &[(u64, bool)]) -> Unlink {
         let files = segments
             .iter()
-            .map(|&(i, size)| {
-                let reuse = size == self.segment_bytes;
+            .map(|&(i, reuse)| {
                 (
                     Self::segment_path(&self.dir, i),
                     reuse.then(|| recycle::free_path(&self.dir, i)),
@@ -162,11 +161,13 @@ impl SegmentLog {
         Unlink::recycling(self.dir.clone(), files)
     }
 
-    /// Each of `segments` with its size on disk (0 if unknown).
-    pub(super) fn with_sizes(&self, segments: &[u64]) -> Vec<(u64, u64)> {
+    /// Each of `segments` with whether it may be reused: a segment of the
+    /// full size (a smaller first one, or one sized for an odd record, is
+    /// not worth keeping).
+    pub(super) fn reusable(&self, segments: &[u64]) -> Vec<(u64, bool)> {
         segments
             .iter()
-            .map(|i| (*i, self.sizes.get(i).copied().unwrap_or(0)))
+            .map(|i| (*i, self.sizes.get(i) == Some(&self.segment_bytes)))
             .collect()
     }
 
@@ -202,7 +203,7 @@ impl SegmentLog {
             return Ok((nothing, Unlink::none()));
         };
         base::store(&self.dir, &plan.marker)?;
-        let segments = self.with_sizes(&plan.segments);
+        let segments = self.reusable(&plan.segments);
         let bytes = self.commit_plan(&plan);
         tracing::info!(
             start = %self.base,
@@ -266,7 +267,7 @@ impl SegmentLog {
         )?;
         // Unlinked, not reused: what they hold is not of the history the
         // log now follows.
-        let old: Vec<(u64, u64)> = self.sizes.keys().map(|i| (*i, 0)).collect();
+        let old: Vec<(u64, bool)> = self.sizes.keys().map(|i| (*i, false)).collect();
         let bytes = self.disk_bytes();
         self.entries.clear();
         self.pending.clear();

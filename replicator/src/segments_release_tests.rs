@@ -194,7 +194,7 @@ fn a_crash_at_any_point_after_the_marker_reopens_at_the_new_start_and_finishes_t
         let plan = log.plan_release(b(9)).expect("something to release");
         assert_eq!(plan.segments, [0, 1, 2]);
         base::store(dir.path(), &plan.marker).expect("marker");
-        log.unlinking(&log.with_sizes(&plan.segments[..unlinked]))
+        log.unlinking(&log.reusable(&plan.segments[..unlinked]))
             .run()
             .expect("unlink");
         drop(log); // the crash
