@@ -30,14 +30,23 @@ fn config() -> SharedLogConfig {
 
 fuzz_target!(|data: &[u8]| {
     let data = &data[..data.len().min(SEGMENT_BYTES as usize)];
-    if let Ok(f) = format::decode(data) {
-        let mut again = Vec::new();
-        format::encode(&mut again, f.kind, f.database, f.lsn, f.payload);
-        assert_eq!(
-            &again[..],
-            &data[..f.len],
-            "decode then encode is the identity"
-        );
+    // The entry at the start (unsalted), or the header and the entry
+    // after it (sealed with its salt).
+    let mut first = vec![(format::Seal::Legacy, 0)];
+    if let format::Start::Salted(h) = format::segment_start(data, 0) {
+        first.push((h.seal(), 0));
+        first.push((h.seal(), format::SEGMENT_HEADER_BYTES));
+    }
+    for (seal, at) in first {
+        if let Ok(f) = format::decode(&data[at..], seal) {
+            let mut again = Vec::new();
+            format::encode(&mut again, f.kind, f.database, f.lsn, f.payload, seal);
+            assert_eq!(
+                &again[..],
+                &data[at..at + f.len],
+                "decode then encode is the identity"
+            );
+        }
     }
     let dir = dir();
     let _ = std::fs::remove_dir_all(&dir);

@@ -46,6 +46,12 @@ pub(crate) fn free_path(dir: &Path, index: u64) -> PathBuf {
     dir.join(format!("{index:016x}{SUFFIX}"))
 }
 
+/// The segment index a pool file had, from its name.
+pub(crate) fn index_of(path: &Path) -> Option<u64> {
+    let name = path.file_name()?.to_str()?;
+    u64::from_str_radix(name.strip_suffix(SUFFIX)?, 16).ok()
+}
+
 /// Whether `name` is a pool file's.
 pub(crate) fn is_free_name(name: &str) -> bool {
     name.strip_suffix(SUFFIX)

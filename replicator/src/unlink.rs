@@ -36,12 +36,6 @@ pub struct Unlink {
 }
 
 impl Unlink {
-    /// `files`, all in `dir`.
-    pub(crate) fn new(dir: PathBuf, files: Vec<PathBuf>) -> Unlink {
-        let files = files.into_iter().map(|f| (f, None)).collect();
-        Unlink { dir, files }
-    }
-
     /// `files`, all in `dir`, each with the pool name it is renamed to
     /// instead while the pool holds fewer than [`recycle::MAX_FREE`]
     /// (None: always unlinked).
@@ -127,7 +121,8 @@ mod tests {
         let a = dir.path().join("a.seg");
         let b = dir.path().join("b.seg");
         std::fs::write(&a, b"a").expect("write");
-        let unlink = Unlink::new(dir.path().to_path_buf(), vec![a.clone(), b.clone()]);
+        let files = vec![(a.clone(), None), (b.clone(), None)];
+        let unlink = Unlink::recycling(dir.path().to_path_buf(), files);
         assert_eq!(unlink.len(), 2);
         unlink.run().expect("b was never there: fine");
         assert!(!a.exists());

@@ -16,6 +16,7 @@ use super::format::{self, Base, Kind};
 use super::index::Loc;
 use super::{Inner, bump, segment_path};
 use crate::ids::DatabaseId;
+use crate::recycle;
 use crate::segments::SegmentError;
 use crate::unlink::Unlink;
 use std::fs::File;
@@ -118,8 +119,17 @@ impl Inner {
         if dead.is_empty() {
             return Ok(());
         }
+        let full = self.config.segment_bytes;
         for &index in &dead {
-            self.segments.remove(&index);
+            let info = self
+                .segments
+                .remove(&index)
+                .expect("a dead segment is known");
+            // Reusable: of the full size, and sealed with salts (or holding
+            // nothing of this life); a legacy segment's entries would
+            // check again after a reuse whose header never landed.
+            let reusable = info.size == full && info.seal != Some(format::Seal::Legacy);
+            self.doomed.push((index, reusable));
         }
         let next = dead
             .iter()
@@ -127,7 +137,6 @@ impl Inner {
             .map(|i| i.checked_add(1).expect("segment index overflow"));
         self.index_floor = self.index_floor.max(next.unwrap_or(0));
         bump(&mut self.stats.segments_deleted, dead.len() as u64);
-        self.doomed.extend(dead);
         Ok(())
     }
 
@@ -137,10 +146,21 @@ impl Inner {
     pub(super) fn take_doomed(&mut self) -> Unlink {
         let doomed = std::mem::take(&mut self.doomed);
         if !doomed.is_empty() {
-            tracing::info!(segments = ?doomed, kept = self.segments.len(), "shared log deletes segments nothing needs");
+            let segments: Vec<u64> = doomed.iter().map(|(i, _)| *i).collect();
+            tracing::info!(
+                ?segments,
+                kept = self.segments.len(),
+                "shared log deletes segments nothing needs"
+            );
         }
-        let files = doomed.iter().map(|&i| segment_path(&self.dir, i)).collect();
-        Unlink::new(self.dir.clone(), files)
+        let files = doomed
+            .iter()
+            .map(|&(i, reusable)| {
+                let pool = reusable.then(|| recycle::free_path(&self.dir, i));
+                (segment_path(&self.dir, i), pool)
+            })
+            .collect();
+        Unlink::recycling(self.dir.clone(), files)
     }
 
     /// Copies the live entries of segment `victim` forward, syncs them,
@@ -168,6 +188,11 @@ impl Inner {
         // In the order they were written: copies keep the log's order.
         moves.sort_by_key(|m| m.from.offset);
         let path = segment_path(&self.dir, victim);
+        let seal = self
+            .segments
+            .get(&victim)
+            .and_then(|s| s.seal)
+            .expect("a segment with live entries has a seal");
         let file = File::open(&path).map_err(|source| SegmentError::Io {
             path: path.clone(),
             source,
@@ -183,7 +208,7 @@ impl Inner {
                 })?;
             // Never copy (and then delete the original of) something that
             // is not exactly the entry the index located there.
-            let intact = format::decode(&frame)
+            let intact = format::decode(&frame, seal)
                 .is_ok_and(|f| f.lsn == m.from.lsn && f.database == m.db && f.len == frame.len());
             if !intact {
                 return Err(SegmentError::Io {
@@ -194,7 +219,12 @@ impl Inner {
                     ),
                 });
             }
-            let loc = self.stage(&frame, m.from.lsn)?;
+            // Sealed anew with the salt of the segment it goes to.
+            let loc = self.stage(m.from.len, m.from.lsn, |out, salt| {
+                let at = out.len();
+                out.extend_from_slice(&frame);
+                format::reseal(&mut out[at..], salt);
+            })?;
             if m.entry.is_none() {
                 self.seg(loc.segment).controls += 1;
             }

@@ -14,14 +14,27 @@ fn last_entry(dir: &Path) -> (PathBuf, usize, usize) {
         .collect();
     segs.sort();
     let path = segs.pop().expect("a segment");
-    let data = std::fs::read(&path).expect("read");
-    let (mut at, mut last) = (0, None);
-    while let Ok(f) = format::decode(&data[at..]) {
-        last = Some((at, f.len));
+    let (off, len) = *entries(&path).last().expect("an entry");
+    (path, off, len)
+}
+
+/// The offset and length of each entry of the segment at `path` (its
+/// header not counted).
+pub(super) fn entries(path: &Path) -> Vec<(usize, usize)> {
+    let data = std::fs::read(path).expect("read");
+    let name = path.file_stem().and_then(|n| n.to_str()).expect("name");
+    let index = u64::from_str_radix(name, 16).expect("a segment's name");
+    let (seal, mut at) = match format::segment_start(&data, index) {
+        format::Start::Salted(h) => (h.seal(), format::SEGMENT_HEADER_BYTES),
+        format::Start::Legacy => (Seal::Legacy, 0),
+        other => panic!("no entries of this life: {other:?}"),
+    };
+    let mut out = Vec::new();
+    while let Ok(f) = format::decode(&data[at..], seal) {
+        out.push((at, f.len));
         at += f.len;
     }
-    let (off, len) = last.expect("an entry");
-    (path, off, len)
+    out
 }
 
 fn acked_log(dir: &Path) -> Vec<Expect> {
@@ -173,11 +186,7 @@ fn damage_in_an_older_segment_is_skipped_not_erased_and_later_segments_still_cou
     let first = live.join(format!("{:016x}.seg", 0));
     let mut bytes = std::fs::read(&first).expect("read");
     // Inside database 1's sixth record.
-    let (mut at, mut n) = (0, 0);
-    while n < 5 {
-        at += format::decode(&bytes[at..]).expect("entry").len;
-        n += 1;
-    }
+    let at = entries(&first)[5].0;
     bytes[at + 100] ^= 0xff;
     std::fs::write(&first, &bytes).expect("damage");
     let (log, rec) = SharedLog::open(&live, config(16 << 10, 64)).expect("reopen");

@@ -1,23 +1,50 @@
 //! The shared log's on-disk entry format. This module is the only place
 //! that reads or writes it.
 //!
-//! A shared segment file holds entries back to back from offset 0; the
-//! rest of the (preallocated) file is zero, and a zero magic ends a scan.
+//! A shared segment file begins with a segment header (an entry of kind
+//! 5) and holds entries back to back after it; the rest of the file is
+//! zeros (a new segment) or the bytes of the segment's earlier life (a
+//! segment reused from the pool, see `recycle`). A zero magic, or an entry
+//! that does not check, ends a scan.
+//!
+//! Each segment's header carries a random salt, and every entry of that
+//! segment is sealed with it: its CRC is taken over the salt and then the
+//! entry. An entry of a reused segment's earlier life was sealed with
+//! another salt, so it never checks in its new life: whatever lies past
+//! the end of this life's entries is never read as one of them, wherever
+//! the end falls. The salt is unknown to anything outside the log, so no
+//! page data written into a record can forge an entry of a segment it
+//! lands in. The header names its segment's index: a reused segment whose
+//! new header never reached the disk shows its old header, which names an
+//! older index, and the whole segment is then read as stale (indexes are
+//! never used twice).
+//!
+//! Segments written before headers existed (version 1 entries, CRC over
+//! the entry alone, no header) are still read; they are never reused.
 //!
 //! ```text
 //! entry (big-endian)
 //!  0  magic     b"WRSL"                                  4
-//!  4  kind      u8: 1 record, 2 cut, 3 release, 4 reset  1
-//!  5  version   u8 (1)                                   1
+//!  4  kind      u8: 1 record, 2 cut, 3 release, 4 reset, 1
+//!               5 segment header
+//!  5  version   u8: 2 (1: an unsalted segment's entry)   1
 //!  6  reserved  u16, zero                                2
-//!  8  database  u64 (DatabaseId)                         8
+//!  8  database  u64 (DatabaseId; 0 in a header)          8
 //! 16  lsn       u64: the entry's log sequence number     8
 //!               (see "Order" in the parent module; a
-//!               copy moved by compaction keeps it)
+//!               copy moved by compaction keeps it; 0
+//!               in a header)
 //! 24  len       u32: payload bytes                       4
 //! 28  payload   len bytes (by kind, below)
-//! 28+len crc32  u32 over bytes 0 .. 28+len               4
+//! 28+len crc32  u32 over the segment's salt (u64) and   4
+//!               then bytes 0 .. 28+len (version 1: over
+//!               bytes 0 .. 28+len alone)
 //!
+//! payload of a segment   index: u64, the segment's own           8
+//! header (offset 0):     salt: u64, random per segment life     8
+//!                        flags: u8, bit 0: reused (the bytes    1
+//!                        past the entries are an earlier
+//!                        life's, not zeros); others zero
 //! payload of a record:   one encoded record (see `record`), whole;
 //!                        its own CRC and chain are checked too
 //! payload of a cut:      keep: bookmark (epoch u32, seq u64)   12
@@ -45,7 +72,10 @@ use crate::ids::DatabaseId;
 use crate::record::MAX_RECORD_BYTES;
 
 pub const MAGIC: [u8; 4] = *b"WRSL";
-pub const VERSION: u8 = 1;
+/// The version of every entry written now (sealed with its segment's salt).
+pub const VERSION: u8 = 2;
+/// The version of an entry of a segment written before segment headers.
+pub const LEGACY_VERSION: u8 = 1;
 pub const HEADER_BYTES: usize = 28;
 pub const CRC_BYTES: usize = 4;
 /// Header and CRC: what an entry adds to its payload.
@@ -65,6 +95,8 @@ pub enum Kind {
     Cut = 2,
     Release = 3,
     Reset = 4,
+    /// A segment's header (only at offset 0).
+    Segment = 5,
 }
 
 impl Kind {
@@ -74,6 +106,7 @@ impl Kind {
             2 => Kind::Cut,
             3 => Kind::Release,
             4 => Kind::Reset,
+            5 => Kind::Segment,
             _ => return None,
         })
     }
@@ -113,8 +146,36 @@ fn be64(b: &[u8]) -> u64 {
     u64::from_be_bytes(raw)
 }
 
-/// Decodes the entry at the start of `buf`.
-pub fn decode(buf: &[u8]) -> Result<Frame<'_>, FrameError> {
+/// How the entries of one segment are sealed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seal {
+    /// Version 1: the CRC over the entry alone (a segment without a header).
+    Legacy,
+    /// Version 2: the CRC over the segment's salt, then the entry.
+    Salted(u64),
+}
+
+impl Seal {
+    fn version(self) -> u8 {
+        match self {
+            Seal::Legacy => LEGACY_VERSION,
+            Seal::Salted(_) => VERSION,
+        }
+    }
+
+    fn crc(self, body: &[u8]) -> u32 {
+        let mut h = crc32fast::Hasher::new();
+        if let Seal::Salted(salt) = self {
+            h.update(&salt.to_be_bytes());
+        }
+        h.update(body);
+        h.finalize()
+    }
+}
+
+/// The header fields and payload length of the entry at the start of
+/// `buf`, its whole length checked against `buf` (its CRC not yet).
+fn frame_parts(buf: &[u8]) -> Result<(Kind, u8, usize), FrameError> {
     if buf.len() < MAGIC.len() || buf[..MAGIC.len()] == [0u8; 4] {
         return Err(FrameError::End);
     }
@@ -125,9 +186,6 @@ pub fn decode(buf: &[u8]) -> Result<Frame<'_>, FrameError> {
         return Err(FrameError::Damaged("short header"));
     }
     let kind = Kind::from_u8(buf[4]).ok_or(FrameError::Damaged("unknown kind"))?;
-    if buf[5] != VERSION {
-        return Err(FrameError::Damaged("unknown version"));
-    }
     if buf[6..8] != [0, 0] {
         return Err(FrameError::Damaged("reserved bytes set"));
     }
@@ -135,12 +193,22 @@ pub fn decode(buf: &[u8]) -> Result<Frame<'_>, FrameError> {
     if len > MAX_PAYLOAD {
         return Err(FrameError::Damaged("payload too large"));
     }
-    let total = HEADER_BYTES + len + CRC_BYTES;
-    if buf.len() < total {
+    if buf.len() < HEADER_BYTES + len + CRC_BYTES {
         return Err(FrameError::Damaged("runs past the segment"));
     }
+    Ok((kind, buf[5], len))
+}
+
+/// Decodes the entry at the start of `buf`, of a segment sealed with
+/// `seal`. A segment header decodes here too (kind [`Kind::Segment`]); a
+/// scan takes one only at offset 0 ([`segment_start`]).
+pub fn decode(buf: &[u8], seal: Seal) -> Result<Frame<'_>, FrameError> {
+    let (kind, version, len) = frame_parts(buf)?;
+    if version != seal.version() {
+        return Err(FrameError::Damaged("unknown version"));
+    }
     let body = HEADER_BYTES + len;
-    if crc32fast::hash(&buf[..body]) != be32(&buf[body..]) {
+    if seal.crc(&buf[..body]) != be32(&buf[body..]) {
         return Err(FrameError::Damaged("crc mismatch"));
     }
     Ok(Frame {
@@ -148,18 +216,19 @@ pub fn decode(buf: &[u8]) -> Result<Frame<'_>, FrameError> {
         database: DatabaseId(be64(&buf[8..])),
         lsn: be64(&buf[16..]),
         payload: &buf[HEADER_BYTES..body],
-        len: total,
+        len: body + CRC_BYTES,
     })
 }
 
-/// Appends the entry to `out`; returns its length. The caller bounds the
-/// payload ([`MAX_PAYLOAD`]).
+/// Appends the entry to `out`, sealed with `seal`; returns its length.
+/// The caller bounds the payload ([`MAX_PAYLOAD`]).
 pub fn encode(
     out: &mut Vec<u8>,
     kind: Kind,
     database: DatabaseId,
     lsn: u64,
     payload: &[u8],
+    seal: Seal,
 ) -> usize {
     assert!(
         payload.len() <= MAX_PAYLOAD,
@@ -168,15 +237,113 @@ pub fn encode(
     let start = out.len();
     out.extend_from_slice(&MAGIC);
     out.push(kind as u8);
-    out.push(VERSION);
+    out.push(seal.version());
     out.extend_from_slice(&[0, 0]);
     out.extend_from_slice(&database.0.to_be_bytes());
     out.extend_from_slice(&lsn.to_be_bytes());
     out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
     out.extend_from_slice(payload);
-    let crc = crc32fast::hash(&out[start..]);
+    let crc = seal.crc(&out[start..]);
     out.extend_from_slice(&crc.to_be_bytes());
     out.len() - start
+}
+
+/// Seals one whole entry (as [`encode`] made it, of any version) anew
+/// with `salt`, in place: for a copy going to another segment.
+pub fn reseal(entry: &mut [u8], salt: u64) {
+    assert!(
+        entry.len() >= OVERHEAD,
+        "a whole entry is resealed, never a piece"
+    );
+    let body = entry.len() - CRC_BYTES;
+    entry[5] = VERSION;
+    let crc = Seal::Salted(salt).crc(&entry[..body]);
+    entry[body..].copy_from_slice(&crc.to_be_bytes());
+}
+
+/// A segment's header: the entry at its offset 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentHeader {
+    pub index: u64,
+    pub salt: u64,
+    /// The segment was reused: past its entries lie an earlier life's
+    /// bytes, not zeros.
+    pub reused: bool,
+}
+
+const SEGMENT_PAYLOAD_BYTES: usize = 8 + 8 + 1;
+/// What a segment header takes at the start of its segment.
+pub const SEGMENT_HEADER_BYTES: usize = OVERHEAD + SEGMENT_PAYLOAD_BYTES;
+
+impl SegmentHeader {
+    /// The header of a new life of segment `index`, with a fresh salt.
+    pub fn new(index: u64, reused: bool) -> SegmentHeader {
+        SegmentHeader {
+            index,
+            salt: rand::random(),
+            reused,
+        }
+    }
+
+    pub fn seal(&self) -> Seal {
+        Seal::Salted(self.salt)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut p = Vec::with_capacity(SEGMENT_PAYLOAD_BYTES);
+        p.extend_from_slice(&self.index.to_be_bytes());
+        p.extend_from_slice(&self.salt.to_be_bytes());
+        p.push(u8::from(self.reused));
+        let mut out = Vec::with_capacity(SEGMENT_HEADER_BYTES);
+        encode(&mut out, Kind::Segment, DatabaseId(0), 0, &p, self.seal());
+        out
+    }
+}
+
+/// What the start of a segment file says about its entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// Zeros: a new segment whose header was never written.
+    Empty,
+    /// A version 1 entry: a segment written before headers; its entries
+    /// are read from offset 0.
+    Legacy,
+    /// This segment's header: its entries follow it, sealed with its salt.
+    Salted(SegmentHeader),
+    /// Anything else (another index's header, a torn header): nothing of
+    /// this life is in it.
+    Stale,
+}
+
+/// Reads the start of segment `index`'s bytes.
+pub fn segment_start(buf: &[u8], index: u64) -> Start {
+    let (kind, version, len) = match frame_parts(buf) {
+        Ok(parts) => parts,
+        Err(FrameError::End) => return Start::Empty,
+        Err(FrameError::Damaged(_)) => return Start::Stale,
+    };
+    if version == LEGACY_VERSION {
+        return match decode(buf, Seal::Legacy) {
+            Ok(f) if f.kind != Kind::Segment => Start::Legacy,
+            _ => Start::Stale,
+        };
+    }
+    if kind != Kind::Segment || len != SEGMENT_PAYLOAD_BYTES {
+        return Start::Stale;
+    }
+    let p = &buf[HEADER_BYTES..HEADER_BYTES + len];
+    let header = SegmentHeader {
+        index: be64(p),
+        salt: be64(&p[8..]),
+        reused: p[16] == 1,
+    };
+    if p[16] > 1 || header.index != index {
+        return Start::Stale;
+    }
+    match decode(buf, header.seal()) {
+        Ok(_) => Start::Salted(header),
+        Err(_) => Start::Stale,
+    }
 }
 
 /// A cut's payload.
@@ -253,29 +420,103 @@ mod tests {
 
     #[test]
     fn an_entry_round_trips_and_every_truncation_or_bit_flip_is_refused() {
+        for seal in [Seal::Salted(0x5eed), Seal::Legacy] {
+            let mut buf = Vec::new();
+            let n = encode(
+                &mut buf,
+                Kind::Cut,
+                DatabaseId(7),
+                42,
+                &cut_payload(Bookmark::ZERO),
+                seal,
+            );
+            assert_eq!(n, buf.len());
+            let f = decode(&buf, seal).expect("decodes");
+            assert_eq!(
+                (f.kind, f.database, f.lsn, f.len),
+                (Kind::Cut, DatabaseId(7), 42, n)
+            );
+            for cut in 0..n {
+                assert!(decode(&buf[..cut], seal).is_err(), "a truncation at {cut}");
+            }
+            for at in 0..n {
+                let mut bad = buf.clone();
+                bad[at] ^= 0x40;
+                assert!(decode(&bad, seal).is_err(), "a flip at {at}");
+            }
+            assert_eq!(decode(&[0u8; 64], seal).err(), Some(FrameError::End));
+        }
+    }
+
+    #[test]
+    fn an_entry_checks_only_under_the_salt_it_was_sealed_with() {
         let mut buf = Vec::new();
-        let n = encode(
+        encode(
             &mut buf,
             Kind::Cut,
             DatabaseId(7),
             42,
             &cut_payload(Bookmark::ZERO),
+            Seal::Salted(1),
         );
-        assert_eq!(n, buf.len());
-        let f = decode(&buf).expect("decodes");
-        assert_eq!(
-            (f.kind, f.database, f.lsn, f.len),
-            (Kind::Cut, DatabaseId(7), 42, n)
+        assert!(decode(&buf, Seal::Salted(1)).is_ok());
+        assert!(
+            decode(&buf, Seal::Salted(2)).is_err(),
+            "another life's salt"
         );
-        for cut in 0..n {
-            assert!(decode(&buf[..cut]).is_err(), "a truncation at {cut}");
+        assert!(decode(&buf, Seal::Legacy).is_err(), "an unsalted segment");
+        let mut legacy = Vec::new();
+        encode(
+            &mut legacy,
+            Kind::Cut,
+            DatabaseId(7),
+            42,
+            &cut_payload(Bookmark::ZERO),
+            Seal::Legacy,
+        );
+        assert!(decode(&legacy, Seal::Salted(1)).is_err());
+        reseal(&mut legacy, 2);
+        let f = decode(&legacy, Seal::Salted(2)).expect("a resealed copy checks");
+        assert_eq!((f.kind, f.database, f.lsn), (Kind::Cut, DatabaseId(7), 42));
+        assert!(decode(&legacy, Seal::Legacy).is_err());
+    }
+
+    #[test]
+    fn a_segment_start_is_its_own_header_or_else_nothing_of_this_life() {
+        let h = SegmentHeader::new(9, true);
+        let mut seg = h.encode();
+        assert_eq!(seg.len(), SEGMENT_HEADER_BYTES);
+        seg.resize(4096, 0);
+        assert_eq!(segment_start(&seg, 9), Start::Salted(h));
+        assert_eq!(segment_start(&seg, 10), Start::Stale, "another index's");
+        assert_eq!(segment_start(&[0u8; 4096], 9), Start::Empty);
+        assert_eq!(segment_start(&[], 9), Start::Empty);
+        for at in 0..SEGMENT_HEADER_BYTES {
+            let mut torn = seg.clone();
+            torn[at] ^= 0x01;
+            assert_eq!(segment_start(&torn, 9), Start::Stale, "a flip at {at}");
         }
-        for at in 0..n {
-            let mut bad = buf.clone();
-            bad[at] ^= 0x40;
-            assert!(decode(&bad).is_err(), "a flip at {at}");
-        }
-        assert_eq!(decode(&[0u8; 64]).err(), Some(FrameError::End));
+        let mut legacy = Vec::new();
+        encode(
+            &mut legacy,
+            Kind::Cut,
+            DatabaseId(7),
+            42,
+            &cut_payload(Bookmark::ZERO),
+            Seal::Legacy,
+        );
+        assert_eq!(segment_start(&legacy, 0), Start::Legacy);
+        let mut entry = Vec::new();
+        encode(
+            &mut entry,
+            Kind::Cut,
+            DatabaseId(7),
+            42,
+            &cut_payload(Bookmark::ZERO),
+            h.seal(),
+        );
+        assert_eq!(segment_start(&entry, 9), Start::Stale, "no header first");
+        assert_ne!(SegmentHeader::new(9, false).salt, h.salt, "a salt per life");
     }
 
     #[test]

@@ -9,12 +9,15 @@
 //!                                      (gaps where whole segments were
 //!                                      deleted), each preallocated
 //!                                      (zeros) to `segment_bytes` (or to
-//!                                      one larger entry) and holding
+//!                                      one larger entry), or reused from
+//!                                      the pool, and holding a header and
 //!                                      entries (see `format`) from 0
 //! <host dir>/shared/<index>.seg.tmp    the next segment while it is
 //!                                      built (see `prealloc`; ahead of
-//!                                      need, once the active one is half
-//!                                      written); removed at open
+//!                                      need, once the active one is an
+//!                                      eighth written); removed at open
+//! <host dir>/shared/<index>.seg.free   a deleted segment kept for reuse
+//!                                      (see `recycle`; at most two)
 //! <host dir>/shared/poisoned           left by a failed sync: where the
 //!                                      log was last known durable
 //! ```
@@ -74,7 +77,22 @@
 //! A dead segment leaves the index under the log's lock, but its file is
 //! unlinked (and the directory synced) after the lock is dropped: that
 //! takes milliseconds for a 64 MiB file, and no database's append or sync
-//! should wait behind it.
+//! should wait behind it. A dead segment of the full size is renamed into
+//! the pool instead while the pool has room (see `recycle`), and the next
+//! roll takes it rather than writing a new segment's zeros: its earlier
+//! life's entries, sealed with another salt (see `format`), are never
+//! read again. A segment written before salts is never reused.
+//!
+//! # Segment ends at open
+//!
+//! Past a segment's last entry lie zeros (a new segment), an earlier
+//! life's bytes (a reused one), or the torn tail of a write a crash
+//! interrupted. In a new segment anything but zeros there is a torn tail
+//! or damage, as before: cut (zeroed) in the newest segment, counted and
+//! skipped in older ones. In a reused segment the two cannot be told
+//! apart and need not be: nothing is appended to it again (appends go on
+//! in a new segment), so every later scan stops where this one did. Only
+//! what a poison marker says was never durable is zeroed there.
 //!
 //! # Descriptors
 //!
@@ -107,8 +125,9 @@ use crate::direct_io::{RunWrite, SegFile, Tail};
 use crate::ids::DatabaseId;
 use crate::prealloc::{self, Spare};
 use crate::record::Encoded;
+use crate::recycle;
 use crate::segments::{Io, IoBackend, SegmentError};
-use format::Kind;
+use format::{Kind, Seal, SegmentHeader};
 use index::{DbIndex, Loc, RecEntry};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -154,8 +173,10 @@ pub struct SharedLogStats {
     pub compactions: u64,
     pub moved_bytes: u64,
     /// Segments created from a spare prepared ahead (the others were
-    /// zero-filled inline at their roll).
+    /// zero-filled inline at their roll, or reused).
     pub spares_used: u64,
+    /// Segments reused from the pool of deleted ones (see `recycle`).
+    pub segments_reused: u64,
 }
 
 fn io_at(path: &Path) -> impl Fn(io::Error) -> SegmentError + '_ {
@@ -189,6 +210,19 @@ struct SegInfo {
     /// Cut, release and reset entries in it (dead or not): while one is
     /// here the segment goes only as the oldest (see "Retention").
     controls: u64,
+    /// How its entries are sealed (None: it holds nothing of this life).
+    seal: Option<Seal>,
+}
+
+impl SegInfo {
+    fn new(size: u64, seal: Option<Seal>) -> SegInfo {
+        SegInfo {
+            size,
+            live: 0,
+            controls: 0,
+            seal,
+        }
+    }
 }
 
 /// The segment being appended to.
@@ -200,17 +234,20 @@ struct Active {
     size: u64,
     /// The bytes before `write_offset` in its block (see `direct_io`).
     tail: Tail,
+    /// Its header's salt, which seals every entry appended.
+    salt: u64,
 }
 
 impl Active {
     /// Segment `index` at `path`, open as `file`, appended to from
-    /// `write_offset`.
+    /// `write_offset`, its entries sealed with `salt`.
     fn open(
         index: u64,
         path: &Path,
         file: File,
         write_offset: u64,
         size: u64,
+        salt: u64,
     ) -> Result<Active, SegmentError> {
         let tail = Tail::read(&file, write_offset).map_err(io_at(path))?;
         Ok(Active {
@@ -219,6 +256,7 @@ impl Active {
             write_offset,
             size,
             tail,
+            salt,
         })
     }
 }
@@ -258,8 +296,12 @@ struct Inner {
     /// written (see `prealloc`).
     spare: Option<Spare>,
     /// Segments retention took out of the index, whose files are
-    /// unlinked after the lock is dropped (see [`crate::unlink`]).
-    doomed: Vec<u64>,
+    /// unlinked (or pooled, where the flag says they may be) after the
+    /// lock is dropped (see [`crate::unlink`]).
+    doomed: Vec<(u64, bool)>,
+    /// Whether the pool held a segment for the roll to this index, as
+    /// looked at when its spare would have started.
+    pool_for: Option<(u64, bool)>,
     /// No new segment takes an index below this: a doomed segment's file
     /// may still be there.
     index_floor: u64,
@@ -326,33 +368,39 @@ impl Inner {
             .max(self.index_floor)
     }
 
-    /// Creates the next segment, preallocated (from the spare prepared
-    /// ahead when it fits; see `prealloc`), and makes it the active one.
+    /// Makes the next segment the active one: reused from the pool, or
+    /// preallocated (from the spare prepared ahead when it fits; see
+    /// `prealloc`). Its header is staged at offset 0.
     fn roll(&mut self, at_least: u64) -> Result<(), SegmentError> {
-        let size = self.config.segment_bytes.max(at_least);
+        let size = self
+            .config
+            .segment_bytes
+            .max(at_least + format::SEGMENT_HEADER_BYTES as u64);
         let index = self.next_index();
         let path = segment_path(&self.dir, index);
-        let created = prealloc::create_segment(&self.dir, &path, index, size, self.spare.take())?;
+        let (created, reused) =
+            recycle::reuse_or_create(&self.dir, &path, index, size, self.spare.take())?;
         let size = created.size;
-        self.segments.insert(
-            index,
-            SegInfo {
-                size,
-                ..SegInfo::default()
-            },
-        );
+        let header = SegmentHeader::new(index, reused);
+        self.segments
+            .insert(index, SegInfo::new(size, Some(header.seal())));
         bump(&mut self.stats.segments_created, 1);
         bump(&mut self.stats.spares_used, u64::from(created.from_spare));
-        let active = Active::open(index, &path, created.file, 0, size)?;
+        bump(&mut self.stats.segments_reused, u64::from(reused));
+        let active = Active::open(index, &path, created.file, 0, size, header.salt)?;
         if let Some(old) = self.active.replace(active) {
             if self.staged.iter().any(|s| s.segment == old.index) {
                 self.rolled.push((old.index, old.file, old.size));
             }
         }
+        self.put(|out, _| {
+            out.extend_from_slice(&header.encode());
+        });
         tracing::debug!(
             segment = index,
             size,
             prepared = created.from_spare,
+            reused,
             "shared log rolled to a new segment"
         );
         Ok(())
@@ -364,6 +412,21 @@ impl Inner {
     fn prepare_next(&mut self) {
         if let Some((written, size)) = self.active.as_ref().map(|a| (a.write_offset, a.size)) {
             let index = self.next_index();
+            // No spare while the pool holds a segment for that roll
+            // (looked for once per roll, when a spare would start).
+            if prealloc::spare_due(written, size) {
+                let pooled = match self.pool_for {
+                    Some((i, pooled)) if i == index => pooled,
+                    _ => {
+                        let pooled = recycle::has(&self.dir, self.config.segment_bytes);
+                        self.pool_for = Some((index, pooled));
+                        pooled
+                    }
+                };
+                if pooled && self.spare.is_none() {
+                    return;
+                }
+            }
             prealloc::keep_ready(
                 &mut self.spare,
                 written,
@@ -375,10 +438,41 @@ impl Inner {
         }
     }
 
-    /// Stages one encoded entry (`lsn` its own); returns where it will
-    /// be.
-    fn stage(&mut self, frame: &[u8], lsn: u64) -> Result<Loc, SegmentError> {
-        let len = frame.len() as u64;
+    /// Stages `len` bytes at the active segment's end, written into the
+    /// staged buffer by `write` (given the segment's salt); no room check.
+    fn put(&mut self, write: impl FnOnce(&mut Vec<u8>, u64)) -> (u64, u64) {
+        let a = self.active.as_mut().expect("an active segment to put into");
+        let (segment, offset) = (a.index, a.write_offset);
+        let contiguous = self
+            .staged
+            .last()
+            .is_some_and(|s| s.segment == segment && s.offset + s.bytes.len() as u64 == offset);
+        if !contiguous {
+            self.staged.push(Staged {
+                segment,
+                offset,
+                tail: a.tail.clone(),
+                bytes: Vec::new(),
+            });
+        }
+        let s = self.staged.last_mut().expect("a staged run to put into");
+        let from = s.bytes.len();
+        write(&mut s.bytes, a.salt);
+        let put = &s.bytes[from..];
+        a.write_offset += put.len() as u64;
+        a.tail.advance(put);
+        (segment, offset)
+    }
+
+    /// Stages one entry of `len` bytes (`lsn` its own), rolling first
+    /// when the active segment has no room; `write` writes it sealed with
+    /// the salt it is given. Returns where it will be.
+    fn stage(
+        &mut self,
+        len: u64,
+        lsn: u64,
+        write: impl FnOnce(&mut Vec<u8>, u64),
+    ) -> Result<Loc, SegmentError> {
         let room = self
             .active
             .as_ref()
@@ -386,21 +480,9 @@ impl Inner {
         if !room {
             self.roll(len)?;
         }
-        let a = self.active.as_mut().expect("a segment after the roll");
-        let (segment, offset) = (a.index, a.write_offset);
-        a.write_offset += len;
-        match self.staged.last_mut() {
-            Some(s) if s.segment == segment && s.offset + s.bytes.len() as u64 == offset => {
-                s.bytes.extend_from_slice(frame)
-            }
-            _ => self.staged.push(Staged {
-                segment,
-                offset,
-                tail: a.tail.clone(),
-                bytes: frame.to_vec(),
-            }),
-        }
-        a.tail.advance(frame);
+        let (segment, offset) = self.put(write);
+        let end = self.active.as_ref().map_or(0, |a| a.write_offset);
+        assert_eq!(end - offset, len, "an entry staged at its own length");
         self.prepare_next();
         Ok(Loc {
             segment,
@@ -412,9 +494,10 @@ impl Inner {
 
     fn append(&mut self, kind: Kind, id: DatabaseId, payload: &[u8]) -> Result<Loc, SegmentError> {
         let lsn = self.lsn();
-        let mut frame = Vec::with_capacity(format::OVERHEAD + payload.len());
-        format::encode(&mut frame, kind, id, lsn, payload);
-        let loc = self.stage(&frame, lsn)?;
+        let len = (format::OVERHEAD + payload.len()) as u64;
+        let loc = self.stage(len, lsn, |out, salt| {
+            format::encode(out, kind, id, lsn, payload, Seal::Salted(salt));
+        })?;
         if kind != Kind::Record {
             self.seg(loc.segment).controls += 1;
         }
@@ -661,3 +744,6 @@ mod crash_tests;
 
 #[cfg(test)]
 mod model_tests;
+
+#[cfg(test)]
+mod reuse_tests;

@@ -1,18 +1,21 @@
-//! Opening the shared log: every kept segment is scanned (each entry's
-//! CRC checked; a record's own CRC too), a torn or damaged tail of the
-//! newest segment is cut (zeroed, synced; damage in an older one is only
-//! skipped), what a poison marker says was
-//! never known durable is cut, and the per-database indexes are rebuilt by
-//! replaying each database's entries in lsn order (see "Order" in the
-//! parent module).
+//! Opening the shared log: every kept segment is scanned from its header
+//! (each entry's CRC checked under the segment's salt; a record's own CRC
+//! too), what a poison marker says was never known durable is cut, a torn
+//! or damaged tail of a new (not reused) newest segment is cut (zeroed,
+//! synced; damage in an older one is only skipped), and the per-database
+//! indexes are rebuilt by replaying each database's entries in lsn order
+//! (see "Order" in the parent module). What lies past the entries of a
+//! reused segment is left as it is, and appends then go on in a new
+//! segment (see "Segment ends at open" in the parent module).
 
-use super::format::{self, Base, FrameError, Kind};
+use super::format::{self, Base, FrameError, Kind, Seal, Start};
 use super::index::{DbIndex, Loc, RecEntry};
 use super::{Active, Inner, SegInfo, SharedLog, SharedLogConfig, io_at, poison, segment_path};
 use crate::bookmark::Bookmark;
 use crate::chain::ChainHash;
 use crate::ids::DatabaseId;
 use crate::record::Encoded;
+use crate::recycle;
 use crate::segments::{Io, SegmentError};
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -42,6 +45,12 @@ pub struct SharedRecovery {
     pub unchained: usize,
     /// Segments removed past a poison marker's position.
     pub segments_removed: usize,
+    /// Segments holding nothing of this life (a header never written, or
+    /// a reused segment's old one): read as empty.
+    pub stale_segments: usize,
+    /// Whether appends go on in a new segment: the newest one's end is
+    /// not followed by zeros (reused), or it is not sealed with a salt.
+    pub rolls_at_open: bool,
 }
 
 /// What an entry said, parsed while its segment was in memory.
@@ -80,16 +89,59 @@ fn parse(kind: Kind, payload: Bytes) -> Result<What, FrameError> {
         Kind::Cut => What::Cut(format::decode_cut(&payload)?),
         Kind::Release => What::Base(format::decode_base(&payload)?, false),
         Kind::Reset => What::Base(format::decode_base(&payload)?, true),
+        Kind::Segment => return Err(FrameError::Damaged("a segment header past offset 0")),
     })
 }
 
-/// Scans one segment's bytes up to `limit`: the entries, and where the
+/// What reading one segment found.
+struct Read {
+    start: Start,
+    seal: Option<Seal>,
+    /// Where its valid entries end.
+    at: usize,
+    controls: u64,
+}
+
+impl Read {
+    /// Whether only zeros may follow its entries (a new segment, or one
+    /// written before salts): anything else there is torn or damaged.
+    fn zeros_expected(&self) -> bool {
+        match self.start {
+            Start::Legacy => true,
+            Start::Salted(h) => !h.reused,
+            Start::Empty | Start::Stale => false,
+        }
+    }
+}
+
+/// Reads segment `index`'s entries from its start (see `format`).
+fn read_segment(index: u64, data: &Bytes, out: &mut Vec<Scanned>) -> Read {
+    let start = format::segment_start(data, index);
+    let (seal, from) = match start {
+        Start::Salted(h) => (Some(h.seal()), format::SEGMENT_HEADER_BYTES),
+        Start::Legacy => (Some(Seal::Legacy), 0),
+        Start::Empty | Start::Stale => (None, 0),
+    };
+    let (at, controls) = match seal {
+        Some(seal) => scan(index, data, from, seal, out),
+        None => (0, 0),
+    };
+    Read {
+        start,
+        seal,
+        at,
+        controls,
+    }
+}
+
+/// Scans one segment's entries from `from`: the entries, and where the
 /// valid ones end.
-fn scan(index: u64, data: &Bytes, limit: usize, out: &mut Vec<Scanned>) -> (usize, u64) {
-    let mut at = 0usize;
+fn scan(index: u64, data: &Bytes, from: usize, seal: Seal, out: &mut Vec<Scanned>) -> (usize, u64) {
+    let limit = data.len();
+    let mut at = from;
     let mut controls = 0u64;
     while at < limit {
-        let frame = match format::decode(&data[at..limit]) {
+        let frame = match format::decode(&data[at..limit], seal) {
             Ok(f) => f,
             Err(FrameError::End) => break,
             Err(FrameError::Damaged(why)) => {
@@ -244,7 +296,7 @@ impl SharedLog {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(io_at(&path)(e)),
             };
-            scan(index, &data, data.len(), &mut scanned);
+            read_segment(index, &data, &mut scanned);
         }
         let mut rec = SharedRecovery::default();
         let mut out: Vec<Inspected> = replay(scanned, &mut rec)
@@ -289,6 +341,7 @@ impl SharedLog {
         let mut segments = BTreeMap::new();
         let mut scanned = Vec::new();
         let mut end = None;
+        let mut durable_pos = (0, 0);
         let newest = match poisoned {
             Some((seg, _)) => indexes.iter().copied().filter(|i| *i <= seg).max(),
             None => indexes.last().copied(),
@@ -300,51 +353,85 @@ impl SharedLog {
                 rec.segments_removed += 1;
                 continue;
             }
-            let data = Bytes::from(std::fs::read(&path).map_err(io_at(&path))?);
-            let limit = match poisoned {
-                Some((seg, off)) if seg == index => (off as usize).min(data.len()),
-                _ => data.len(),
-            };
-            let (at, controls) = scan(index, &data, limit, &mut scanned);
+            let mut data = std::fs::read(&path).map_err(io_at(&path))?;
+            if let Some((_, off)) = poisoned.filter(|(seg, _)| *seg == index) {
+                // Never known durable, whatever the segment: zeroed, or a
+                // later scan would find what the failed sync wrote.
+                let off = (off as usize).min(data.len());
+                if let Some(last) = data[off..].iter().rposition(|b| *b != 0) {
+                    let n = last + 1;
+                    zero(&path, off, n)?;
+                    data[off..off + n].fill(0);
+                    rec.cut_bytes += n as u64;
+                    tracing::warn!(
+                        segment = index,
+                        offset = off,
+                        bytes = n,
+                        "shared log cut what a failed sync may have written"
+                    );
+                }
+            }
+            let data = Bytes::from(data);
+            let read = read_segment(index, &data, &mut scanned);
+            let at = read.at;
             let is_newest = Some(index) == newest;
-            let damaged = data[at..].iter().rposition(|b| *b != 0);
-            if let (Some(last), false) = (damaged, is_newest) {
-                // Not the segment appends go to: left as it is (nothing is
-                // written there again) and skipped at every open. Nothing
-                // after the damage is searched for: a frame found inside
-                // another's payload could be forged by page data.
-                rec.damaged_bytes += (last + 1) as u64;
-                tracing::error!(
-                    segment = index,
-                    offset = at,
-                    "shared log: damaged entries in an older segment are skipped; the records after them are fetched again from peers"
-                );
-            } else if let Some(last) = damaged {
-                let n = last + 1;
-                let file = OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .map_err(io_at(&path))?;
-                file.write_all_at(&vec![0u8; n], at as u64)
-                    .map_err(io_at(&path))?;
-                file.sync_data().map_err(io_at(&path))?;
-                rec.cut_bytes += n as u64;
-                tracing::warn!(
-                    segment = index,
-                    offset = at,
-                    bytes = n,
-                    "shared log cut a torn or damaged tail"
-                );
+            let past = data[at..].iter().rposition(|b| *b != 0);
+            if matches!(read.start, Start::Empty | Start::Stale) {
+                rec.stale_segments += 1;
+            }
+            match past.filter(|_| read.zeros_expected()) {
+                Some(last) if !is_newest => {
+                    // Not the segment appends go to: left as it is (nothing
+                    // is written there again) and skipped at every open.
+                    // Nothing after the damage is searched for: a frame
+                    // found inside another's payload could be forged by
+                    // page data.
+                    rec.damaged_bytes += (last + 1) as u64;
+                    tracing::error!(
+                        segment = index,
+                        offset = at,
+                        "shared log: damaged entries in an older segment are skipped; the records after them are fetched again from peers"
+                    );
+                }
+                Some(last) => {
+                    let n = last + 1;
+                    zero(&path, at, n)?;
+                    rec.cut_bytes += n as u64;
+                    tracing::warn!(
+                        segment = index,
+                        offset = at,
+                        bytes = n,
+                        "shared log cut a torn or damaged tail"
+                    );
+                }
+                None => {}
             }
             segments.insert(
                 index,
                 SegInfo {
-                    size: data.len() as u64,
-                    live: 0,
-                    controls,
+                    controls: read.controls,
+                    ..SegInfo::new(data.len() as u64, read.seal)
                 },
             );
-            end = Some((index, at as u64, data.len() as u64));
+            if is_newest {
+                durable_pos = (index, at as u64);
+                let zeros_past = past.is_none() || read.zeros_expected();
+                end = match read.start {
+                    Start::Salted(h) if zeros_past => {
+                        Some((index, at as u64, data.len() as u64, h.salt))
+                    }
+                    _ => {
+                        rec.rolls_at_open = true;
+                        tracing::info!(
+                            segment = index,
+                            offset = at,
+                            start = ?read.start,
+                            "shared log: the newest segment is not appended to again; appends go on in a new segment"
+                        );
+                        None
+                    }
+                };
+            }
         }
         rec.segments = segments.len();
         rec.entries = scanned.len();
@@ -374,19 +461,28 @@ impl SharedLog {
         }
         super::sync_dir(dir)?;
         poison::clear(dir)?;
+        // The pool: trimmed to its bound and the segment size; no new
+        // segment takes the index a pool file had (a reuse whose header
+        // never landed must show an index that is not its own).
+        recycle::trim(dir, config.segment_bytes).map_err(io_at(dir))?;
+        let index_floor = recycle::list(dir)
+            .map_err(io_at(dir))?
+            .iter()
+            .filter_map(|(p, _)| recycle::index_of(p))
+            .max()
+            .map_or(0, |i| i.checked_add(1).expect("segment index overflow"));
         let active = match end {
-            Some((index, write_offset, size)) => {
+            Some((index, write_offset, size, salt)) => {
                 let path = segment_path(dir, index);
                 let file = OpenOptions::new()
                     .read(true)
                     .write(true)
                     .open(&path)
                     .map_err(io_at(&path))?;
-                Some(Active::open(index, &path, file, write_offset, size)?)
+                Some(Active::open(index, &path, file, write_offset, size, salt)?)
             }
             None => None,
         };
-        let durable_pos = end.map_or((0, 0), |(i, o, _)| (i, o));
         tracing::info!(
             segments = rec.segments,
             databases = rec.databases,
@@ -394,6 +490,7 @@ impl SharedLog {
             cut_bytes = rec.cut_bytes,
             duplicates = rec.duplicates,
             unchained = rec.unchained,
+            stale_segments = rec.stale_segments,
             "shared log recovered"
         );
         let inner = Inner {
@@ -413,7 +510,8 @@ impl SharedLog {
             stats: Default::default(),
             spare: None,
             doomed: Vec::new(),
-            index_floor: 0,
+            pool_for: None,
+            index_floor,
         };
         Ok((
             Arc::new(SharedLog {
@@ -423,4 +521,15 @@ impl SharedLog {
             rec,
         ))
     }
+}
+
+/// Writes `n` zeros at `at` in the segment at `path`, synced.
+fn zero(path: &Path, at: usize, n: usize) -> Result<(), SegmentError> {
+    let file = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(io_at(path))?;
+    file.write_all_at(&vec![0u8; n], at as u64)
+        .map_err(io_at(path))?;
+    file.sync_data().map_err(io_at(path))
 }
