@@ -8,8 +8,9 @@
 //! run are already in the file; the log keeps them in memory (the
 //! [`Tail`]) and writes them again, unchanged. The bytes after the run, to
 //! the end of its last block, are written as zeros: past the log's end, a
-//! preallocated segment holds zeros there already (and anything else
-//! there is past the end, which recovery never keeps).
+//! preallocated segment holds zeros there already, a reused one its
+//! earlier life (and anything there is past the end, which recovery never
+//! keeps).
 //!
 //! ```text
 //!  file   ...| block k                | block k+1              |...

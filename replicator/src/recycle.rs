@@ -18,15 +18,23 @@
 //! record, and recovery (`segments_recovery`) reads them as stale bytes,
 //! neither a torn tail nor damage.
 //!
+//! A fleet host's shared log (`shared_log`) keeps a pool of the same kind
+//! for the segments its retention deletes (dead, or compacted): there an
+//! entry says nothing about which life of its segment it belongs to, so
+//! each life is sealed with a salt of its own (`shared_log::format`).
+//!
 //! A pool file is named after the segment it was, `<index:016x>.seg.free`
 //! (an index is never used twice, so names never collide), in the log's
 //! directory. The pool holds at most [`MAX_FREE`] files, all of the log's
 //! full segment size; a released segment beyond that, or of another size,
-//! is unlinked as before. Files move in only by a release (after its
-//! marker is durable) and out only by a roll (under the log's lock), each
-//! by one rename followed by a sync of the directory; a file a crash
-//! leaves under either name is found at the next open, in the pool or as
-//! a segment holding no record of this life.
+//! is unlinked as before. Files move in only by a release or a deletion
+//! (after what freed them is durable) and out only by a roll (under the
+//! log's lock), each by one rename followed by a sync of the directory; a
+//! file a crash leaves under either name is found at the next open, in
+//! the pool or as a segment holding no record of this life. Two releases
+//! running at once may each find room for their files and hold the pool
+//! over its bound until the next rolls take them or the next open trims
+//! it.
 
 use crate::prealloc::{self, Created, Spare};
 use crate::segments::SegmentError;

@@ -188,11 +188,9 @@ impl Inner {
         // In the order they were written: copies keep the log's order.
         moves.sort_by_key(|m| m.from.offset);
         let path = segment_path(&self.dir, victim);
-        let seal = self
-            .segments
-            .get(&victim)
-            .and_then(|s| s.seal)
-            .expect("a segment with live entries has a seal");
+        // (A segment with no seal holds nothing of this life: an entry
+        // located there is damage, never copied.)
+        let seal = self.segments.get(&victim).and_then(|s| s.seal);
         let file = File::open(&path).map_err(|source| SegmentError::Io {
             path: path.clone(),
             source,
@@ -208,8 +206,9 @@ impl Inner {
                 })?;
             // Never copy (and then delete the original of) something that
             // is not exactly the entry the index located there.
-            let intact = format::decode(&frame, seal)
-                .is_ok_and(|f| f.lsn == m.from.lsn && f.database == m.db && f.len == frame.len());
+            let intact = seal
+                .and_then(|seal| format::decode(&frame, seal).ok())
+                .is_some_and(|f| f.lsn == m.from.lsn && f.database == m.db && f.len == frame.len());
             if !intact {
                 return Err(SegmentError::Io {
                     path,

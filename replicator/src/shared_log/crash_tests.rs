@@ -4,8 +4,8 @@
 use super::tests::{Expect, append, check, config, copy_dir};
 use super::*;
 
-/// The newest segment file and the offset and length of its last entry.
-fn last_entry(dir: &Path) -> (PathBuf, usize, usize) {
+/// The newest segment file in `dir`.
+pub(super) fn newest_segment(dir: &Path) -> PathBuf {
     let mut segs: Vec<PathBuf> = std::fs::read_dir(dir)
         .expect("list")
         .flatten()
@@ -13,7 +13,18 @@ fn last_entry(dir: &Path) -> (PathBuf, usize, usize) {
         .filter(|p| p.extension().is_some_and(|x| x == "seg"))
         .collect();
     segs.sort();
-    let path = segs.pop().expect("a segment");
+    segs.pop().expect("a segment")
+}
+
+/// The index of the segment file at `path`, from its name.
+pub(super) fn index_of(path: &Path) -> u64 {
+    let name = path.file_stem().and_then(|n| n.to_str()).expect("name");
+    u64::from_str_radix(name, 16).expect("a segment's name")
+}
+
+/// The newest segment file and the offset and length of its last entry.
+fn last_entry(dir: &Path) -> (PathBuf, usize, usize) {
+    let path = newest_segment(dir);
     let (off, len) = *entries(&path).last().expect("an entry");
     (path, off, len)
 }
@@ -22,9 +33,7 @@ fn last_entry(dir: &Path) -> (PathBuf, usize, usize) {
 /// header not counted).
 pub(super) fn entries(path: &Path) -> Vec<(usize, usize)> {
     let data = std::fs::read(path).expect("read");
-    let name = path.file_stem().and_then(|n| n.to_str()).expect("name");
-    let index = u64::from_str_radix(name, 16).expect("a segment's name");
-    let (seal, mut at) = match format::segment_start(&data, index) {
+    let (seal, mut at) = match format::segment_start(&data, index_of(path)) {
         format::Start::Salted(h) => (h.seal(), format::SEGMENT_HEADER_BYTES),
         format::Start::Legacy => (Seal::Legacy, 0),
         other => panic!("no entries of this life: {other:?}"),
@@ -155,9 +164,7 @@ fn after_a_failed_sync_the_reopen_cuts_back_to_what_was_known_durable() {
     // As a failed sync leaves it: the marker names the end before the
     // last entry, whose bytes the page cache may hold without the disk.
     let (path, off, _) = last_entry(&live);
-    let index = u64::from_str_radix(path.file_stem().and_then(|s| s.to_str()).expect("name"), 16)
-        .expect("index");
-    poison::store(&live, (index, off as u64)).expect("poison");
+    poison::store(&live, (index_of(&path), off as u64)).expect("poison");
     let (log, rec) = SharedLog::open(&live, config(64 << 10, 64)).expect("reopen");
     assert!(rec.cut_bytes > 0);
     for (i, e) in acked.iter().enumerate() {

@@ -8,16 +8,25 @@
 //! that does not check, ends a scan.
 //!
 //! Each segment's header carries a random salt, and every entry of that
-//! segment is sealed with it: its CRC is taken over the salt and then the
-//! entry. An entry of a reused segment's earlier life was sealed with
-//! another salt, so it never checks in its new life: whatever lies past
-//! the end of this life's entries is never read as one of them, wherever
-//! the end falls. The salt is unknown to anything outside the log, so no
-//! page data written into a record can forge an entry of a segment it
-//! lands in. The header names its segment's index: a reused segment whose
-//! new header never reached the disk shows its old header, which names an
-//! older index, and the whole segment is then read as stale (indexes are
-//! never used twice).
+//! segment is sealed with it: the entry's tag field holds the salt's top
+//! 16 bits and its CRC is taken over the salt and then the entry. An
+//! entry of a reused segment's earlier life was sealed with another salt,
+//! so whatever lies past the end of this life's entries is not read as
+//! one of them, wherever the end falls: the tag and the CRC together
+//! leave one chance in 2^48 that an earlier life's entry, lying exactly
+//! at this life's end, checks (a CRC-32 alone would leave 2^32). The salt
+//! is unknown to anything outside the log, so no page data written into
+//! a record can forge an entry of a segment it lands in.
+//!
+//! The header names its segment's index. A reuse whose new header never
+//! reached the disk shows the header of its earlier life, which names a
+//! lower index, and the whole segment is then read as holding nothing of
+//! this life. That holds because a pool file's header names at most the
+//! index in its pool name (the index it had, or a lower one if its own
+//! header never landed), and no new segment takes an index at or below a
+//! pool file's (the log's index floor; an index can be used again after
+//! its file was unlinked, but never by a segment that a pool file could
+//! have become).
 //!
 //! Segments written before headers existed (version 1 entries, CRC over
 //! the entry alone, no header) are still read; they are never reused.
@@ -28,7 +37,8 @@
 //!  4  kind      u8: 1 record, 2 cut, 3 release, 4 reset, 1
 //!               5 segment header
 //!  5  version   u8: 2 (1: an unsalted segment's entry)   1
-//!  6  reserved  u16, zero                                2
+//!  6  tag       u16: the segment salt's top 16 bits     2
+//!               (version 1: zero)
 //!  8  database  u64 (DatabaseId; 0 in a header)          8
 //! 16  lsn       u64: the entry's log sequence number     8
 //!               (see "Order" in the parent module; a
@@ -163,6 +173,14 @@ impl Seal {
         }
     }
 
+    /// What an entry's tag field (bytes 6..8) holds under this seal.
+    fn tag(self) -> [u8; 2] {
+        match self {
+            Seal::Legacy => [0, 0],
+            Seal::Salted(salt) => ((salt >> 48) as u16).to_be_bytes(),
+        }
+    }
+
     fn crc(self, body: &[u8]) -> u32 {
         let mut h = crc32fast::Hasher::new();
         if let Seal::Salted(salt) = self {
@@ -173,8 +191,9 @@ impl Seal {
     }
 }
 
-/// The header fields and payload length of the entry at the start of
-/// `buf`, its whole length checked against `buf` (its CRC not yet).
+/// The kind, version and payload length of the entry at the start of
+/// `buf`, its whole length checked against `buf` (its tag and CRC not
+/// yet).
 fn frame_parts(buf: &[u8]) -> Result<(Kind, u8, usize), FrameError> {
     if buf.len() < MAGIC.len() || buf[..MAGIC.len()] == [0u8; 4] {
         return Err(FrameError::End);
@@ -186,9 +205,6 @@ fn frame_parts(buf: &[u8]) -> Result<(Kind, u8, usize), FrameError> {
         return Err(FrameError::Damaged("short header"));
     }
     let kind = Kind::from_u8(buf[4]).ok_or(FrameError::Damaged("unknown kind"))?;
-    if buf[6..8] != [0, 0] {
-        return Err(FrameError::Damaged("reserved bytes set"));
-    }
     let len = be32(&buf[24..]) as usize;
     if len > MAX_PAYLOAD {
         return Err(FrameError::Damaged("payload too large"));
@@ -206,6 +222,9 @@ pub fn decode(buf: &[u8], seal: Seal) -> Result<Frame<'_>, FrameError> {
     let (kind, version, len) = frame_parts(buf)?;
     if version != seal.version() {
         return Err(FrameError::Damaged("unknown version"));
+    }
+    if buf[6..8] != seal.tag() {
+        return Err(FrameError::Damaged("another segment life's tag"));
     }
     let body = HEADER_BYTES + len;
     if seal.crc(&buf[..body]) != be32(&buf[body..]) {
@@ -238,7 +257,7 @@ pub fn encode(
     out.extend_from_slice(&MAGIC);
     out.push(kind as u8);
     out.push(seal.version());
-    out.extend_from_slice(&[0, 0]);
+    out.extend_from_slice(&seal.tag());
     out.extend_from_slice(&database.0.to_be_bytes());
     out.extend_from_slice(&lsn.to_be_bytes());
     out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
@@ -256,8 +275,10 @@ pub fn reseal(entry: &mut [u8], salt: u64) {
         "a whole entry is resealed, never a piece"
     );
     let body = entry.len() - CRC_BYTES;
+    let seal = Seal::Salted(salt);
     entry[5] = VERSION;
-    let crc = Seal::Salted(salt).crc(&entry[..body]);
+    entry[6..8].copy_from_slice(&seal.tag());
+    let crc = seal.crc(&entry[..body]);
     entry[body..].copy_from_slice(&crc.to_be_bytes());
 }
 
@@ -310,8 +331,11 @@ pub enum Start {
     Legacy,
     /// This segment's header: its entries follow it, sealed with its salt.
     Salted(SegmentHeader),
-    /// Anything else (another index's header, a torn header): nothing of
-    /// this life is in it.
+    /// The header of a lower index: a reuse whose new header never
+    /// reached the disk (see above); nothing of this life is in it.
+    Earlier(u64),
+    /// Anything else (a header that does not check): damage, or a torn
+    /// write on a disk that tears sectors; nothing is read from it.
     Stale,
 }
 
@@ -337,12 +361,11 @@ pub fn segment_start(buf: &[u8], index: u64) -> Start {
         salt: be64(&p[8..]),
         reused: p[16] == 1,
     };
-    if p[16] > 1 || header.index != index {
-        return Start::Stale;
-    }
     match decode(buf, header.seal()) {
-        Ok(_) => Start::Salted(header),
-        Err(_) => Start::Stale,
+        Ok(_) if p[16] > 1 => Start::Stale,
+        Ok(_) if header.index == index => Start::Salted(header),
+        Ok(_) if header.index < index => Start::Earlier(header.index),
+        _ => Start::Stale,
     }
 }
 
@@ -418,6 +441,20 @@ pub fn decode_base(p: &[u8]) -> Result<Base, FrameError> {
 mod tests {
     use super::*;
 
+    /// A cut entry of database 7 (lsn 42), sealed with `seal`.
+    fn cut_entry(seal: Seal) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode(
+            &mut out,
+            Kind::Cut,
+            DatabaseId(7),
+            42,
+            &cut_payload(Bookmark::ZERO),
+            seal,
+        );
+        out
+    }
+
     #[test]
     fn an_entry_round_trips_and_every_truncation_or_bit_flip_is_refused() {
         for seal in [Seal::Salted(0x5eed), Seal::Legacy] {
@@ -450,30 +487,14 @@ mod tests {
 
     #[test]
     fn an_entry_checks_only_under_the_salt_it_was_sealed_with() {
-        let mut buf = Vec::new();
-        encode(
-            &mut buf,
-            Kind::Cut,
-            DatabaseId(7),
-            42,
-            &cut_payload(Bookmark::ZERO),
-            Seal::Salted(1),
-        );
+        let buf = cut_entry(Seal::Salted(1));
         assert!(decode(&buf, Seal::Salted(1)).is_ok());
         assert!(
             decode(&buf, Seal::Salted(2)).is_err(),
             "another life's salt"
         );
         assert!(decode(&buf, Seal::Legacy).is_err(), "an unsalted segment");
-        let mut legacy = Vec::new();
-        encode(
-            &mut legacy,
-            Kind::Cut,
-            DatabaseId(7),
-            42,
-            &cut_payload(Bookmark::ZERO),
-            Seal::Legacy,
-        );
+        let mut legacy = cut_entry(Seal::Legacy);
         assert!(decode(&legacy, Seal::Salted(1)).is_err());
         reseal(&mut legacy, 2);
         let f = decode(&legacy, Seal::Salted(2)).expect("a resealed copy checks");
@@ -488,7 +509,12 @@ mod tests {
         assert_eq!(seg.len(), SEGMENT_HEADER_BYTES);
         seg.resize(4096, 0);
         assert_eq!(segment_start(&seg, 9), Start::Salted(h));
-        assert_eq!(segment_start(&seg, 10), Start::Stale, "another index's");
+        assert_eq!(
+            segment_start(&seg, 10),
+            Start::Earlier(9),
+            "a lower index's"
+        );
+        assert_eq!(segment_start(&seg, 8), Start::Stale, "a higher index's");
         assert_eq!(segment_start(&[0u8; 4096], 9), Start::Empty);
         assert_eq!(segment_start(&[], 9), Start::Empty);
         for at in 0..SEGMENT_HEADER_BYTES {
@@ -496,25 +522,9 @@ mod tests {
             torn[at] ^= 0x01;
             assert_eq!(segment_start(&torn, 9), Start::Stale, "a flip at {at}");
         }
-        let mut legacy = Vec::new();
-        encode(
-            &mut legacy,
-            Kind::Cut,
-            DatabaseId(7),
-            42,
-            &cut_payload(Bookmark::ZERO),
-            Seal::Legacy,
-        );
+        let legacy = cut_entry(Seal::Legacy);
         assert_eq!(segment_start(&legacy, 0), Start::Legacy);
-        let mut entry = Vec::new();
-        encode(
-            &mut entry,
-            Kind::Cut,
-            DatabaseId(7),
-            42,
-            &cut_payload(Bookmark::ZERO),
-            h.seal(),
-        );
+        let entry = cut_entry(h.seal());
         assert_eq!(segment_start(&entry, 9), Start::Stale, "no header first");
         assert_ne!(SegmentHeader::new(9, false).salt, h.salt, "a salt per life");
     }

@@ -92,7 +92,12 @@
 //! skipped in older ones. In a reused segment the two cannot be told
 //! apart and need not be: nothing is appended to it again (appends go on
 //! in a new segment), so every later scan stops where this one did. Only
-//! what a poison marker says was never durable is zeroed there.
+//! what a poison marker says was never durable is zeroed there (and a
+//! reused segment left with zeros past its end by that cut is appended
+//! to). Damage inside a reused segment's entries therefore ends its scan
+//! without being counted as damage (its records after it do not chain
+//! and are fetched again from peers, as any damaged ones are); a header
+//! that does not check is counted.
 //!
 //! # Descriptors
 //!

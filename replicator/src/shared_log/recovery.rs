@@ -36,7 +36,8 @@ pub struct SharedRecovery {
     pub records: usize,
     /// Bytes of a torn or damaged tail of the newest segment cut (zeroed).
     pub cut_bytes: u64,
-    /// Bytes after damage in an older segment, skipped (left on disk).
+    /// Bytes after damage in an older new (not reused) segment, and bytes
+    /// of a segment whose header does not check: skipped (left on disk).
     pub damaged_bytes: u64,
     /// Entries found twice (an interrupted compaction): counted once.
     pub duplicates: usize,
@@ -46,7 +47,8 @@ pub struct SharedRecovery {
     /// Segments removed past a poison marker's position.
     pub segments_removed: usize,
     /// Segments holding nothing of this life (a header never written, or
-    /// a reused segment's old one): read as empty.
+    /// a reused segment's earlier one): read as empty. (A header that does
+    /// not check counts as damage: `damaged_bytes`.)
     pub stale_segments: usize,
     /// Whether appends go on in a new segment: the newest one's end is
     /// not followed by zeros (reused), or it is not sealed with a salt.
@@ -109,7 +111,7 @@ impl Read {
         match self.start {
             Start::Legacy => true,
             Start::Salted(h) => !h.reused,
-            Start::Empty | Start::Stale => false,
+            Start::Empty | Start::Earlier(_) | Start::Stale => false,
         }
     }
 }
@@ -120,7 +122,7 @@ fn read_segment(index: u64, data: &Bytes, out: &mut Vec<Scanned>) -> Read {
     let (seal, from) = match start {
         Start::Salted(h) => (Some(h.seal()), format::SEGMENT_HEADER_BYTES),
         Start::Legacy => (Some(Seal::Legacy), 0),
-        Start::Empty | Start::Stale => (None, 0),
+        Start::Empty | Start::Earlier(_) | Start::Stale => (None, 0),
     };
     let (at, controls) = match seal {
         Some(seal) => scan(index, data, from, seal, out),
@@ -360,15 +362,15 @@ impl SharedLog {
                 let off = (off as usize).min(data.len());
                 if let Some(last) = data[off..].iter().rposition(|b| *b != 0) {
                     let n = last + 1;
-                    zero(&path, off, n)?;
+                    cut(
+                        &path,
+                        index,
+                        off,
+                        n,
+                        &mut rec,
+                        "what a failed sync may have written",
+                    )?;
                     data[off..off + n].fill(0);
-                    rec.cut_bytes += n as u64;
-                    tracing::warn!(
-                        segment = index,
-                        offset = off,
-                        bytes = n,
-                        "shared log cut what a failed sync may have written"
-                    );
                 }
             }
             let data = Bytes::from(data);
@@ -376,8 +378,26 @@ impl SharedLog {
             let at = read.at;
             let is_newest = Some(index) == newest;
             let past = data[at..].iter().rposition(|b| *b != 0);
-            if matches!(read.start, Start::Empty | Start::Stale) {
-                rec.stale_segments += 1;
+            match read.start {
+                Start::Empty => rec.stale_segments += 1,
+                Start::Earlier(earlier) => {
+                    rec.stale_segments += 1;
+                    tracing::info!(
+                        segment = index,
+                        earlier,
+                        "shared log: a reused segment whose new header never reached the disk holds nothing of this life"
+                    );
+                }
+                Start::Stale => {
+                    let held = data.iter().rposition(|b| *b != 0).map_or(0, |l| l + 1);
+                    rec.damaged_bytes += held as u64;
+                    tracing::error!(
+                        segment = index,
+                        bytes = held,
+                        "shared log: a segment whose header does not check is skipped; the records it held are fetched again from peers"
+                    );
+                }
+                Start::Legacy | Start::Salted(_) => {}
             }
             match past.filter(|_| read.zeros_expected()) {
                 Some(last) if !is_newest => {
@@ -393,17 +413,14 @@ impl SharedLog {
                         "shared log: damaged entries in an older segment are skipped; the records after them are fetched again from peers"
                     );
                 }
-                Some(last) => {
-                    let n = last + 1;
-                    zero(&path, at, n)?;
-                    rec.cut_bytes += n as u64;
-                    tracing::warn!(
-                        segment = index,
-                        offset = at,
-                        bytes = n,
-                        "shared log cut a torn or damaged tail"
-                    );
-                }
+                Some(last) => cut(
+                    &path,
+                    index,
+                    at,
+                    last + 1,
+                    &mut rec,
+                    "a torn or damaged tail",
+                )?,
                 None => {}
             }
             segments.insert(
@@ -465,12 +482,20 @@ impl SharedLog {
         // segment takes the index a pool file had (a reuse whose header
         // never landed must show an index that is not its own).
         recycle::trim(dir, config.segment_bytes).map_err(io_at(dir))?;
-        let index_floor = recycle::list(dir)
+        let index_floor = match recycle::list(dir)
             .map_err(io_at(dir))?
             .iter()
             .filter_map(|(p, _)| recycle::index_of(p))
             .max()
-            .map_or(0, |i| i.checked_add(1).expect("segment index overflow"));
+        {
+            None => 0,
+            Some(i) => i.checked_add(1).ok_or_else(|| {
+                io_at(dir)(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "a pool file's index leaves no index for a new segment",
+                ))
+            })?,
+        };
         let active = match end {
             Some((index, write_offset, size, salt)) => {
                 let path = segment_path(dir, index);
@@ -523,13 +548,30 @@ impl SharedLog {
     }
 }
 
-/// Writes `n` zeros at `at` in the segment at `path`, synced.
-fn zero(path: &Path, at: usize, n: usize) -> Result<(), SegmentError> {
+/// Cuts `n` bytes at `at` from segment `index` at `path` (`what` they
+/// are): zeroed and synced, counted in `rec`.
+fn cut(
+    path: &Path,
+    index: u64,
+    at: usize,
+    n: usize,
+    rec: &mut SharedRecovery,
+    what: &'static str,
+) -> Result<(), SegmentError> {
     let file = OpenOptions::new()
         .write(true)
         .open(path)
         .map_err(io_at(path))?;
     file.write_all_at(&vec![0u8; n], at as u64)
         .map_err(io_at(path))?;
-    file.sync_data().map_err(io_at(path))
+    file.sync_data().map_err(io_at(path))?;
+    rec.cut_bytes += n as u64;
+    tracing::warn!(
+        segment = index,
+        offset = at,
+        bytes = n,
+        what,
+        "shared log cut bytes"
+    );
+    Ok(())
 }

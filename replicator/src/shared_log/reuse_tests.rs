@@ -2,9 +2,10 @@
 //! never read as this one's, wherever the new life ends, after a crash at
 //! any step of the reuse, and in segments written before salts.
 
-use super::crash_tests::entries;
-use super::tests::{Expect, append, check, config};
+use super::crash_tests::{entries, index_of, newest_segment};
+use super::tests::{Expect, append, check, config, copy_dir};
 use super::*;
+use crate::bookmark::Bookmark;
 
 const SEGMENT: u64 = 16 << 10;
 
@@ -52,22 +53,9 @@ fn pool(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-fn newest_segment(dir: &Path) -> PathBuf {
-    let mut segs: Vec<PathBuf> = std::fs::read_dir(dir)
-        .expect("list")
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
-        .collect();
-    segs.sort();
-    segs.pop().expect("a segment")
-}
-
 fn header(path: &Path) -> format::SegmentHeader {
     let data = std::fs::read(path).expect("read");
-    let index = u64::from_str_radix(path.file_stem().and_then(|n| n.to_str()).expect("name"), 16)
-        .expect("index");
-    match format::segment_start(&data, index) {
+    match format::segment_start(&data, index_of(path)) {
         format::Start::Salted(h) => h,
         other => panic!("not a salted segment: {other:?}"),
     }
@@ -214,6 +202,123 @@ fn a_reuse_whose_new_header_never_reached_the_disk_reads_as_stale() {
 }
 
 #[test]
+fn torn_unacked_entries_in_a_reused_newest_segment_lose_nothing_acked_across_reopens() {
+    let dir = tempfile::tempdir().expect("dir");
+    let live = dir.path().join("log");
+    let (log, mut expect) = released_log(&live, 60);
+    roll_into_the_pool(&log, &mut expect[1], 2);
+    let acked = expect.clone();
+    // Two more entries, never acked in the crash images below.
+    append(&log, DatabaseId(2), &mut expect[2], 90, RECORD);
+    append(&log, DatabaseId(2), &mut expect[2], 91, RECORD);
+    log.sync().expect("sync");
+    drop(log);
+    let newest = newest_segment(&live);
+    assert!(header(&newest).reused);
+    let es = entries(&newest);
+    let ((first, first_len), (second, second_len)) = (es[es.len() - 2], es[es.len() - 1]);
+    let image = std::fs::read(&newest).expect("image");
+    let name = newest.file_name().expect("name").to_owned();
+    for torn_with in [0u8, 0xA5] {
+        for k in (0..first_len).step_by(37) {
+            // The first torn from byte k; the second landed whole (writes
+            // need not land in order) or not at all.
+            for second_landed in [true, false] {
+                let mut torn = image.clone();
+                torn[first + k..first + first_len].fill(torn_with);
+                if !second_landed {
+                    torn[second..second + second_len].fill(0);
+                }
+                let case = dir
+                    .path()
+                    .join(format!("case-{torn_with}-{k}-{second_landed}"));
+                copy_dir(&live, &case);
+                std::fs::write(case.join(&name), &torn).expect("crash image");
+                let what = format!("torn with {torn_with} from {k}, second {second_landed}");
+                let (log, rec) = SharedLog::open(&case, config(SEGMENT, 64)).expect("recovers");
+                assert_eq!(rec.unchained, 0, "{what}: {rec:?}");
+                check_all(&log, &acked);
+                drop(log);
+                // Reopened again, then written to and reopened: the same.
+                let (log, _) = SharedLog::open(&case, config(SEGMENT, 64)).expect("reopen");
+                check_all(&log, &acked);
+                let mut more = acked.clone();
+                append(&log, DatabaseId(1), &mut more[1], 7, RECORD);
+                log.sync().expect("sync");
+                drop(log);
+                let (log, rec) = SharedLog::open(&case, config(SEGMENT, 64)).expect("reopen");
+                assert_eq!(rec.unchained, 0, "{what}: {rec:?}");
+                check_all(&log, &more);
+                std::fs::remove_dir_all(&case).expect("clean");
+            }
+        }
+    }
+}
+
+#[test]
+fn an_index_taken_again_after_a_restart_never_shows_an_earlier_life() {
+    // A stale newest segment (its reuse's header never landed) is deleted
+    // while the pool is full, so it is unlinked; after a restart the next
+    // roll may take its index again, from a pool file whose header names
+    // a lower index.
+    let dir = tempfile::tempdir().expect("dir");
+    let (log, mut expect) = released_log(dir.path(), 60);
+    let before: Vec<(PathBuf, Vec<u8>)> = pool(dir.path())
+        .into_iter()
+        .map(|p| (p.clone(), std::fs::read(&p).expect("pool file")))
+        .collect();
+    let acked = expect.clone();
+    roll_into_the_pool(&log, &mut expect[1], 3);
+    drop(log);
+    let (taken, old_image) = before.iter().find(|(p, _)| !p.exists()).expect("taken");
+    let newest = newest_segment(dir.path());
+    std::fs::write(&newest, old_image).expect("crash image");
+    std::fs::write(taken, vec![0u8; SEGMENT as usize]).expect("a full pool");
+    let mut acked = acked;
+    let rolled = expect[1].records.len() - 4;
+    acked[1].records = expect[1].records[..rolled].to_vec();
+    {
+        let (log, rec) = SharedLog::open(dir.path(), config(SEGMENT, 64)).expect("open");
+        assert_eq!(rec.stale_segments, 1, "{rec:?}");
+        log.maintain().expect("maintain");
+        assert!(!newest.exists(), "the stale newest segment was deleted");
+    }
+    for reopen in 0..3 {
+        let (log, rec) = SharedLog::open(dir.path(), config(SEGMENT, 64)).expect("reopen");
+        assert_eq!((rec.unchained, rec.damaged_bytes), (0, 0), "{rec:?}");
+        check_all(&log, &acked);
+        append(&log, DatabaseId(1), &mut acked[1], reopen, RECORD);
+        log.sync().expect("sync");
+        let now = newest_segment(dir.path());
+        assert!(header(&now).index == index_of(&now), "reopen {reopen}");
+    }
+    let (log, _) = SharedLog::open(dir.path(), config(SEGMENT, 64)).expect("reopen");
+    check_all(&log, &acked);
+}
+
+#[test]
+fn a_header_that_does_not_check_counts_as_damage_and_its_records_are_fetched_again() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut e = Expect::default();
+    {
+        let (log, _) = SharedLog::open(dir.path(), config(SEGMENT, 64)).expect("open");
+        for i in 0..60u8 {
+            append(&log, DatabaseId(1), &mut e, i, RECORD);
+            log.sync().expect("sync");
+        }
+    }
+    let first = segment_path(dir.path(), 0);
+    let mut bytes = std::fs::read(&first).expect("read");
+    bytes[40] ^= 0x01; // inside the header's salt
+    std::fs::write(&first, &bytes).expect("damage");
+    let (log, rec) = SharedLog::open(dir.path(), config(SEGMENT, 64)).expect("reopen");
+    assert!(rec.damaged_bytes > 0, "{rec:?}");
+    assert_eq!(rec.stale_segments, 0, "damage, not an earlier life");
+    assert!(rec.unchained > 0, "the later records no longer chain");
+    assert_eq!(log.database(DatabaseId(1)).last(), Bookmark::ZERO);
+}
+
+#[test]
 fn what_a_failed_sync_wrote_into_a_reused_segment_is_cut_for_good() {
     let dir = tempfile::tempdir().expect("dir");
     let (log, mut expect) = released_log(dir.path(), 60);
@@ -288,7 +393,7 @@ fn segments_written_before_salts_are_read_appended_after_and_never_reused() {
     }
     log.maintain().expect("maintain");
     assert!(!legacy.exists(), "released");
-    let legacy_index = header_index(&legacy);
+    let legacy_index = index_of(&legacy);
     assert!(
         pool(dir.path())
             .iter()
@@ -299,11 +404,6 @@ fn segments_written_before_salts_are_read_appended_after_and_never_reused() {
     drop(log);
     let (log, _) = SharedLog::open(dir.path(), config(SEGMENT, 64)).expect("reopen");
     check_all(&log, &expect);
-}
-
-fn header_index(path: &Path) -> u64 {
-    u64::from_str_radix(path.file_stem().and_then(|n| n.to_str()).expect("name"), 16)
-        .expect("index")
 }
 
 #[test]
@@ -334,7 +434,7 @@ fn the_pool_is_trimmed_at_open_and_no_new_segment_takes_a_pool_files_index() {
     log.sync().expect("sync");
     assert_eq!(log.stats().segments_reused, 1);
     let newest = newest_segment(dir.path());
-    assert_eq!(header_index(&newest), 8, "above every pool file's index");
+    assert_eq!(index_of(&newest), 8, "above every pool file's index");
     assert_eq!(header(&newest).index, 8);
     assert!(header(&newest).reused);
     drop(log);
