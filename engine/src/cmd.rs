@@ -263,6 +263,21 @@ pub fn follower(a: FollowerArgs) -> Result<()> {
             if let Some(o) = &others {
                 println!("follower {} {}", host.addr(), o.summary());
             }
+            if let Some(log) = host.shared_log() {
+                let s = log.stats();
+                println!(
+                    "follower {} shared_log segments={} disk_bytes={} live_bytes={} created={} reused={} from_spares={} compactions={} deleted={}",
+                    host.addr(),
+                    log.segments(),
+                    log.disk_bytes(),
+                    log.live_bytes(),
+                    s.segments_created,
+                    s.segments_reused,
+                    s.spares_used,
+                    s.compactions,
+                    s.segments_deleted,
+                );
+            }
         }
     }
     // Both uploaders wind down at once: each uploads the confirmed log
