@@ -86,6 +86,21 @@ pub(crate) fn list(dir: &Path) -> io::Result<Vec<(PathBuf, u64)>> {
 }
 
 /// Whether the pool in `dir` holds a file of at least `size` bytes.
+/// Whether the pool holds a file for the roll to segment `index` (of
+/// `size` bytes), looked at once per index: `seen` keeps the last answer,
+/// so a log calling this after every append lists its directory once per
+/// roll.
+pub(crate) fn serves(seen: &mut Option<(u64, bool)>, dir: &Path, index: u64, size: u64) -> bool {
+    match *seen {
+        Some((i, pooled)) if i == index => pooled,
+        _ => {
+            let pooled = has(dir, size);
+            *seen = Some((index, pooled));
+            pooled
+        }
+    }
+}
+
 pub(crate) fn has(dir: &Path, size: u64) -> bool {
     list(dir).is_ok_and(|files| files.iter().any(|(_, len)| *len >= size))
 }

@@ -483,18 +483,11 @@ impl SegmentLog {
             let (index, size) = (self.next_index(), self.next_segment_bytes());
             // No spare while the pool holds a segment for that roll
             // (looked for once per roll, when a spare would start).
-            if prealloc::spare_due(self.write_offset, self.current_bytes) {
-                let pooled = match self.pool_for {
-                    Some((i, pooled)) if i == index => pooled,
-                    _ => {
-                        let pooled = recycle::has(&self.dir, size);
-                        self.pool_for = Some((index, pooled));
-                        pooled
-                    }
-                };
-                if pooled && self.spare.is_none() {
-                    return;
-                }
+            if prealloc::spare_due(self.write_offset, self.current_bytes)
+                && self.spare.is_none()
+                && recycle::serves(&mut self.pool_for, &self.dir, index, size)
+            {
+                return;
             }
             prealloc::keep_ready(
                 &mut self.spare,

@@ -419,18 +419,16 @@ impl Inner {
             let index = self.next_index();
             // No spare while the pool holds a segment for that roll
             // (looked for once per roll, when a spare would start).
-            if prealloc::spare_due(written, size) {
-                let pooled = match self.pool_for {
-                    Some((i, pooled)) if i == index => pooled,
-                    _ => {
-                        let pooled = recycle::has(&self.dir, self.config.segment_bytes);
-                        self.pool_for = Some((index, pooled));
-                        pooled
-                    }
-                };
-                if pooled && self.spare.is_none() {
-                    return;
-                }
+            if prealloc::spare_due(written, size)
+                && self.spare.is_none()
+                && recycle::serves(
+                    &mut self.pool_for,
+                    &self.dir,
+                    index,
+                    self.config.segment_bytes,
+                )
+            {
+                return;
             }
             prealloc::keep_ready(
                 &mut self.spare,

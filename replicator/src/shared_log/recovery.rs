@@ -98,13 +98,22 @@ fn parse(kind: Kind, payload: Bytes) -> Result<What, FrameError> {
 /// What reading one segment found.
 struct Read {
     start: Start,
-    seal: Option<Seal>,
     /// Where its valid entries end.
     at: usize,
     controls: u64,
 }
 
 impl Read {
+    /// How its entries are sealed, and where they begin (None: it holds
+    /// nothing of this life).
+    fn seal(&self) -> Option<(Seal, usize)> {
+        match self.start {
+            Start::Salted(h) => Some((h.seal(), format::SEGMENT_HEADER_BYTES)),
+            Start::Legacy => Some((Seal::Legacy, 0)),
+            Start::Empty | Start::Earlier(_) | Start::Stale => None,
+        }
+    }
+
     /// Whether only zeros may follow its entries (a new segment, or one
     /// written before salts): anything else there is torn or damaged.
     fn zeros_expected(&self) -> bool {
@@ -118,22 +127,15 @@ impl Read {
 
 /// Reads segment `index`'s entries from its start (see `format`).
 fn read_segment(index: u64, data: &Bytes, out: &mut Vec<Scanned>) -> Read {
-    let start = format::segment_start(data, index);
-    let (seal, from) = match start {
-        Start::Salted(h) => (Some(h.seal()), format::SEGMENT_HEADER_BYTES),
-        Start::Legacy => (Some(Seal::Legacy), 0),
-        Start::Empty | Start::Earlier(_) | Start::Stale => (None, 0),
+    let mut read = Read {
+        start: format::segment_start(data, index),
+        at: 0,
+        controls: 0,
     };
-    let (at, controls) = match seal {
-        Some(seal) => scan(index, data, from, seal, out),
-        None => (0, 0),
-    };
-    Read {
-        start,
-        seal,
-        at,
-        controls,
+    if let Some((seal, from)) = read.seal() {
+        (read.at, read.controls) = scan(index, data, from, seal, out);
     }
+    read
 }
 
 /// Scans one segment's entries from `from`: the entries, and where the
@@ -389,7 +391,8 @@ impl SharedLog {
                     );
                 }
                 Start::Stale => {
-                    let held = data.iter().rposition(|b| *b != 0).map_or(0, |l| l + 1);
+                    // Nothing was read from it (`at` is 0): all it holds.
+                    let held = past.map_or(0, |l| l + 1);
                     rec.damaged_bytes += held as u64;
                     tracing::error!(
                         segment = index,
@@ -427,7 +430,7 @@ impl SharedLog {
                 index,
                 SegInfo {
                     controls: read.controls,
-                    ..SegInfo::new(data.len() as u64, read.seal)
+                    ..SegInfo::new(data.len() as u64, read.seal().map(|(s, _)| s))
                 },
             );
             if is_newest {
