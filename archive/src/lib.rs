@@ -38,7 +38,7 @@ pub mod store;
 pub mod testing;
 
 pub use archiver::{
-    Archiver, ArchiverConfig, ArchiverStats, Flush, RoundReport, Source, SourceError,
+    Archiver, ArchiverConfig, ArchiverStats, Flush, OffPath, RoundReport, Source, SourceError,
 };
 pub use error::{ArchiveError, FormatError, RestoreError, StoreError};
 pub use fork::{ForkError, Forked, fork};

@@ -739,3 +739,56 @@ fn a_crash_after_any_store_write_leaves_every_retained_bookmark_exact_and_a_rest
         Ok(())
     });
 }
+
+#[test]
+fn a_round_off_path_runs_its_uploads_once_through_the_runner_and_still_releases() {
+    each_store("off-path", |store, dir| {
+        let mut w = Workload::new(31, 1024);
+        let s = MemSource::new(Epoch(1));
+        let mut c = config(dir);
+        c.local_keep_bytes = 20 << 10;
+        let mut up = Archiver::new(store.clone(), c);
+        run(&mut w, &s, 30);
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        // The work runs on another thread, as the follower's idle runner does.
+        let on_a_thread = |work: &mut (dyn FnMut() + Send)| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            std::thread::scope(|t| {
+                t.spawn(&mut *work);
+            });
+        };
+        let report = up.round_off_path(&s, Flush::All, &on_a_thread)?;
+        assert_eq!(calls.load(Ordering::Relaxed), 1, "one call a round");
+        assert!(report.objects > 0, "uploaded off the path");
+        assert_eq!(report.archived_to, w.at(), "everything confirmed");
+        assert!(report.released_to.is_some(), "released on the caller");
+        assert!(s.log_start() > Bookmark::ZERO);
+        Ok(())
+    });
+}
+
+#[test]
+fn uploads_fall_behind_once_the_tail_is_twice_what_makes_one_due_for_the_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&format!("file://{}", dir.path().join("store").display())).unwrap();
+    for (rank, patience) in [(0, 1), (2, 5)] {
+        let mut c = config(dir.path());
+        c.rank = rank;
+        c.max_lag_bytes = 1 << 20;
+        c.max_lag_ms = 10_000;
+        let up = Archiver::new(store.clone(), c);
+        let stats = up.stats();
+        assert!(!up.behind(), "an empty tail keeps up");
+        stats
+            .lag_bytes
+            .store((2 << 20) * patience - 1, Ordering::Relaxed);
+        assert!(!up.behind(), "rank {rank}: just under twice its bytes");
+        stats
+            .lag_bytes
+            .store((2 << 20) * patience, Ordering::Relaxed);
+        assert!(up.behind(), "rank {rank}: twice its bytes");
+        stats.lag_bytes.store(0, Ordering::Relaxed);
+        stats.lag_ms.store(20_000 * patience, Ordering::Relaxed);
+        assert!(up.behind(), "rank {rank}: twice its age");
+    }
+}

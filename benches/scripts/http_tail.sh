@@ -11,6 +11,8 @@
 # 3 ms and when they started. papers/performance.md (lever 56) shows what
 # it printed.
 #
+# UP_ARGS adds options to `up` (such as `--store DIR` elsewhere than the
+# followers' disk).
 # TAIL_FROM=N counts only the writes from N seconds into each run (see
 # http_tail.py).
 # BURST_SECONDS=N first loads the cluster with wrk at 16 connections for N
@@ -41,7 +43,7 @@ for round in $(seq 1 "$ROUNDS"); do
   for bin in "${BINS[@]}"; do
     rm -rf "$WORK/up"
     "$bin" up --dir "$WORK/up" --base-port "$PORT" --writers 0 --insecure \
-      --fleet-nodes 0 --seconds $((SECONDS_EACH + ${BURST_SECONDS:-0} + 120)) >"$WORK/up.log" 2>&1 &
+      --fleet-nodes 0 --seconds $((SECONDS_EACH + ${BURST_SECONDS:-0} + 120)) ${UP_ARGS:-} >"$WORK/up.log" 2>&1 &
     PIDS=($!)
     kv_ready "$URL"
     echo "round $round, $bin:"

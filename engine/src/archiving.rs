@@ -177,12 +177,30 @@ impl Uploader {
             .spawn(move || {
                 walrelay_replicator::background::lower_this_thread();
                 let mut quiet = 0;
+                let mut keeping_up = true;
                 loop {
                     schedule.wait(&flag);
                     if flag.load(Ordering::Relaxed) {
                         break;
                     }
-                    let report = archiver.round(&source, Flush::No);
+                    // Off the commit path (SCHED_IDLE) while it keeps up;
+                    // at this thread's lowered priority when it does not.
+                    let off_path = |work: &mut (dyn FnMut() + Send)| {
+                        if keeping_up {
+                            walrelay_replicator::background::run_idle(&mut *work);
+                        } else {
+                            work();
+                        }
+                    };
+                    let report = archiver.round_off_path(&source, Flush::No, &off_path);
+                    if keeping_up == archiver.behind() {
+                        keeping_up = !keeping_up;
+                        if keeping_up {
+                            tracing::info!(database = %archiver.config().database, "uploads keep up again: rounds run under SCHED_IDLE");
+                        } else {
+                            tracing::warn!(database = %archiver.config().database, "uploads fall behind: rounds run at the uploader's own priority");
+                        }
+                    }
                     if until_idle {
                         quiet = match report {
                             Ok(r) if nothing_done(&r, source.confirmed()) => quiet + 1,

@@ -81,6 +81,10 @@ pub struct UpArgs {
     /// Followers upload confirmed records at most this late...
     #[arg(long, default_value_t = 10_000)]
     pub archive_lag_ms: u64,
+    /// ...or once this many bytes of them are unarchived (each
+    /// follower's uploader waits for a multiple of it by its rank)...
+    #[arg(long, default_value_t = 16 << 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub archive_lag_bytes: u64,
     /// ...snapshot after this much log...
     #[arg(long, default_value_t = 256 << 20)]
     pub snapshot_log_bytes: u64,
@@ -229,6 +233,8 @@ pub fn up(a: UpArgs, scheduling: CpuScheduling) -> Result<()> {
             i.to_string(),
             "--archive-lag-ms".into(),
             a.archive_lag_ms.to_string(),
+            "--archive-lag-bytes".into(),
+            a.archive_lag_bytes.to_string(),
             "--snapshot-log-bytes".into(),
             a.snapshot_log_bytes.to_string(),
             "--local-keep-bytes".into(),

@@ -141,6 +141,15 @@ pub struct ArchiverStats {
     pub last_error: parking_lot::Mutex<Option<String>>,
 }
 
+/// How [`Archiver::round_off_path`] runs a round's work off the commit
+/// path: it calls the work it is given, once, before it returns (on
+/// another thread, say).
+pub type OffPath<'a> = dyn Fn(&mut (dyn FnMut() + Send)) + Sync + 'a;
+
+/// How many times its thresholds the unarchived tail may grow before
+/// [`Archiver::behind`] says the uploads fall behind.
+const BEHIND_FACTOR: u64 = 2;
+
 /// Whether a round waits for its thresholds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flush {
@@ -251,7 +260,22 @@ impl Archiver {
         source: &dyn Source,
         flush: Flush,
     ) -> Result<RoundReport, ArchiveError> {
-        let r = self.round_inner(source, flush);
+        self.round_off_path(source, flush, &|work| work())
+    }
+
+    /// [`Archiver::round`], its uploads, snapshot and pruning run by
+    /// `off_path` (on a thread that yields the CPU to the commit path, for
+    /// one): the work that takes CPU and holds none of the follower's
+    /// locks beyond short reads of its state. The release of local
+    /// segments (which writes a marker under the follower's lock) runs on
+    /// the calling thread.
+    pub fn round_off_path(
+        &mut self,
+        source: &dyn Source,
+        flush: Flush,
+        off_path: &OffPath<'_>,
+    ) -> Result<RoundReport, ArchiveError> {
+        let r = self.round_inner(source, flush, off_path);
         match &r {
             Ok(report) => {
                 self.stats
@@ -271,11 +295,39 @@ impl Archiver {
         r
     }
 
+    /// Whether the uploads are falling behind: the unarchived tail is
+    /// twice what makes an upload due (in bytes or in age). A caller that
+    /// runs rounds at a low priority runs them at its own then.
+    pub fn behind(&self) -> bool {
+        let bytes = self.stats.lag_bytes.load(Ordering::Relaxed);
+        let age_ms = self.stats.lag_ms.load(Ordering::Relaxed);
+        let p = self.patience().saturating_mul(BEHIND_FACTOR);
+        bytes >= self.config.max_lag_bytes.saturating_mul(p)
+            || age_ms >= self.config.max_lag_ms.saturating_mul(p)
+    }
+
     fn round_inner(
         &mut self,
         source: &dyn Source,
         flush: Flush,
+        off_path: &OffPath<'_>,
     ) -> Result<RoundReport, ArchiveError> {
+        let mut done = None;
+        off_path(&mut || done = Some(self.archive_and_prune(source, flush)));
+        let (mut report, m) = done.expect("the work ran")?;
+        if !report.fenced {
+            report.released_to = self.release(source, &m)?;
+        }
+        Ok(report)
+    }
+
+    /// A round but its release: uploads, a snapshot if due, pruning; with
+    /// the manifest as they left it.
+    fn archive_and_prune(
+        &mut self,
+        source: &dyn Source,
+        flush: Flush,
+    ) -> Result<(RoundReport, Manifest), ArchiveError> {
         let mine = source.epoch();
         let mut m = self.load()?;
         let mut report = RoundReport {
@@ -284,13 +336,13 @@ impl Archiver {
         };
         if m.epoch > mine {
             report.fenced = true;
-            return Ok(report);
+            return Ok((report, m));
         }
         report.objects = self.upload_log(source, &mut m, flush)?;
         report.archived_to = m.log_end;
         if m.epoch > mine {
             report.fenced = true;
-            return Ok(report);
+            return Ok((report, m));
         }
         report.snapshot = match flush {
             Flush::Stop { .. } => None,
@@ -299,8 +351,7 @@ impl Archiver {
             }
         };
         report.deleted = self.prune(&mut m, mine)?;
-        report.released_to = self.release(source, &m)?;
-        Ok(report)
+        Ok((report, m))
     }
 
     /// Publishes `next` (built from `m` with the next sequence); on a

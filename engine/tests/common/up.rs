@@ -260,9 +260,10 @@ impl Up {
     }
 
     /// The scheduling policy (`SCHED_*`) of every thread of every process
-    /// `up` supervises (`DIR/pids`), with the pid file's name; a process
-    /// gone meanwhile is skipped. Read from `/proc/PID/task/TID/stat`.
-    pub fn thread_policies(&self) -> Vec<(String, i32)> {
+    /// `up` supervises (`DIR/pids`), with the pid file's name and the
+    /// thread's; a process gone meanwhile is skipped. Read from
+    /// `/proc/PID/task/TID/stat`.
+    pub fn thread_policies(&self) -> Vec<ThreadPolicy> {
         let mut out = Vec::new();
         let pids = std::fs::read_dir(self.dir.join("pids")).expect("DIR/pids");
         for entry in pids.map_while(Result::ok) {
@@ -277,10 +278,17 @@ impl Up {
                 let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
                     continue;
                 };
-                // After the parenthesised name: state is field 3, policy 41.
-                let after = &stat[stat.rfind(')').expect("stat") + 2..];
+                // The name is parenthesised (field 2); after it, state is
+                // field 3 and the policy field 41.
+                let open = stat.find('(').expect("stat");
+                let close = stat.rfind(')').expect("stat");
+                let after = &stat[close + 2..];
                 let policy = after.split(' ').nth(41 - 3).expect("policy field");
-                out.push((name.clone(), policy.parse().expect("policy")));
+                out.push(ThreadPolicy {
+                    process: name.clone(),
+                    thread: stat[open + 1..close].to_string(),
+                    policy: policy.parse().expect("policy"),
+                });
             }
         }
         out
@@ -388,4 +396,15 @@ pub fn signal(dir: &Path, pid_file: &str, sig: i32) {
     // cluster's processes.
     let sent = unsafe { libc::kill(pid, sig) };
     assert_eq!(sent, 0, "signal {sig} to {pid_file}");
+}
+
+/// One thread's scheduling policy (see [`Up::thread_policies`]).
+#[derive(Debug)]
+pub struct ThreadPolicy {
+    /// The pid file's name (`follower-0`, `primary`, ...).
+    pub process: String,
+    /// The thread's name (`comm`, at most 15 bytes).
+    pub thread: String,
+    /// `SCHED_*`.
+    pub policy: i32,
 }
