@@ -768,7 +768,7 @@ fn a_round_off_path_runs_its_uploads_once_through_the_runner_and_still_releases(
 }
 
 #[test]
-fn uploads_fall_behind_once_the_tail_is_twice_what_makes_one_due_for_the_rank() {
+fn uploads_fall_behind_at_twice_what_makes_one_due_and_catch_up_below_it_for_the_rank() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&format!("file://{}", dir.path().join("store").display())).unwrap();
     for (rank, patience) in [(0, 1), (2, 5)] {

@@ -193,13 +193,12 @@ impl Uploader {
                         }
                     };
                     let report = archiver.round_off_path(&source, Flush::No, &off_path);
-                    if keeping_up == archiver.behind() {
-                        keeping_up = !keeping_up;
-                        if keeping_up {
-                            tracing::info!(database = %archiver.config().database, "uploads keep up again: rounds run under SCHED_IDLE");
-                        } else {
-                            tracing::warn!(database = %archiver.config().database, "uploads fall behind: rounds run at the uploader's own priority");
-                        }
+                    if keeping_up && archiver.behind() {
+                        keeping_up = false;
+                        tracing::warn!(database = %archiver.config().database, "uploads fall behind: rounds run at the uploader's own priority");
+                    } else if !keeping_up && archiver.caught_up() {
+                        keeping_up = true;
+                        tracing::info!(database = %archiver.config().database, "uploads caught up: rounds run under SCHED_IDLE again");
                     }
                     if until_idle {
                         quiet = match report {

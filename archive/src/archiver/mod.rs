@@ -296,12 +296,25 @@ impl Archiver {
     }
 
     /// Whether the uploads are falling behind: the unarchived tail is
-    /// twice what makes an upload due (in bytes or in age). A caller that
-    /// runs rounds at a low priority runs them at its own then.
+    /// twice what makes an upload due (in bytes or in age), as the last
+    /// round measured it. A caller that runs rounds at a low priority runs
+    /// them at its own then, until [`Archiver::caught_up`].
     pub fn behind(&self) -> bool {
+        self.tail_past(BEHIND_FACTOR)
+    }
+
+    /// Whether the unarchived tail is below what makes an upload due: the
+    /// uploads have caught up.
+    pub fn caught_up(&self) -> bool {
+        !self.tail_past(1)
+    }
+
+    /// Whether the tail the last round measured is at `factor` times the
+    /// thresholds (the rank's patience included) or more.
+    fn tail_past(&self, factor: u64) -> bool {
         let bytes = self.stats.lag_bytes.load(Ordering::Relaxed);
         let age_ms = self.stats.lag_ms.load(Ordering::Relaxed);
-        let p = self.patience().saturating_mul(BEHIND_FACTOR);
+        let p = self.patience().saturating_mul(factor);
         bytes >= self.config.max_lag_bytes.saturating_mul(p)
             || age_ms >= self.config.max_lag_ms.saturating_mul(p)
     }
