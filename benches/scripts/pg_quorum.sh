@@ -80,7 +80,11 @@ wait_for() {
 start_pg() { # dir port
   as_pg "$PG/postgres" -D "$1" -p "$2" -k "$WORK" >"$1.log" 2>&1 &
   PG_DIRS+=("$1")
-  wait_for "as_pg $PG/pg_isready -h 127.0.0.1 -p $2" 300
+  # A server that does not answer says why in its log.
+  wait_for "as_pg $PG/pg_isready -h 127.0.0.1 -p $2" 300 || {
+    tail -20 "$1.log" >&2
+    return 1
+  }
 }
 
 echo "== PostgreSQL 15: a primary and 5 standbys (ANY 3, synchronous_commit=on) in $WORK"
