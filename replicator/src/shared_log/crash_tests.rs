@@ -77,6 +77,12 @@ fn a_torn_last_entry_is_cut_at_every_byte_and_nothing_acked_is_lost() {
         for k in 0..len {
             let mut torn = image.clone();
             torn[off + k..off + len].fill(torn_with);
+            if torn == image {
+                // The entry's last bytes already were `torn_with` (its CRC
+                // is salted, so by chance): nothing is torn, and the entry
+                // rightly stays.
+                continue;
+            }
             let case = dir.path().join(format!("case-{torn_with}-{k}"));
             copy_dir(&live, &case);
             std::fs::write(case.join(&name), &torn).expect("write");
