@@ -100,16 +100,44 @@ impl SegFile {
     /// them, and would otherwise invalidate them a few at a time.
     pub(crate) fn new(file: File, path: &Path) -> io::Result<SegFile> {
         let direct = open(path)?;
-        #[cfg(target_os = "linux")]
         if direct.is_some() {
-            use std::os::fd::AsRawFd;
-            // SAFETY: a plain syscall on a descriptor `file` owns; advice
-            // only, it changes no file content.
-            let _ =
-                unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            advise(&file, 0, 0, Advice::DontNeed);
         }
         Ok(SegFile { file, direct })
     }
+}
+
+/// What [`advise`] tells the kernel about a file's range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Advice {
+    /// It is read in the pieces asked for: no readahead.
+    Random,
+    /// Its pages are not wanted in the page cache.
+    DontNeed,
+}
+
+/// Advice to the kernel about `len` bytes of `file` from `offset` (0:
+/// to the end), `posix_fadvise`. Advice only: it changes no file content
+/// and no result, so a refusal is not reported; elsewhere than Linux it
+/// does nothing.
+pub(crate) fn advise(file: &File, offset: u64, len: u64, advice: Advice) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len))
+        else {
+            return;
+        };
+        let advice = match advice {
+            Advice::Random => libc::POSIX_FADV_RANDOM,
+            Advice::DontNeed => libc::POSIX_FADV_DONTNEED,
+        };
+        // SAFETY: posix_fadvise reads only its integer arguments; the file
+        // descriptor belongs to `file`, which is open for the whole call.
+        let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), offset, len, advice) };
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, offset, len, advice);
 }
 
 /// The bytes of the block holding a log's end, before the end: what a

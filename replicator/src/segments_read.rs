@@ -12,10 +12,10 @@
 use super::{Entry, SegmentError, SegmentLog, io_at};
 use crate::bookmark::Bookmark;
 use crate::chain::ChainHash;
+use crate::direct_io::{Advice, advise};
 use crate::record::Encoded;
 use bytes::Bytes;
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -52,18 +52,6 @@ enum Pace {
 /// 16 MiB object is 64 pieces: at most 256 ms of pauses).
 fn pause_after(took: Duration) -> Duration {
     took.min(MAX_PAUSE)
-}
-
-/// Advice to the kernel about `len` bytes of `file` from `offset`
-/// (`posix_fadvise`). Advice only: a refusal changes no result, so it is
-/// not reported.
-fn advise(file: &File, offset: u64, len: u64, advice: libc::c_int) {
-    let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
-        return;
-    };
-    // SAFETY: posix_fadvise reads only its integer arguments; the file
-    // descriptor belongs to `file`, which is open for the whole call.
-    let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), offset, len, advice) };
 }
 
 /// A batch of records located in the log's files, read by [`read`]
@@ -151,7 +139,7 @@ impl ReadPlan {
             if open.as_ref().is_none_or(|(s, _)| *s != segment) {
                 let file = File::open(&path).map_err(io_at(&path))?;
                 if pace == Pace::Yielding {
-                    advise(&file, 0, 0, libc::POSIX_FADV_RANDOM);
+                    advise(&file, 0, 0, Advice::Random);
                 }
                 open = Some((segment, file));
             }
@@ -174,7 +162,7 @@ impl ReadPlan {
                 }
             }
             if pace == Pace::Yielding {
-                advise(file, lo, hi - lo, libc::POSIX_FADV_DONTNEED);
+                advise(file, lo, hi - lo, Advice::DontNeed);
             }
             let buf = Bytes::from(buf);
             for e in &self.entries[run] {
