@@ -190,6 +190,16 @@ pub(super) fn retry_after_s(e: &QueryError) -> Option<u32> {
     }
 }
 
+/// `answer` as an HTTP response, built directly: what
+/// `respond(answer).into_response()` makes, without axum's conversions.
+pub(super) fn response(answer: Answer) -> axum::response::Response {
+    let (status, headers, body) = respond(answer);
+    let mut response = axum::response::Response::new(axum::body::Body::from(body));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
+}
+
 /// An answer as an HTTP response (JSON; a 401 names the scheme expected).
 pub(super) fn respond(answer: Answer) -> (StatusCode, HeaderMap, Vec<u8>) {
     let mut out = HeaderMap::new();

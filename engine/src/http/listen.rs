@@ -25,9 +25,9 @@
 //! [`HttpConfig::idle_timeout_ms`]: super::server::HttpConfig::idle_timeout_ms
 //! [`SHUTDOWN_GRACE_MS`]: super::server::SHUTDOWN_GRACE_MS
 
+use super::hot_route::Routed;
 use super::server::{Answer, Node, SHUTDOWN_GRACE_MS, codes};
 use axum::Router;
-use axum::response::IntoResponse;
 use hyper::server::conn::http1;
 use hyper::service::{Service, service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -96,13 +96,13 @@ pub(super) async fn serve_bounded(
         let (for_requests, node_for_requests) = (stop.clone(), Arc::clone(&node));
         let service = service_fn(move |request| {
             let (request, ended) = super::unread_body::watch(request);
-            let answer = router.call(request);
+            let routed = Routed::new(request, |request| router.call(request));
             let mut stop = for_requests.clone();
             let node = Arc::clone(&node_for_requests);
             async move {
                 let mut response = tokio::select! {
                     biased;
-                    r = answer => r?,
+                    r = routed.answer(Arc::clone(&node)) => r,
                     () = grace_nearly_over(&mut stop) => unfinished(&node),
                 };
                 super::unread_body::mark(&mut response, ended.as_deref());
@@ -167,7 +167,7 @@ fn unfinished(node: &Node) -> axum::response::Response {
          have committed, and may still become durable); read it back before retrying a write",
     );
     answer.retry_after_s = Some(1);
-    super::answer::respond(node.refuse(answer)).into_response()
+    super::answer::response(node.refuse(answer))
 }
 
 /// Answers a connection past the limit with a 503 and closes it. The

@@ -27,6 +27,7 @@ mod control_api;
 mod fleet_internal;
 mod fleet_query;
 pub mod forward;
+mod hot_route;
 mod listen;
 pub mod metrics;
 mod routes;

@@ -2,7 +2,8 @@
 //! route authenticates first, before any of the body is read, then reads
 //! the body within its limit and runs the request on the blocking pool
 //! (SQLite, the output gate and forwarding block), cancelled if the
-//! client goes away.
+//! client goes away. The query routes are matched by hand ahead of the
+//! router too (`hot_route`), and run the same body, [`query_answer`].
 
 use super::answer::{respond, too_large};
 use super::api::{BOOKMARK_HEADER, Shape};
