@@ -334,7 +334,8 @@ fn an_unknown_database_name_is_404_and_changes_nothing() {
 /// path that matcher leaves alone must still be read as the router reads
 /// it.
 #[test]
-fn a_percent_escaped_database_name_is_the_name_it_decodes_to_and_near_miss_paths_are_404() {
+fn a_percent_escaped_database_name_is_the_name_it_decodes_to_on_both_apis_and_near_miss_paths_are_404()
+ {
     let fx = fixture();
     let read = br#"{"sql": "SELECT count(*) AS n FROM t"}"#;
     for (node, url) in fx.nodes() {
@@ -345,10 +346,22 @@ fn a_percent_escaped_database_name_is_the_name_it_decodes_to_and_near_miss_paths
         let rows = |r: &serde_json::Value| r["result"][0]["results"].clone();
         assert_eq!(rows(&plain.json), rows(&escaped.json), "{node}");
         assert_eq!(rows(&plain.json)[0]["n"], 3, "{node}");
+        // Cloudflare's path (any account on a node outside a fleet), plain
+        // and escaped.
+        for path in [
+            "/client/v4/accounts/acct/d1/database/main/query",
+            "/client/v4/accounts/ac%63t/d1/database/ma%69n/query",
+        ] {
+            let r = fx.send("POST", &format!("{url}{path}"), Some(&fx.admin()), read);
+            assert_eq!(r.status, 200, "{node}: POST {path}");
+            assert_eq!(rows(&r.json()), rows(&plain.json), "{node}: POST {path}");
+        }
         for path in [
             "/v1/databases/main/query/",
             "/v1/databases//query",
             "/v1/databases/main/queryx",
+            "/client/v4/accounts/acct/d1/database/main/query/",
+            "/client/v4/accounts/acct/d1/database//query",
         ] {
             let r = fx.send("POST", &format!("{url}{path}"), Some(&fx.admin()), read);
             assert_eq!(r.status, 404, "{node}: POST {path}");
