@@ -68,8 +68,8 @@ where
         }
     }
 
-    /// The answer.
-    pub(super) async fn answer(self, node: Arc<Node>) -> Response {
+    /// The answer (`node` is taken only by the query route).
+    pub(super) async fn answer(self, node: &Arc<Node>) -> Response {
         match self {
             Routed::Query {
                 target,
@@ -82,7 +82,8 @@ where
                 };
                 let (parts, body) = request.into_parts();
                 let body = axum::body::Body::new(body);
-                let answer = super::routes::query_answer(node, name, parts.headers, body, shape);
+                let answer =
+                    super::routes::query_answer(Arc::clone(node), name, parts.headers, body, shape);
                 super::answer::response(answer.await)
             }
             Routed::Router(routed) => match routed.await {

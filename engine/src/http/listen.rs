@@ -102,7 +102,7 @@ pub(super) async fn serve_bounded(
             async move {
                 let mut response = tokio::select! {
                     biased;
-                    r = routed.answer(Arc::clone(&node)) => r,
+                    r = routed.answer(&node) => r,
                     () = grace_nearly_over(&mut stop) => unfinished(&node),
                 };
                 super::unread_body::mark(&mut response, ended.as_deref());
