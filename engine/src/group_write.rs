@@ -15,8 +15,10 @@
 //!
 //! # Each write's outcome is its own
 //!
-//! In a group, each statement runs inside a savepoint, with its own time
-//! limit and cancel token, and is judged as follows:
+//! In a group, each statement runs with its own time limit and cancel
+//! token, as if inside a savepoint of its own (a group runs its writes
+//! without one first and, should one fail, again with one each:
+//! [`crate::group_run`]), and is judged as follows:
 //! - **It succeeded**: it is released into the group; its result carries
 //!   the group's bookmark once the group commits.
 //! - **It was stopped** (time limit, cancelled, stopping, response too
@@ -45,12 +47,12 @@ use crate::database::{Database, GROUP_DELAY_SIBLINGS, Output, PrimaryRole};
 use crate::error::QueryError;
 use crate::execution::CancelToken;
 use crate::group_commit::{Leader, Ticket, Turn};
+use crate::group_run::{GUARDED_AFTER_FAILURE, Member};
 use crate::pool::Pooled;
-use crate::statement::{Prepare, run_statement};
 use crate::value::{Value, value_bytes};
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Most writes one group commits, and most bytes of statement text and
@@ -146,6 +148,10 @@ pub(crate) struct WriteGroups {
     sizes: [AtomicU64; GROUP_SIZE_BOUNDS.len() + 1],
     rerun_alone: AtomicU64,
     led_alone: AtomicU64,
+    /// Groups still to run guarded from the start ([`crate::group_run`]).
+    guarded_left: AtomicU32,
+    /// Groups whose unguarded pass was abandoned and ran again guarded.
+    guarded_retries: AtomicU64,
 }
 
 impl WriteGroups {
@@ -165,6 +171,27 @@ impl WriteGroups {
     /// Counts a write its leader committed by itself.
     pub(crate) fn led_alone(&self) {
         self.led_alone.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether this group runs its writes unguarded first; a guarded
+    /// group uses up one of the turns [`WriteGroups::guard_next_groups`]
+    /// set. Only the writer's holder calls this, so the load and the
+    /// store cannot race another group's.
+    pub(crate) fn unguarded_turn(&self) -> bool {
+        let left = self.guarded_left.load(Ordering::Relaxed);
+        if left == 0 {
+            return true;
+        }
+        self.guarded_left.store(left - 1, Ordering::Relaxed);
+        false
+    }
+
+    /// A group's unguarded pass was abandoned: count it, and run the next
+    /// [`GUARDED_AFTER_FAILURE`] groups guarded from the start.
+    pub(crate) fn guard_next_groups(&self) {
+        self.guarded_retries.fetch_add(1, Ordering::Relaxed);
+        self.guarded_left
+            .store(GUARDED_AFTER_FAILURE, Ordering::Relaxed);
     }
 
     /// Whether a leader should wait for more writes to queue, and for how
@@ -220,6 +247,9 @@ pub struct GroupCommitStats {
     /// from their hand-back until each has passed the gate (what a
     /// leader's [`crate::Options::group_commit_delay_us`] is judged by).
     pub at_gate: u64,
+    /// Groups whose writes ran again, each in a savepoint, after one of
+    /// them failed with none ([`crate::group_run`]).
+    pub guarded_retries: u64,
 }
 
 /// Whether `sql` is a plain DML statement (see the module docs): its first
@@ -253,29 +283,6 @@ pub(crate) fn is_plain_dml(sql: &str) -> bool {
         .any(|k| word.eq_ignore_ascii_case(k.as_bytes()))
 }
 
-/// Errors after which a statement changed nothing and would fail the same
-/// way alone: it is not run again.
-fn stopped(e: &QueryError) -> bool {
-    matches!(
-        e,
-        QueryError::Timeout { .. }
-            | QueryError::Cancelled
-            | QueryError::Stopping
-            | QueryError::ResponseTooLarge { .. }
-    )
-}
-
-/// How a member of a running group fared.
-enum Member<'a> {
-    /// Released into the group's transaction; its result lacks only the
-    /// bookmark. Runs again alone if the group does not commit.
-    Ran(Output, WriteJob<'a>),
-    /// Its outcome is final.
-    Settled(WriteOutcome),
-    /// Runs again alone after the group.
-    Again(WriteJob<'a>),
-}
-
 impl Database {
     /// What group commit has done on this primary (zero on a replica).
     pub fn group_commit_stats(&self) -> GroupCommitStats {
@@ -289,6 +296,7 @@ impl Database {
             rerun_alone: g.rerun_alone.load(Ordering::Relaxed),
             led_alone: g.led_alone.load(Ordering::Relaxed),
             at_gate: g.at_gate.load(Ordering::Relaxed) as u64,
+            guarded_retries: g.guarded_retries.load(Ordering::Relaxed),
         }
     }
 
@@ -454,19 +462,7 @@ impl Database {
                 .fetch_add(jobs.len() as u64, Ordering::Relaxed);
             return jobs.iter().map(|j| self.run_alone(w, j)).collect();
         }
-        let mut members: Vec<Member<'_>> = Vec::with_capacity(jobs.len());
-        let mut jobs = jobs.into_iter();
-        let mut open = true;
-        for job in jobs.by_ref() {
-            let (member, still_open) = self.run_member(w, job);
-            members.push(member);
-            open = still_open;
-            if !open {
-                break;
-            }
-        }
-        // Writes never started (the transaction ended) run alone.
-        members.extend(jobs.map(Member::Again));
+        let (members, open) = self.run_members(g, w, jobs);
         let committed = open && w.conn.engine_exec_cached("COMMIT").is_ok();
         if !committed {
             if !w.conn.conn.is_autocommit() {
@@ -502,79 +498,6 @@ impl Database {
             .collect()
     }
 
-    /// Runs one member of an open group transaction in its own savepoint;
-    /// returns how it fared and whether the transaction is still open.
-    fn run_member<'a>(&self, w: &Pooled, job: WriteJob<'a>) -> (Member<'a>, bool) {
-        if job.cancel.as_ref().is_some_and(CancelToken::is_cancelled) {
-            return (Member::Settled(Err(QueryError::Cancelled)), true);
-        }
-        if w.conn
-            .engine_exec_cached("SAVEPOINT walrelay_group")
-            .is_err()
-        {
-            return (Member::Again(job), !w.conn.conn.is_autocommit());
-        }
-        let r = self.run_job(w, &job);
-        if w.conn.conn.is_autocommit() {
-            // SQLite rolled the whole transaction back.
-            assert!(
-                r.is_err(),
-                "a DML statement ended its group's transaction without an error"
-            );
-            return match r {
-                Err(e) if stopped(&e) => (Member::Settled(Err(e)), false),
-                _ => (Member::Again(job), false),
-            };
-        }
-        let (member, undo) = match r {
-            Ok(ran) => {
-                // The bookmark is the group's, set once it commits.
-                let o = self.write_output(w, job.started, crate::Bookmark::ZERO, ran);
-                (Member::Ran(o, job), false)
-            }
-            Err(e) if stopped(&e) => (Member::Settled(Err(e)), true),
-            Err(_) => (Member::Again(job), true),
-        };
-        let end = if undo {
-            w.conn
-                .engine_exec("ROLLBACK TO walrelay_group; RELEASE walrelay_group")
-        } else {
-            w.conn.engine_exec_cached("RELEASE walrelay_group")
-        };
-        if end.is_err() {
-            // The transaction is in an unknown state: end it, and run
-            // every member again alone.
-            let _ = w.conn.engine_exec("ROLLBACK");
-            let member = match member {
-                Member::Ran(_, job) => Member::Again(job),
-                m => m,
-            };
-            return (member, false);
-        }
-        (member, true)
-    }
-
-    /// Runs a job's statement on the held writer under its own time limit
-    /// and cancel token.
-    fn run_job(
-        &self,
-        w: &Pooled,
-        job: &WriteJob<'_>,
-    ) -> Result<crate::statement::StatementOutput, QueryError> {
-        let limits = self.inner.limits;
-        let _armed = w.watch.arm(limits.query_timeout_ms, job.cancel.as_ref());
-        // The row id reported is this statement's insert, never an
-        // earlier writer's (the writer connection is shared).
-        crate::statement::forget_last_row_id(&w.conn.conn);
-        run_statement(
-            w,
-            &job.sql,
-            &job.params,
-            Prepare::Cached,
-            limits.max_response_bytes,
-        )
-    }
-
     /// One write in its own transaction on the held writer (autocommit),
     /// as a lone write always ran: a statement that leaves a transaction
     /// open is refused and rolled back.
@@ -595,7 +518,7 @@ impl Database {
 
     /// A write's result, read off the writer right after its statement
     /// (the row id is the connection's latest).
-    fn write_output(
+    pub(crate) fn write_output(
         &self,
         w: &Pooled,
         started: Instant,

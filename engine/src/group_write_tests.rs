@@ -190,7 +190,11 @@ fn a_write_failing_in_a_group_fails_alone_and_the_others_commit() {
     let e = outs[1].as_ref().expect_err("duplicate key");
     assert!(e.to_string().contains("UNIQUE"), "{e}");
     assert_eq!(count(&f.db, "SELECT count(*) FROM u"), 3);
-    assert_eq!(f.db.group_commit_stats().rerun_alone, 1);
+    let stats = f.db.group_commit_stats();
+    assert_eq!(stats.rerun_alone, 1);
+    // Run without savepoints first, then again with one each.
+    assert_eq!(stats.guarded_retries, 1);
+    assert_eq!(stats.groups, 1);
 }
 
 #[test]
@@ -215,6 +219,7 @@ fn an_or_fail_write_in_a_group_keeps_what_it_changed_before_failing_as_it_would_
     assert_eq!(count(&f.db, "SELECT count(*) FROM u WHERE k IN (1, 2)"), 2);
     assert_eq!(count(&f.db, "SELECT count(*) FROM u WHERE k = 4"), 0);
     assert_eq!(count(&f.db, "SELECT count(*) FROM u"), 5);
+    assert_eq!(f.db.group_commit_stats().guarded_retries, 1);
 }
 
 #[test]
@@ -243,6 +248,7 @@ fn a_write_that_ends_the_whole_transaction_leaves_the_rest_of_its_group_committe
         7,
         "1, 2 and 4 committed"
     );
+    assert_eq!(f.db.group_commit_stats().guarded_retries, 1);
 }
 
 #[test]
@@ -263,9 +269,78 @@ fn a_write_over_the_response_limit_in_a_group_changes_nothing_and_is_not_run_aga
     assert!(matches!(outs[1], Err(QueryError::ResponseTooLarge { .. })));
     assert!(outs[0].is_ok() && outs[2].is_ok());
     assert_eq!(count(&f.db, "SELECT count(*) FROM t"), 2);
-    // The two that had to run again: the first (rolled back with the
-    // group) and the third (never started in it).
-    assert_eq!(f.db.group_commit_stats().rerun_alone, 2);
+    // Stopped in the group's first pass, it is settled there: the second
+    // pass runs the other two in the group and not it.
+    let stats = f.db.group_commit_stats();
+    assert_eq!(stats.guarded_retries, 1);
+    assert_eq!(stats.rerun_alone, 0);
+    assert_eq!((stats.groups, stats.grouped_writes), (1, 2));
+}
+
+#[test]
+fn a_write_stopped_by_its_time_limit_in_a_group_is_not_run_again_and_the_others_commit() {
+    let f = open(Limits {
+        query_timeout_ms: 200,
+        ..Limits::default()
+    });
+    exec(&f.db, "CREATE TABLE t(v INTEGER)");
+    let started = Instant::now();
+    let outs = grouped(
+        &f.db,
+        vec![
+            write("INSERT INTO t VALUES (1)", vec![]),
+            write(
+                "INSERT INTO t SELECT count(*) FROM (WITH RECURSIVE c(x) AS \
+                 (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c)",
+                vec![],
+            ),
+            write("INSERT INTO t VALUES (3)", vec![]),
+        ],
+    );
+    assert!(
+        matches!(outs[1], Err(QueryError::Timeout { .. })),
+        "{:?}",
+        outs[1]
+    );
+    assert!(outs[0].is_ok() && outs[2].is_ok());
+    assert_eq!(count(&f.db, "SELECT sum(v) FROM t"), 4);
+    let stats = f.db.group_commit_stats();
+    assert_eq!(stats.guarded_retries, 1);
+    assert_eq!((stats.rerun_alone, stats.grouped_writes), (0, 2));
+    // It ran once: one time limit, not two (a bound, not a benchmark).
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn after_a_group_runs_again_with_savepoints_the_next_groups_start_with_them_then_stop() {
+    let f = open(Limits::default());
+    exec(&f.db, "CREATE TABLE u(k INTEGER PRIMARY KEY)");
+    exec(&f.db, "INSERT INTO u VALUES (0)");
+    // Each group: two new keys and one duplicate, which fails.
+    let failing_group = |n: i64| -> Vec<Write> {
+        ints([n, 0, n + 1])
+            .into_iter()
+            .map(|p| write("INSERT INTO u VALUES (?1)", p))
+            .collect()
+    };
+    let retries = || f.db.group_commit_stats().guarded_retries;
+    let mut key = 1;
+    let mut run = |want_retries: u64| {
+        let outs = grouped(&f.db, failing_group(key));
+        key += 2;
+        assert!(outs[0].is_ok() && outs[1].is_err() && outs[2].is_ok());
+        assert_eq!(retries(), want_retries, "group of keys from {}", key - 2);
+    };
+    run(1);
+    for _ in 0..GUARDED_AFTER_FAILURE {
+        // Guarded from the start: nothing to run twice.
+        run(1);
+    }
+    run(2);
+    assert_eq!(count(&f.db, "SELECT count(*) FROM u"), key);
+    let stats = f.db.group_commit_stats();
+    assert_eq!(stats.groups, u64::from(GUARDED_AFTER_FAILURE) + 2);
+    assert_eq!(stats.rerun_alone, stats.groups);
 }
 
 #[test]
@@ -323,6 +398,8 @@ fn a_queued_write_cancelled_before_its_group_runs_changes_nothing() {
         outs[1]
     );
     assert_eq!(count(&f.db, "SELECT sum(v) FROM t"), 4);
+    // It never ran, so the others needed no second pass.
+    assert_eq!(f.db.group_commit_stats().guarded_retries, 0);
 }
 
 #[test]
@@ -472,19 +549,20 @@ fn the_engines_cached_transaction_statements_give_a_user_of_the_same_text_what_a
     for f in [&cached, &fresh] {
         exec(&f.db, "CREATE TABLE t(v INTEGER)");
     }
-    // A group leaves BEGIN IMMEDIATE, SAVEPOINT, RELEASE and COMMIT in the
-    // writer's statement cache; the other writer never ran one.
+    // A group with a failing write leaves BEGIN IMMEDIATE, SAVEPOINT,
+    // RELEASE and COMMIT in the writer's statement cache (its second pass
+    // runs each write in a savepoint); the other writer never ran one.
     let inserts = |range| -> Vec<Write> {
         ints(range)
             .into_iter()
             .map(|p| write("INSERT INTO t(v) VALUES (?1)", p))
             .collect()
     };
-    assert!(
-        grouped(&cached.db, inserts(1..=3))
-            .iter()
-            .all(Result::is_ok)
-    );
+    let mut writes = inserts(1..=3);
+    writes.push(write("INSERT INTO no_such_table VALUES (1)", vec![]));
+    let outs = grouped(&cached.db, writes);
+    assert!(outs[..3].iter().all(Result::is_ok) && outs[3].is_err());
+    assert_eq!(cached.db.group_commit_stats().guarded_retries, 1);
     exec(&fresh.db, "INSERT INTO t(v) VALUES (1), (2), (3)");
     assert_eq!(cached.db.group_commit_stats().groups, 1);
     assert_eq!(fresh.db.group_commit_stats().groups, 0);

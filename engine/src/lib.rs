@@ -96,6 +96,7 @@ mod error;
 mod execution;
 pub mod fleet;
 mod group_commit;
+mod group_run;
 mod group_write;
 mod group_write_async;
 pub mod host_archiving;

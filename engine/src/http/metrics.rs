@@ -133,6 +133,11 @@ impl Metrics {
                 g.rerun_alone,
             ),
             (
+                "walrelay_group_commit_guarded_retries_total",
+                "Groups whose writes ran again, each in a savepoint, after one failed without.",
+                g.guarded_retries,
+            ),
+            (
                 "walrelay_group_commit_led_alone_total",
                 "Writes a group's leader committed by itself, nothing queued behind it.",
                 g.led_alone,
@@ -356,6 +361,7 @@ mod tests {
                 rerun_alone: 1,
                 led_alone: 7,
                 at_gate: 3,
+                guarded_retries: 2,
             },
         );
         let size = |le: &str| {
@@ -397,6 +403,9 @@ mod tests {
         );
         assert!(text.contains(
             "walrelay_group_commit_led_alone_total{role=\"primary\",node_region=\"eu\"} 7"
+        ));
+        assert!(text.contains(
+            "walrelay_group_commit_guarded_retries_total{role=\"primary\",node_region=\"eu\"} 2"
         ));
     }
 }
