@@ -124,23 +124,27 @@ impl Watch {
         conn: &mut rusqlite::Connection,
     ) -> rusqlite::Result<()> {
         let w = Arc::clone(self);
-        conn.progress_handler(BUDGET_CHECK_EVERY_OPS as i32, Some(move || w.called()))
+        // SAFETY: only the handle's address is read here; the handler that
+        // keeps it is owned by this connection and dropped with it, so it
+        // is only ever used while the connection is open.
+        let db = Handle(unsafe { conn.handle() } as usize);
+        conn.progress_handler(BUDGET_CHECK_EVERY_OPS as i32, Some(move || w.called(db)))
     }
 
     /// The progress handler: a full check at every call under a budget,
     /// otherwise at every [`CHECK_EVERY_OPS`] instructions.
-    fn called(&self) -> bool {
+    fn called(&self, db: Handle) -> bool {
         const CALLS: u32 = CHECK_EVERY_OPS / BUDGET_CHECK_EVERY_OPS;
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
         if n % CALLS != CALLS - 1 && !self.budgeted.load(Ordering::Relaxed) {
             return false;
         }
-        self.check()
+        self.check(db)
     }
 
     /// Whether the running statement must stop (the progress handler's
     /// answer; true interrupts).
-    fn check(&self) -> bool {
+    fn check(&self, db: Handle) -> bool {
         // Only an armed execution stops: the engine's own statements
         // (ROLLBACK after a failure, COMMIT) run unarmed and always finish.
         let mut long_running = false;
@@ -165,6 +169,10 @@ impl Watch {
             if long_running {
                 std::thread::yield_now();
             }
+            return false;
+        }
+        if !db.statement_running() {
+            // The statement has ended (committed, if it wrote alone).
             return false;
         }
         self.fired.store(why, Ordering::Relaxed);
@@ -228,6 +236,42 @@ impl Watch {
     }
 }
 
+/// A connection's handle as the progress handler keeps it (an address:
+/// the handler must be `Send`).
+#[derive(Clone, Copy)]
+struct Handle(usize);
+
+impl Handle {
+    /// Whether a statement of the connection is still running. SQLite
+    /// calls the progress handler once more as a statement returns, after
+    /// its `OP_Halt` has ended it, which commits an autocommit statement;
+    /// an interrupt there would report a committed statement as stopped
+    /// (a lone write answered "time limit" or "cancelled", or run again,
+    /// though it committed). A halted statement is not busy, so the
+    /// handler interrupts only a statement still running, which SQLite
+    /// then rolls back.
+    fn statement_running(self) -> bool {
+        let db = self.0 as *mut rusqlite::ffi::sqlite3;
+        let mut stmt = std::ptr::null_mut();
+        loop {
+            // SAFETY: the handler runs on the thread stepping a statement
+            // of this open connection (see `Watch::install`); listing its
+            // statements and reading their state changes nothing, and
+            // both calls take the connection's own (recursive) mutex, if
+            // it has one.
+            stmt = unsafe { rusqlite::ffi::sqlite3_next_stmt(db, stmt) };
+            if stmt.is_null() {
+                return false;
+            }
+            // SAFETY: `stmt` is a live statement of this connection, just
+            // listed by it, on the thread that owns the connection.
+            if unsafe { rusqlite::ffi::sqlite3_stmt_busy(stmt) } != 0 {
+                return true;
+            }
+        }
+    }
+}
+
 /// Disarms its watch when dropped.
 #[must_use]
 pub(crate) struct ArmGuard<'w> {
@@ -255,3 +299,7 @@ pub(crate) fn check_start(
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "execution_tests.rs"]
+mod tests;
