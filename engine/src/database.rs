@@ -277,8 +277,9 @@ pub(crate) struct Inner {
     pub(crate) stopping: Arc<AtomicBool>,
     pub(crate) path: PathBuf,
     pub(crate) region: String,
-    /// Statements that ran past the budget of a read on the calling
-    /// thread ([`crate::read_on_worker`]).
+    /// Statements that ran past the calling thread's budget: reads
+    /// ([`crate::read_on_worker`]) and lone writes
+    /// ([`crate::group_write_async`]), by their text.
     pub(crate) long_reads: crate::read_on_worker::LongReads,
     /// The readers' busy timeout, restored after a read on the calling
     /// thread (which runs without one).

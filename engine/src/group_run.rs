@@ -35,6 +35,7 @@ use crate::execution::CancelToken;
 use crate::group_write::{WriteGroups, WriteJob, WriteOutcome};
 use crate::pool::Pooled;
 use crate::statement::{Prepare, run_statement};
+use std::time::Duration;
 
 /// Groups that run guarded from the start after one had to run again.
 pub(crate) const GUARDED_AFTER_FAILURE: u32 = 16;
@@ -114,7 +115,7 @@ impl Database {
                 members.push(Member::Settled(Err(QueryError::Cancelled)));
                 continue;
             }
-            let failed = match self.run_job(w, &job) {
+            let failed = match self.run_job(w, &job, None) {
                 Ok(ran) => {
                     assert!(
                         !w.conn.conn.is_autocommit(),
@@ -171,7 +172,7 @@ impl Database {
         {
             return (Member::Again(job), !w.conn.conn.is_autocommit());
         }
-        let r = self.run_job(w, &job);
+        let r = self.run_job(w, &job, None);
         if w.conn.conn.is_autocommit() {
             // SQLite rolled the whole transaction back.
             assert!(
@@ -212,14 +213,17 @@ impl Database {
     }
 
     /// Runs a job's statement on the held writer under its own time limit
-    /// and cancel token.
+    /// and cancel token, and `budget` if given ([`crate::execution::Watch::arm_budget`]).
     pub(crate) fn run_job(
         &self,
         w: &Pooled,
         job: &WriteJob<'_>,
+        budget: Option<Duration>,
     ) -> Result<crate::statement::StatementOutput, QueryError> {
         let limits = self.inner.limits;
-        let _armed = w.watch.arm(limits.query_timeout_ms, job.cancel.as_ref());
+        let _armed = w
+            .watch
+            .arm_budget(budget, limits.query_timeout_ms, job.cancel.as_ref());
         // The row id reported is this statement's insert, never an
         // earlier writer's (the writer connection is shared).
         crate::statement::forget_last_row_id(&w.conn.conn);

@@ -502,7 +502,43 @@ impl Database {
     /// as a lone write always ran: a statement that leaves a transaction
     /// open is refused and rolled back.
     pub(crate) fn run_alone(&self, w: &Pooled, job: &WriteJob<'_>) -> WriteOutcome {
-        let r = self.run_job(w, job);
+        let r = self.run_job(w, job, None);
+        self.ran_alone(w, job, r)
+    }
+
+    /// [`Database::run_alone`] with the statement's VM work bounded by
+    /// `budget` (unless its time limit is shorter): None if the budget
+    /// stopped it, which rolled it back whole, so that it changed nothing
+    /// and can run again elsewhere with its full time limit. The watch
+    /// stops only a statement still running, never one whose commit is
+    /// done (`execution::Handle::statement_running`): without that, a
+    /// write stopped at SQLite's last check had committed and ran twice.
+    pub(crate) fn run_alone_within(
+        &self,
+        w: &Pooled,
+        job: &WriteJob<'_>,
+        budget: Duration,
+    ) -> Option<WriteOutcome> {
+        let r = self.run_job(w, job, Some(budget));
+        if r.is_err() && w.watch.over_budget() {
+            // Interrupted before its commit: SQLite rolled back the
+            // statement's own transaction.
+            assert!(
+                w.conn.conn.is_autocommit(),
+                "a lone write stopped by its budget left a transaction open"
+            );
+            return None;
+        }
+        Some(self.ran_alone(w, job, r))
+    }
+
+    /// A lone write's outcome from its statement's.
+    fn ran_alone(
+        &self,
+        w: &Pooled,
+        job: &WriteJob<'_>,
+        r: Result<crate::statement::StatementOutput, QueryError>,
+    ) -> WriteOutcome {
         if !w.conn.conn.is_autocommit() {
             let _ = w.conn.engine_exec("ROLLBACK");
             return Err(r.err().unwrap_or_else(crate::statement::tx_control_refused));

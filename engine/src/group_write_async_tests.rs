@@ -91,6 +91,42 @@ fn a_task_that_finds_no_leader_leads_its_group_on_a_blocking_thread() {
 }
 
 #[test]
+fn a_lone_write_over_the_calling_threads_budget_runs_once_on_a_blocking_thread_and_goes_there_after()
+ {
+    let f = open(Limits::default());
+    exec(&f.db, "CREATE TABLE t(v INTEGER)");
+    // Pure VM work, far over the budget; one row written.
+    const SLOW: &str = "INSERT INTO t SELECT count(*) FROM (WITH RECURSIVE c(x) AS \
+                        (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 300000) \
+                        SELECT x FROM c)";
+    let long = &f.db.inner.long_reads;
+    let key = long.key(SLOW);
+    assert!(!long.contains(key));
+    let first = f.db.latest_bookmark();
+    let out = task_write(SLOW, vec![])(&f.db).expect("write");
+    assert_eq!(out.meta.changes, 1);
+    // Stopped here, rolled back, run again on the pool: committed once.
+    assert_eq!(out.meta.bookmark, first.next().expect("next"));
+    assert_eq!(count(&f.db, "SELECT count(*) FROM t"), 1);
+    assert_eq!(count(&f.db, "SELECT sum(v) FROM t"), 300_000);
+    assert!(long.contains(key), "remembered as over the budget");
+    // Remembered: the next one goes straight to the pool, with the same
+    // outcome; a short write still runs here and is not remembered.
+    task_write(SLOW, vec![])(&f.db).expect("write");
+    task_write("INSERT INTO t VALUES (1)", vec![])(&f.db).expect("write");
+    assert_eq!(count(&f.db, "SELECT count(*) FROM t"), 3);
+    assert!(!long.contains(long.key("INSERT INTO t VALUES (1)")));
+    assert_eq!(
+        f.db.latest_bookmark(),
+        first
+            .next()
+            .and_then(|b| b.next())
+            .and_then(|b| b.next())
+            .expect("three")
+    );
+}
+
+#[test]
 fn what_must_run_on_a_thread_is_declined_and_changes_nothing() {
     let f = open(Limits::default());
     exec(&f.db, "CREATE TABLE t(v INTEGER)");
