@@ -17,6 +17,7 @@
 //! long sort step, a filesystem call) is not interrupted until it returns
 //! to the VM.
 
+use crate::conn_handle::Handle;
 use crate::error::QueryError;
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -124,10 +125,7 @@ impl Watch {
         conn: &mut rusqlite::Connection,
     ) -> rusqlite::Result<()> {
         let w = Arc::clone(self);
-        // SAFETY: only the handle's address is read here; the handler that
-        // keeps it is owned by this connection and dropped with it, so it
-        // is only ever used while the connection is open.
-        let db = Handle(unsafe { conn.handle() } as usize);
+        let db = Handle::of(conn);
         conn.progress_handler(BUDGET_CHECK_EVERY_OPS as i32, Some(move || w.called(db)))
     }
 
@@ -172,7 +170,9 @@ impl Watch {
             return false;
         }
         if !db.statement_running() {
-            // The statement has ended (committed, if it wrote alone).
+            // SQLite's last call as a statement returns, after OP_Halt
+            // ended it (committing it, if it wrote alone): an interrupt
+            // here would report a committed statement as stopped.
             return false;
         }
         self.fired.store(why, Ordering::Relaxed);
@@ -232,42 +232,6 @@ impl Watch {
             }
             FIRED_STOPPING => QueryError::Stopping,
             _ => e,
-        }
-    }
-}
-
-/// A connection's handle as the progress handler keeps it (an address:
-/// the handler must be `Send`).
-#[derive(Clone, Copy)]
-struct Handle(usize);
-
-impl Handle {
-    /// Whether a statement of the connection is still running. SQLite
-    /// calls the progress handler once more as a statement returns, after
-    /// its `OP_Halt` has ended it, which commits an autocommit statement;
-    /// an interrupt there would report a committed statement as stopped
-    /// (a lone write answered "time limit" or "cancelled", or run again,
-    /// though it committed). A halted statement is not busy, so the
-    /// handler interrupts only a statement still running, which SQLite
-    /// then rolls back.
-    fn statement_running(self) -> bool {
-        let db = self.0 as *mut rusqlite::ffi::sqlite3;
-        let mut stmt = std::ptr::null_mut();
-        loop {
-            // SAFETY: the handler runs on the thread stepping a statement
-            // of this open connection (see `Watch::install`); listing its
-            // statements and reading their state changes nothing, and
-            // both calls take the connection's own (recursive) mutex, if
-            // it has one.
-            stmt = unsafe { rusqlite::ffi::sqlite3_next_stmt(db, stmt) };
-            if stmt.is_null() {
-                return false;
-            }
-            // SAFETY: `stmt` is a live statement of this connection, just
-            // listed by it, on the thread that owns the connection.
-            if unsafe { rusqlite::ffi::sqlite3_stmt_busy(stmt) } != 0 {
-                return true;
-            }
         }
     }
 }

@@ -74,7 +74,7 @@ impl Database {
         jobs: Vec<WriteJob<'a>>,
     ) -> (Vec<Member<'a>>, bool) {
         if !g.unguarded_turn() {
-            return self.run_guarded(w, jobs.into_iter().map(Member::Again).collect());
+            return self.run_guarded(w, jobs.into_iter().map(Member::Again).collect(), true);
         }
         let members = match self.run_unguarded(w, jobs) {
             Ok(members) => return (members, true),
@@ -85,17 +85,9 @@ impl Database {
         if !w.conn.conn.is_autocommit() {
             let _ = w.conn.engine_exec("ROLLBACK");
         }
-        if w.conn.engine_exec_cached("BEGIN IMMEDIATE").is_err() {
-            let members = members
-                .into_iter()
-                .map(|m| match m {
-                    Member::Ran(_, job) => Member::Again(job),
-                    m => m,
-                })
-                .collect();
-            return (members, false);
-        }
-        self.run_guarded(w, members)
+        // No transaction to run them in: each runs alone after the group.
+        let open = w.conn.engine_exec_cached("BEGIN IMMEDIATE").is_ok();
+        self.run_guarded(w, members, open)
     }
 
     /// The unguarded pass: every write ran and the transaction is open
@@ -135,12 +127,17 @@ impl Database {
         Ok(members)
     }
 
-    /// The guarded pass: each member with a job runs in its own savepoint;
-    /// settled members pass through. Once SQLite ends the transaction,
-    /// the members not yet run run alone after the group.
-    fn run_guarded<'a>(&self, w: &Pooled, todo: Vec<Member<'a>>) -> (Vec<Member<'a>>, bool) {
+    /// The guarded pass in the transaction if `open`: each member with a
+    /// job runs in its own savepoint; settled members pass through. Once
+    /// there is no transaction (never begun, or ended by SQLite), the
+    /// members not yet run run alone after the group.
+    fn run_guarded<'a>(
+        &self,
+        w: &Pooled,
+        todo: Vec<Member<'a>>,
+        mut open: bool,
+    ) -> (Vec<Member<'a>>, bool) {
         let mut members: Vec<Member<'_>> = Vec::with_capacity(todo.len());
-        let mut open = true;
         for m in todo {
             let job = match m {
                 Member::Ran(_, job) | Member::Again(job) => job,

@@ -90,6 +90,7 @@
 //! ```
 
 pub mod archiving;
+mod conn_handle;
 mod database;
 pub mod dump;
 mod error;

@@ -31,6 +31,7 @@
 //!   authorized, and so marked, again) before the connection serves
 //!   anyone else. A clean connection costs one atomic load.
 
+use crate::conn_handle::Handle;
 use crate::database::{Conn, Database};
 use crate::error::QueryError;
 use crate::limits::Limits;
@@ -127,33 +128,6 @@ fn refuse(r: Refusal) -> Authorization {
 
 fn is_one_of(name: &str, list: &[&str]) -> bool {
     list.iter().any(|n| n.eq_ignore_ascii_case(name))
-}
-
-/// The raw connection handle, for the authorizer's one question to SQLite
-/// (is a statement running on this connection?).
-#[derive(Clone, Copy)]
-struct Handle(usize);
-
-impl Handle {
-    /// Whether a statement on this connection is part way through running:
-    /// then an ATTACH being prepared is one a running VACUUM issues itself.
-    fn statement_running(self) -> bool {
-        let db = self.0 as *mut ffi::sqlite3;
-        // SAFETY: the handle belongs to the connection that owns this
-        // authorizer, which is only called while that connection is in use
-        // on this thread, so the handle is live and not used concurrently;
-        // next_stmt and stmt_busy only read the connection's statement list.
-        unsafe {
-            let mut s = ffi::sqlite3_next_stmt(db, std::ptr::null_mut());
-            while !s.is_null() {
-                if ffi::sqlite3_stmt_busy(s) != 0 {
-                    return true;
-                }
-                s = ffi::sqlite3_next_stmt(db, s);
-            }
-        }
-        false
-    }
 }
 
 /// The policy. Returns the decision; marks `flags` DIRTY for an allowed
@@ -291,9 +265,9 @@ pub(crate) fn install(
         let pages = max_pages(conn, limits)?;
         conn.execute_batch(&format!("PRAGMA max_page_count={pages};"))?;
     }
-    // SAFETY: only reading the handle's address; the closure that keeps it
-    // is owned by this connection and dropped with it.
-    let handle = Handle(unsafe { conn.handle() } as usize);
+    // The authorizer's one question: is a statement running (then an
+    // ATTACH being prepared is one a running VACUUM issues itself).
+    let handle = Handle::of(conn);
     let flags = Arc::new(AtomicU8::new(0));
     let f = Arc::clone(&flags);
     conn.authorizer(Some(move |ctx: AuthContext<'_>| {
