@@ -511,7 +511,7 @@ impl Database {
     /// stopped it, which rolled it back whole, so that it changed nothing
     /// and can run again elsewhere with its full time limit. The watch
     /// stops only a statement still running, never one whose commit is
-    /// done (`execution::Handle::statement_running`): without that, a
+    /// done (`conn_handle::Handle::statement_running`): without that, a
     /// write stopped at SQLite's last check had committed and ran twice.
     pub(crate) fn run_alone_within(
         &self,
