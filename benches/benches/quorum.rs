@@ -7,7 +7,12 @@
 //!   one 4 KiB overwrite of a preallocated file + fdatasync, plus one 4 KiB
 //!   loopback round trip;
 //! - throughput with 1 and 16 concurrent sessions (group commit);
-//! - confirm lag: the leader's quorum instant to the replica's visibility.
+//! - confirm lag: the leader's quorum instant to the replica's visibility;
+//! - with `WALRELAY_BENCH_STEADY=1` (`pg_quorum.sh` sets it), one
+//!   session's commit latency again in the steady state: an uploader
+//!   beside each follower, as `walrelay up` runs one, and every log reusing
+//!   its released segments instead of zero-filling new ones (see
+//!   `walrelay_benches::steady`; `=quiet` stops the uploaders first).
 //!
 //! Replication is authenticated with a cluster key, as `walrelay up` runs
 //! it (the `replication_auth` bench compares with and without).
@@ -18,11 +23,11 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use walrelay_benches::cluster;
 use walrelay_benches::floor::{
     Durably, Percentiles, concurrent_durable_overwrite, durable_overwrite, loopback_round_trip,
     percentiles, process_cpu_us, quorum_floor,
 };
+use walrelay_benches::{cluster, steady};
 use walrelay_engine::{Constraint, Value};
 use walrelay_replicator::ClusterKey;
 
@@ -90,16 +95,19 @@ fn main() {
             .expect("insert");
     }
     let _ = replica.node().take_confirm_lags_us();
-    let mut commit = Vec::with_capacity(latency_iters);
-    for _ in 0..latency_iters {
-        let t = Instant::now();
-        s.prepare("INSERT INTO t(v) VALUES (?1)")
-            .bind([row.clone()])
-            .run()
-            .expect("insert");
-        commit.push(t.elapsed());
-    }
-    let commit = percentiles(&mut commit);
+    let one_session = || {
+        let mut commit = Vec::with_capacity(latency_iters);
+        for _ in 0..latency_iters {
+            let t = Instant::now();
+            s.prepare("INSERT INTO t(v) VALUES (?1)")
+                .bind([row.clone()])
+                .run()
+                .expect("insert");
+            commit.push(t.elapsed());
+        }
+        commit
+    };
+    let commit = percentiles(&mut one_session());
     // The same floor for followers that share this one disk: the W-th of N
     // concurrent overwrites, plus one round trip; made durable with
     // fdatasync (the target's floor), and the way the followers write
@@ -195,6 +203,43 @@ fn main() {
     let (sixteen, sixteen_cpu_us) = throughput(16);
     let groups = primary.database().group_commit_stats();
 
+    // WALRELAY_BENCH_STEADY: one session's commits again in the steady
+    // state `walrelay up` runs in (see `steady`), after the phases above.
+    let steady_run = steady::mode().map(|mode| {
+        let mut uploaders = steady::start_uploaders(root.path(), &followers);
+        let warm = Instant::now();
+        let reached = loop {
+            let reused = followers.iter().map(|f| f.segments_recycled()).min();
+            if reused.unwrap_or(0) >= steady::ROLLS_ONTO_REUSED {
+                break true;
+            }
+            if quick || warm.elapsed() > steady::WARM_UP_LIMIT {
+                break false;
+            }
+            throughput(16);
+        };
+        let warm_secs = warm.elapsed().as_secs_f64();
+        let settle = Instant::now();
+        while !quick && settle.elapsed() < steady::SETTLE {
+            throughput(1);
+        }
+        let settle_secs = settle.elapsed().as_secs_f64();
+        if mode == steady::Mode::Quiet {
+            for u in uploaders.drain(..) {
+                u.stop();
+            }
+        }
+        let mut commits = Vec::new();
+        for _ in 0..steady::WINDOWS {
+            commits.extend(one_session());
+        }
+        for u in uploaders {
+            u.stop();
+        }
+        let loads = (warm_secs, settle_secs);
+        (mode, reached, loads, percentiles(&mut commits))
+    });
+
     println!("floors (same run, same disk):");
     show("  4 KiB overwrite + fdatasync", &overwrite);
     show("  4 KiB loopback round trip", &rtt);
@@ -220,6 +265,22 @@ fn main() {
         "  commit / O_DIRECT floor          p50 {:>8.2}x     p99 {:>8.2}x   (the followers' kind of write)",
         ratio.p50_us, ratio.p99_us
     );
+    if let Some((mode, reached, (warm_secs, settle_secs), steady_commit)) = steady_run {
+        println!(
+            "  steady state ({mode:?}) after {warm_secs:.0} s at 16 sessions and {settle_secs:.0} s at 1: {}",
+            if reached {
+                "every follower reuses released segments"
+            } else {
+                "NOT reached (a follower has not yet reused released segments)"
+            }
+        );
+        show("  steady-state commit, 1 session", &steady_commit);
+        let ratio = steady_commit.ratio_to(&shared_floor);
+        println!(
+            "  steady / shared-disk floor       p50 {:>8.2}x     p99 {:>8.2}x",
+            ratio.p50_us, ratio.p99_us
+        );
+    }
     println!("  throughput, 1 session            {one:>10.0} commits/s");
     println!(
         "  throughput, 16 sessions          {sixteen:>10.0} commits/s   ({:.2}x one session)",

@@ -134,7 +134,7 @@ if [ "${ONLY:-}" = pg ]; then
 fi
 
 echo "== walrelay in process: cargo bench --bench quorum"
-QUORUM=$(cargo bench -q --profile "$PROFILE" -p walrelay-benches --bench quorum 2>/dev/null)
+QUORUM=$(WALRELAY_BENCH_STEADY=${WALRELAY_BENCH_STEADY:-1} cargo bench -q --profile "$PROFILE" -p walrelay-benches --bench quorum 2>/dev/null)
 echo "$QUORUM"
 
 echo "== walrelay over HTTP: walrelay up --writers 0, wrk (keep-alive)"

@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 use walrelay_engine::ReplicaOptions;
 use walrelay_engine::replication::{
     PrimaryConfig, ReplicaConfig, ReplicatedPrimary, ReplicatedReplica,
@@ -15,7 +16,8 @@ use walrelay_replicator::{ClusterKey, DatabaseId};
 /// A running cluster; the followers live as long as it does.
 #[derive(Debug)]
 pub struct BenchCluster {
-    pub followers: Vec<FollowerNode>,
+    /// Shared so an uploader can run beside each (`walrelay_engine::archiving`).
+    pub followers: Vec<Arc<FollowerNode>>,
     pub primary: ReplicatedPrimary,
     pub replica: ReplicatedReplica,
 }
@@ -58,7 +60,7 @@ pub fn segment_bytes() -> u64 {
 /// Starts `n` followers, a primary and a replica under `dir`, with
 /// replication authenticated by `key` (None: open).
 pub fn start(dir: &Path, n: usize, key: Option<ClusterKey>) -> BenchCluster {
-    let followers: Vec<FollowerNode> = (0..n)
+    let followers: Vec<Arc<FollowerNode>> = (0..n)
         .map(|i| {
             FollowerNode::start(FollowerNodeConfig {
                 database: DatabaseId(1),
@@ -70,6 +72,7 @@ pub fn start(dir: &Path, n: usize, key: Option<ClusterKey>) -> BenchCluster {
                 auth: key.clone(),
                 catch_up_batch_bytes: CATCH_UP_BATCH_BYTES,
             })
+            .map(Arc::new)
             .expect("follower")
         })
         .collect();

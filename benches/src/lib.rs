@@ -9,3 +9,4 @@ pub mod append;
 pub mod cluster;
 pub mod floor;
 pub mod pages;
+pub mod steady;

@@ -201,6 +201,12 @@ impl FollowerNode {
         self.state.core.lock().log.direct_io()
     }
 
+    /// Segments this process's log took from its pool of released ones
+    /// (`SegmentLog::segments_recycled`): none until a prefix was released.
+    pub fn segments_recycled(&self) -> u64 {
+        self.state.core.lock().log.segments_recycled()
+    }
+
     // ---- for the archiver (see the module doc) ----
 
     /// The newest bookmark this follower knows confirmed and holds
