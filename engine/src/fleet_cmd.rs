@@ -256,6 +256,7 @@ pub fn node(a: NodeArgs) -> Result<()> {
                 );
                 config.database = CATALOG_DATABASE_ID;
                 config.backend = a.net;
+                config.tail_limit_bytes = walrelay_engine::fleet::host::FLEET_TAIL_LIMIT_BYTES;
                 let p = walrelay_engine::replication::ReplicatedPrimary::start(config)
                     .context("starting the replicated catalog")?;
                 let db = p.database().clone();

@@ -46,6 +46,12 @@ pub struct PrimaryConfig {
     pub confirm_timeout_ms: u64,
     /// Committed-but-unconfirmed bytes past which new writes wait.
     pub max_unconfirmed_bytes: usize,
+    /// Confirmed records kept in memory past the unconfirmed ones, for a
+    /// follower or replica that falls behind (one behind them catches up
+    /// from a follower's log instead). A bound on this primary's memory:
+    /// a fleet node, with one primary per open database, keeps it small
+    /// ([`crate::fleet::host::FLEET_TAIL_LIMIT_BYTES`]).
+    pub tail_limit_bytes: usize,
     /// How long to wait for W followers to promise an epoch at start.
     pub election_timeout_ms: u64,
     /// Followers streamed every record as it commits (None: all N of
@@ -96,6 +102,7 @@ impl PrimaryConfig {
             listen: None,
             confirm_timeout_ms: PrimaryConfig::DEFAULT_CONFIRM_TIMEOUT_MS,
             max_unconfirmed_bytes: 64 << 20,
+            tail_limit_bytes: 64 << 20,
             election_timeout_ms: 10_000,
             eager_followers: None,
             lazy_flush_interval_us: FanOut::DEFAULT_LAZY_FLUSH_INTERVAL_US,
@@ -411,7 +418,7 @@ impl ReplicatedPrimary {
             followers: config.followers.clone(),
             write_quorum: config.write_quorum,
             listen: config.listen,
-            tail_limit_bytes: config.max_unconfirmed_bytes.max(16 << 20),
+            tail_limit_bytes: config.tail_limit_bytes,
             heartbeat_interval_ms: 50,
             redial_interval_ms: 100,
             fan_out: FanOut {

@@ -1,6 +1,7 @@
 //! Fleet databases replicated to real follower processes: opened and
 //! closed again and again (lazy open, idle close, eviction), they keep
 //! every write, and a closed one leaves no connection or thread behind.
+//! Each keeps only the fleet's small tail of confirmed records in memory.
 
 mod common;
 
@@ -73,4 +74,14 @@ fn replicated_databases_reopen_with_every_write_and_a_closed_one_leaves_no_conne
         assert_eq!(n.get("n"), Some(&Value::Integer(11)));
     }
     host.close_all();
+}
+
+#[test]
+fn every_database_a_fleet_node_opens_keeps_the_fleets_small_tail_not_a_dedicated_primarys() {
+    use walrelay_engine::fleet::host::{FLEET_TAIL_LIMIT_BYTES, ReplicatedOpener};
+    use walrelay_engine::replication::PrimaryConfig;
+    let dedicated = PrimaryConfig::new("unused", vec![], None);
+    let opener = ReplicatedOpener::new(dedicated.clone(), 5_000);
+    assert_eq!(opener.template.tail_limit_bytes, FLEET_TAIL_LIMIT_BYTES);
+    assert!(FLEET_TAIL_LIMIT_BYTES * 16 <= dedicated.tail_limit_bytes);
 }

@@ -2,14 +2,18 @@
 //! log: after a clean stop from where it stopped, after a crash by
 //! rebuilding its database from the followers' log. After `stop`, no write
 //! is admitted, and while nothing is confirmed, writes past the
-//! unconfirmed bound are refused.
+//! unconfirmed bound are refused. The confirmed records a primary keeps
+//! for its peers stay within its tail limit, and a replica behind them
+//! catches up from the followers.
 
 mod common;
 
 use std::net::SocketAddr;
 use std::time::Duration;
-use walrelay_engine::replication::{PrimaryConfig, ReplicatedPrimary};
-use walrelay_engine::{ClusterKey, Constraint, GateError, QueryError};
+use walrelay_engine::replication::{
+    PrimaryConfig, ReplicaConfig, ReplicatedPrimary, ReplicatedReplica,
+};
+use walrelay_engine::{ClusterKey, Constraint, GateError, QueryError, ReplicaOptions, Value};
 use walrelay_replicator::DatabaseId;
 use walrelay_replicator::net::Backend;
 use walrelay_replicator::node::follower::{CATCH_UP_BATCH_BYTES, FollowerNode, FollowerNodeConfig};
@@ -341,4 +345,73 @@ fn a_second_process_on_a_running_primarys_files_is_refused_before_it_changes_any
         second.lines()
     );
     running.assert_running();
+}
+
+#[test]
+fn a_primary_keeps_at_most_its_tail_limit_of_confirmed_records_and_a_replica_behind_them_catches_up_from_the_followers()
+ {
+    const TAIL: usize = 64 << 10;
+    let dir = tempfile::tempdir().expect("dir");
+    let fs = followers(dir.path());
+    let addrs: Vec<SocketAddr> = fs.iter().map(|f| f.addr()).collect();
+    let mut c = PrimaryConfig::new(dir.path().join("p.db"), addrs.clone(), key());
+    c.confirm_timeout_ms = 5_000;
+    c.tail_limit_bytes = TAIL;
+    c.listen = Some("127.0.0.1:0".parse().expect("addr"));
+    let p = ReplicatedPrimary::start(c).expect("primary");
+    let s = p
+        .database()
+        .session(Constraint::FirstPrimary)
+        .expect("session");
+    s.prepare("CREATE TABLE t(id INTEGER PRIMARY KEY, body BLOB)")
+        .run()
+        .expect("create");
+    // About 1 MiB of log: sixteen times the tail.
+    for i in 0..200 {
+        s.prepare("INSERT INTO t(id, body) VALUES (?1, randomblob(4000))")
+            .bind([Value::Integer(i)])
+            .run()
+            .expect("insert");
+        let held = p.status().tail_bytes;
+        assert!(
+            held <= TAIL + (64 << 10),
+            "after write {i} the primary holds {held} bytes for its peers"
+        );
+    }
+    let last = s.bookmark().expect("bookmark");
+    let held = p.status().tail_bytes;
+    assert!(
+        held <= TAIL,
+        "{held} bytes held once everything is confirmed"
+    );
+
+    // A replica starting now is behind the tail: the leader turns it to
+    // the followers, and it reaches the last write all the same.
+    let replica = ReplicatedReplica::start(ReplicaConfig {
+        store: None,
+        mux: None,
+        database: DatabaseId(1),
+        path: dir.path().join("replica.db"),
+        leader: p.replica_addr().expect("listening"),
+        followers: addrs,
+        backend: Backend::Auto,
+        auth: key(),
+        options: ReplicaOptions::default(),
+        delay_ms: 0,
+    })
+    .expect("replica");
+    assert!(
+        replica.node().wait_confirmed(last, Duration::from_secs(20)),
+        "the replica caught up"
+    );
+    let rs = replica
+        .replica()
+        .session(Constraint::Bookmark(last))
+        .expect("replica session");
+    let n = rs
+        .prepare("SELECT count(*) AS n FROM t")
+        .first()
+        .expect("count")
+        .and_then(|row| row.get("n").and_then(|v| v.as_i64()));
+    assert_eq!(n, Some(200));
 }

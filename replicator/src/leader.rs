@@ -301,6 +301,11 @@ impl Leader {
     pub fn unconfirmed_bytes(&self) -> usize {
         self.unconfirmed_bytes
     }
+    /// Bytes of the records held for peers (every unconfirmed one and
+    /// confirmed ones up to `tail_limit_bytes`): this leader's memory for them.
+    pub fn tail_bytes(&self) -> usize {
+        self.tail_bytes
+    }
     /// The durable position each follower last reported (None: never).
     pub fn follower_durable(&self, index: usize) -> Option<Bookmark> {
         self.quorum.durable(FollowerId(index))

@@ -137,7 +137,10 @@ pub struct ReplicatedOpener {
 }
 
 impl ReplicatedOpener {
-    pub fn new(template: crate::replication::PrimaryConfig, stop_timeout_ms: u64) -> Self {
+    /// Each database it opens keeps [`FLEET_TAIL_LIMIT_BYTES`] of confirmed
+    /// records for its peers (set on `template`, which stays public).
+    pub fn new(mut template: crate::replication::PrimaryConfig, stop_timeout_ms: u64) -> Self {
+        template.tail_limit_bytes = FLEET_TAIL_LIMIT_BYTES;
         ReplicatedOpener {
             template,
             stop_timeout_ms,
@@ -274,6 +277,13 @@ pub struct HostConfig {
 /// `unix` VFS used to keep open), one reader's, and slack), measured in
 /// `papers/fleet.md`.
 pub const FDS_PER_OPEN_DATABASE: u64 = 8;
+
+/// Confirmed records each open database's primary keeps in memory for a
+/// follower or replica that falls behind (`PrimaryConfig::tail_limit_bytes`;
+/// one behind them catches up from a follower's log). A dedicated primary
+/// keeps 64 MiB; a node with thousands of databases open cannot, so its
+/// primaries (and the embedded catalog's) keep this much each.
+pub const FLEET_TAIL_LIMIT_BYTES: usize = 1 << 20;
 
 /// Descriptors kept for the HTTP connections a node may hold, and for
 /// replication sockets, logs and everything else.

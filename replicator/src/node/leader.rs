@@ -94,6 +94,8 @@ pub struct LeaderStatus {
     pub confirmed: Bookmark,
     pub streaming_followers: usize,
     pub unconfirmed_bytes: usize,
+    /// Bytes of records held for peers ([`crate::leader::Leader::tail_bytes`]).
+    pub tail_bytes: usize,
 }
 
 struct Core {
@@ -340,6 +342,7 @@ impl LeaderNode {
             confirmed: core.leader.confirmed(),
             streaming_followers: core.leader.streaming_followers(),
             unconfirmed_bytes: core.leader.unconfirmed_bytes(),
+            tail_bytes: core.leader.tail_bytes(),
         }
     }
 
