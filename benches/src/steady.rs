@@ -53,8 +53,10 @@ pub const SETTLE: Duration = Duration::from_secs(10);
 /// Starts an uploader beside each follower of a [`crate::cluster`] under
 /// `dir`, ranked by position, with the archiver's defaults (as `walrelay
 /// up` configures them: upload within 10 s or 16 MiB times the rank, keep
-/// the newest 64 MiB of archived log), into a filesystem store at
-/// `dir/store`. Stop them with [`Uploader::stop`].
+/// the newest 64 MiB of archived log), into one store: in memory, standing
+/// in for a remote one such as S3 (the uploads write nothing to the
+/// followers' disk), or at `dir/store` on that disk, as `up`'s default
+/// is, with `WALRELAY_BENCH_STORE=disk`. Stop them with [`Uploader::stop`].
 pub fn start_uploaders(dir: &Path, followers: &[Arc<FollowerNode>]) -> Vec<Uploader> {
     let url = match std::env::var("WALRELAY_BENCH_STORE").as_deref() {
         Ok("disk") => dir.join("store").to_string_lossy().into_owned(),

@@ -13,7 +13,9 @@ use std::time::Duration;
 use walrelay_engine::replication::{
     PrimaryConfig, ReplicaConfig, ReplicatedPrimary, ReplicatedReplica,
 };
-use walrelay_engine::{ClusterKey, Constraint, GateError, QueryError, ReplicaOptions, Value};
+use walrelay_engine::{
+    ClusterKey, Constraint, GateError, QueryError, ReplicaOptions, Session, Value,
+};
 use walrelay_replicator::DatabaseId;
 use walrelay_replicator::net::Backend;
 use walrelay_replicator::node::follower::{CATCH_UP_BATCH_BYTES, FollowerNode, FollowerNodeConfig};
@@ -81,12 +83,7 @@ fn every_start_wins_a_new_epoch_whose_first_record_is_confirmed_before_it_serves
         .run()
         .expect("confirmed in epoch 3");
     assert_eq!(r.meta.bookmark.epoch.0, 3);
-    let n = s
-        .prepare("SELECT count(*) AS n FROM t")
-        .first()
-        .expect("read")
-        .and_then(|row| row.get("n").and_then(|v| v.as_i64()));
-    assert_eq!(n, Some(2));
+    assert_eq!(rows_in_t(&s), Some(2));
     drop(s);
     p.stop(Duration::from_secs(10)).expect("stop");
 }
@@ -96,6 +93,11 @@ fn count(p: &ReplicatedPrimary) -> Option<i64> {
         .database()
         .session(Constraint::FirstPrimary)
         .expect("session");
+    rows_in_t(&s)
+}
+
+/// `t`'s row count as `s` sees it (None: no answer row).
+fn rows_in_t(s: &Session) -> Option<i64> {
     s.prepare("SELECT count(*) AS n FROM t")
         .first()
         .expect("read")
@@ -408,10 +410,5 @@ fn a_primary_keeps_at_most_its_tail_limit_of_confirmed_records_and_a_replica_beh
         .replica()
         .session(Constraint::Bookmark(last))
         .expect("replica session");
-    let n = rs
-        .prepare("SELECT count(*) AS n FROM t")
-        .first()
-        .expect("count")
-        .and_then(|row| row.get("n").and_then(|v| v.as_i64()));
-    assert_eq!(n, Some(200));
+    assert_eq!(rows_in_t(&rs), Some(200));
 }
