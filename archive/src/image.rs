@@ -28,8 +28,25 @@ pub struct Gathered {
     db_pages: Option<u32>,
 }
 
-/// Bytes per write when a snapshot part is laid down.
-const WRITE_BYTES: usize = 64 << 10;
+/// The most one write asks of the kernel: a snapshot part is laid down,
+/// and a run of gathered pages written, in writes of this size. One 16 MiB
+/// write was several times slower on this kernel, and made the 4 KiB log
+/// writes on top of it slower still (papers/lifecycle.md).
+pub(crate) const WRITE_BYTES: usize = 64 << 10;
+
+/// The most one read asks of the kernel: a part's pages are read back in
+/// reads of this size, and so is an object of a store on the local
+/// filesystem (`store`; its puts are written in [`WRITE_BYTES`]).
+///
+/// An image is built and read beside durability followers (the archiver's
+/// snapshots) on a kernel that may not preempt its own code (the usual
+/// server configuration, `PREEMPT_NONE`): a thread inside a read or a
+/// write holds its CPU until the call returns, whatever its scheduling
+/// class, and a commit's threads woken for that CPU wait. A 16 MiB read
+/// from the page cache held a CPU for about a millisecond on the test
+/// machine; a 256 KiB one for tens of microseconds (papers/performance.md,
+/// lever 70).
+pub(crate) const READ_BYTES: usize = 256 << 10;
 
 /// A page file: page `n` (1-based) at byte `(n - 1) * page_size`.
 #[derive(Debug)]
@@ -100,10 +117,12 @@ impl Image {
     /// threads at once: they touch disjoint ranges).
     pub fn write_part(&self, part: &Part) -> Result<(), RestoreError> {
         let at = u64::from(part.first_page - 1) * u64::from(self.page_size);
-        // In 64 KiB writes: one 16 MiB pwrite was several times slower on
-        // this kernel, and made the 4 KiB log writes on top of it slower
-        // still (papers/lifecycle.md).
-        for (i, chunk) in part.pages.chunks(WRITE_BYTES).enumerate() {
+        self.write_at(&part.pages, at)
+    }
+
+    /// Writes `bytes` at `at` in writes of at most [`WRITE_BYTES`].
+    fn write_at(&self, bytes: &[u8], at: u64) -> Result<(), RestoreError> {
+        for (i, chunk) in bytes.chunks(WRITE_BYTES).enumerate() {
             self.file
                 .write_all_at(chunk, at + (i * WRITE_BYTES) as u64)
                 .map_err(io(&self.path))?;
@@ -127,8 +146,8 @@ impl Image {
     }
 
     /// Writes what `g` gathered: the image cut to the smallest size it went
-    /// through, every page once in page order (runs of adjacent pages in
-    /// one write of up to 1 MiB), then its final size.
+    /// through, every page once in page order (runs of adjacent pages of up
+    /// to 1 MiB, each in writes of [`WRITE_BYTES`]), then its final size.
     pub fn write_gathered(&mut self, g: Gathered) -> Result<(), RestoreError> {
         if let Some(min) = g.min_pages.filter(|m| *m < self.db_pages) {
             self.set_pages(min)?;
@@ -139,9 +158,7 @@ impl Image {
         let mut next = 0u32;
         for (page_no, image) in g.pages {
             if !run.is_empty() && (page_no != next || run.len() + image.len() > 1 << 20) {
-                self.file
-                    .write_all_at(&run, u64::from(run_start - 1) * ps)
-                    .map_err(io(&self.path))?;
+                self.write_at(&run, u64::from(run_start - 1) * ps)?;
                 run.clear();
             }
             if run.is_empty() {
@@ -151,9 +168,7 @@ impl Image {
             next = page_no + 1;
         }
         if !run.is_empty() {
-            self.file
-                .write_all_at(&run, u64::from(run_start - 1) * ps)
-                .map_err(io(&self.path))?;
+            self.write_at(&run, u64::from(run_start - 1) * ps)?;
         }
         if let Some(n) = g.db_pages {
             self.set_pages(n)?;
@@ -195,20 +210,16 @@ impl Image {
         Ok(())
     }
 
-    /// `count` pages from page `first`.
+    /// `count` pages from page `first`, in reads of at most
+    /// [`READ_BYTES`].
     pub fn read_pages(&self, first: u32, count: u32) -> Result<Vec<u8>, RestoreError> {
         let mut buf = vec![0u8; count as usize * self.page_size as usize];
-        self.file
-            .read_exact_at(
-                &mut buf,
-                u64::from(first.max(1) - 1) * u64::from(self.page_size),
-            )
-            .map_err(io(&self.path))?;
+        let at = u64::from(first.max(1) - 1) * u64::from(self.page_size);
+        for (i, chunk) in buf.chunks_mut(READ_BYTES).enumerate() {
+            self.file
+                .read_exact_at(chunk, at + (i * READ_BYTES) as u64)
+                .map_err(io(&self.path))?;
+        }
         Ok(buf)
-    }
-
-    /// Makes the image durable.
-    pub fn sync(&self) -> Result<(), RestoreError> {
-        self.file.sync_all().map_err(io(&self.path))
     }
 }

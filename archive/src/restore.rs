@@ -65,7 +65,15 @@ pub fn restore_to_file(
 ) -> Result<Restored, RestoreError> {
     let plan = archive.plan(m, target)?;
     let tmp = tmp_path(out);
-    let result = build(archive, m, &plan, &tmp, progress);
+    let result = build(archive, m, &plan, &tmp, progress).and_then(|r| {
+        std::fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(|source| RestoreError::Io {
+                path: tmp.clone(),
+                source,
+            })?;
+        Ok(r)
+    });
     match result {
         Ok(r) => {
             std::fs::rename(&tmp, out).map_err(|source| RestoreError::Io {
@@ -91,7 +99,15 @@ pub fn restore_to_file(
 }
 
 /// Builds the image of `plan` at `path` (not renamed, not removed on
-/// failure): restores and bootstraps share it.
+/// failure, not synced): restores and the archiver's snapshots share it.
+/// A restore syncs the image before it renames it into place. The
+/// archiver reads its scratch image back and removes it within seconds,
+/// and nothing reads it after a crash, so it is never synced: its pages
+/// are dropped with the file before the kernel's writeback reaches them
+/// (30 s by default), and a snapshot writes nothing to the follower's
+/// disk, which the quorum's syncs share. Syncing it was a burst of the
+/// whole database's size on that disk at every snapshot
+/// (papers/performance.md, lever 70).
 pub fn build(
     archive: &Archive,
     m: &Manifest,
@@ -198,7 +214,6 @@ pub fn build(
         });
     }
     image.write_gathered(gathered)?;
-    image.sync()?;
     Ok(Restored {
         bookmark: at,
         chain,

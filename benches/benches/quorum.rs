@@ -95,9 +95,12 @@ fn main() {
             .expect("insert");
     }
     let _ = replica.node().take_confirm_lags_us();
+    // Each commit's latency, and when it started (CLOCK_MONOTONIC, us).
     let one_session = || {
         let mut commit = Vec::with_capacity(latency_iters);
+        let mut started_us = Vec::with_capacity(latency_iters);
         for _ in 0..latency_iters {
+            started_us.push(steady::monotonic_us());
             let t = Instant::now();
             s.prepare("INSERT INTO t(v) VALUES (?1)")
                 .bind([row.clone()])
@@ -105,9 +108,9 @@ fn main() {
                 .expect("insert");
             commit.push(t.elapsed());
         }
-        commit
+        (commit, started_us)
     };
-    let commit = percentiles(&mut one_session());
+    let commit = percentiles(&mut one_session().0);
     // The same floor for followers that share this one disk: the W-th of N
     // concurrent overwrites, plus one round trip; made durable with
     // fdatasync (the target's floor), and the way the followers write
@@ -229,10 +232,15 @@ fn main() {
                 u.stop();
             }
         }
+        steady::wait_for_observer();
         let mut commits = Vec::new();
+        let mut started_us = Vec::new();
         for _ in 0..steady::WINDOWS {
-            commits.extend(one_session());
+            let (c, at) = one_session();
+            commits.extend(c);
+            started_us.extend(at);
         }
+        steady::write_timeline(&started_us, &commits);
         for u in uploaders {
             u.stop();
         }

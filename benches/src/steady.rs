@@ -50,6 +50,59 @@ pub const WARM_UP_LIMIT: Duration = Duration::from_secs(120);
 /// timed: the burst's uploads and snapshots catch up meanwhile.
 pub const SETTLE: Duration = Duration::from_secs(10);
 
+/// Now on `CLOCK_MONOTONIC`, in µs: the clock `perf record -k
+/// CLOCK_MONOTONIC` stamps its events with, so that a timeline of commits
+/// lines up with the disk's requests (`benches/scripts/steady_timeline.sh`).
+pub fn monotonic_us() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call's duration,
+    // and CLOCK_MONOTONIC is always available on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
+    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000
+}
+
+/// The longest [`wait_for_observer`] waits.
+const OBSERVER_WAIT: Duration = Duration::from_secs(30);
+
+/// With `WALRELAY_BENCH_TIMELINE=<file>`: creates `<file>.ready` and waits
+/// (at most [`OBSERVER_WAIT`]) for `<file>.go`, which an observer such as
+/// `perf record` creates once it is recording, so that it records the
+/// timed windows and not the warm-up.
+pub fn wait_for_observer() {
+    let Some(path) = std::env::var_os("WALRELAY_BENCH_TIMELINE") else {
+        return;
+    };
+    let with = |ext: &str| {
+        let mut p = path.clone();
+        p.push(ext);
+        std::path::PathBuf::from(p)
+    };
+    std::fs::write(with(".ready"), b"").expect("the timeline's ready file");
+    let waited = std::time::Instant::now();
+    while !with(".go").exists() && waited.elapsed() < OBSERVER_WAIT {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// With `WALRELAY_BENCH_TIMELINE=<file>`, writes the steady-state commits
+/// there, one line each: when it started (µs, [`monotonic_us`]) and how
+/// long it took (µs).
+pub fn write_timeline(started_us: &[u64], took: &[Duration]) {
+    let Some(path) = std::env::var_os("WALRELAY_BENCH_TIMELINE") else {
+        return;
+    };
+    let lines: String = started_us
+        .iter()
+        .zip(took)
+        .map(|(at, d)| format!("{at} {}\n", d.as_micros()))
+        .collect();
+    std::fs::write(&path, lines).expect("the timeline file");
+}
+
 /// Starts an uploader beside each follower of a [`crate::cluster`] under
 /// `dir`, ranked by position, with the archiver's defaults (as `walrelay
 /// up` configures them: upload within 10 s or 16 MiB times the rank, keep
