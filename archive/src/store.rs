@@ -74,30 +74,47 @@ fn in_pieces(bytes: &Bytes) -> PutPayload {
 }
 
 /// An object's bytes. A file of a store on the local filesystem is read
-/// here, on the calling thread, in reads of at most
-/// [`crate::image::READ_BYTES`] (object_store reads it with one read of
-/// its whole size, on its own blocking pool); any other payload is
-/// collected as object_store does.
+/// in reads of at most [`crate::image::READ_BYTES`] (object_store reads
+/// it with one read of its whole size), on the runtime's blocking pool as
+/// object_store does, so that a [`Store::get_many`] still reads its
+/// objects side by side; any other payload is collected as object_store
+/// does.
 async fn object_bytes(r: GetResult) -> object_store::Result<Bytes> {
     match r.payload {
         GetResultPayload::File(file, path) => {
-            read_in_pieces(&file, r.range).map_err(|source| object_store::Error::Generic {
+            let range = r.range;
+            let read = tokio::task::spawn_blocking(move || read_in_pieces(file, range)).await;
+            let failed = |why: String| object_store::Error::Generic {
                 store: "LocalFileSystem",
-                source: format!("reading {}: {source}", path.display()).into(),
-            })
+                source: format!("reading {}: {why}", path.display()).into(),
+            };
+            match read {
+                Ok(Ok(bytes)) => Ok(bytes),
+                Ok(Err(e)) => Err(failed(e.to_string())),
+                Err(e) => Err(failed(e.to_string())),
+            }
         }
         payload => GetResult { payload, ..r }.bytes().await,
     }
 }
 
-/// `range` of `file`, in reads of at most [`crate::image::READ_BYTES`].
-fn read_in_pieces(file: &std::fs::File, range: std::ops::Range<u64>) -> std::io::Result<Bytes> {
-    use std::os::unix::fs::FileExt;
+/// `range` of `file`, in reads of at most [`crate::image::READ_BYTES`],
+/// into a buffer that is not zeroed first (zeroing it cost a restore of
+/// 16 MiB parts about a fifth of its time).
+fn read_in_pieces(mut file: std::fs::File, range: std::ops::Range<u64>) -> std::io::Result<Bytes> {
+    use std::io::{Read, Seek, SeekFrom};
     let len = usize::try_from(range.end.saturating_sub(range.start))
         .map_err(|_| std::io::Error::other("an object larger than memory"))?;
-    let mut buf = vec![0u8; len];
-    for (i, piece) in buf.chunks_mut(crate::image::READ_BYTES).enumerate() {
-        file.read_exact_at(piece, range.start + (i * crate::image::READ_BYTES) as u64)?;
+    file.seek(SeekFrom::Start(range.start))?;
+    let mut buf = Vec::with_capacity(len);
+    while buf.len() < len {
+        let piece = (len - buf.len()).min(crate::image::READ_BYTES) as u64;
+        if (&mut file).take(piece).read_to_end(&mut buf)? == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the file is shorter than the object",
+            ));
+        }
     }
     Ok(Bytes::from(buf))
 }
