@@ -17,6 +17,12 @@ median. For each class the report gives the share of slow commits and of
 all commits that had one of its requests in flight, and the bytes in flight
 with the slow ones: a class whose share is much higher among the slow
 commits is what delays them.
+
+With the scheduler's sched_switch and sched_wakeup events too, it reports
+how much of the slow and of all commits the archive's and the logs'
+background threads were on a CPU, and the commit path's wake-ups that
+waited over LATE_WAKE_US for a CPU (with the thread that ran just before
+each: the last holder, not every one).
 """
 
 import re
@@ -74,26 +80,27 @@ def classify(comm, rwbs):
     return ("other read: " if "R" in rwbs else "other write: ") + comm
 
 
-def main():
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    factor = float(sys.argv[3]) if len(sys.argv) > 3 else 2.0
-    commits = []
-    with open(sys.argv[1]) as f:
-        for line in f:
-            at, took = line.split()
-            commits.append((int(at), int(took)))
-    commits.sort()
+def read_commits(path):
+    """(start us, latency us) of each commit in the bench's timeline."""
+    with open(path) as f:
+        return sorted((int(at), int(took)) for at, took in (line.split() for line in f))
+
+
+def read_events(path):
+    """From `perf script` output: the disk requests as (issue us, complete
+    us, class, bytes); the background threads' stretches on a CPU as (from
+    us, to us, comm); the commit path's late wake-ups as (woken us, waited
+    us, who ran just before it); and the span the events cover."""
     queued = {}  # sector -> (comm, rwbs) of the newest bio queued there
     issued = {}  # (sector, rwbs) -> (issue us, class, bytes)
     flushes = []  # issued flushes, oldest first (they complete at no sector)
-    spans = []  # (issue us, complete us, class, bytes)
+    spans = []
     running = {}  # cpu -> (since us, comm) of the thread on it
     woken = {}  # pid -> us it was woken at
-    late = []  # (woken us, waited us, who held the CPU until then)
-    cpu_spans = []  # (from us, to us, comm) of background threads on a CPU
+    late = []
+    cpu_spans = []
     first_us = last_us = None
-    with open(sys.argv[2]) as f:
+    with open(path) as f:
         for line in f:
             m = LINE.match(line)
             if not m:
@@ -124,33 +131,39 @@ def main():
                     queued[int(b["sector"])] = (comm, b["rwbs"])
             elif ev == "block:block_rq_issue":
                 r = RQ.match(rest)
-                if r:
+                if r and r["rwbs"] == "FF":
+                    flushes.append((t, "flush", 0))
+                elif r:
                     sector = int(r["sector"])
                     who, rwbs = queued.pop(sector, (comm, r["rwbs"]))
                     n = int(r["bytes"] or 0) or int(r["n"]) * 512
-                    if r["rwbs"] == "FF":
-                        flushes.append((t, "flush", 0))
-                    else:
-                        issued[(sector, r["rwbs"])] = (t, classify(who, rwbs), n)
+                    issued[(sector, r["rwbs"])] = (t, classify(who, rwbs), n)
             elif ev == "block:block_rq_complete":
                 r = RQ.match(rest)
                 if r and r["rwbs"] == "FF":
                     got = flushes.pop(0) if flushes else None
-                    if got:
-                        spans.append((got[0], t, got[1], got[2]))
                 elif r:
                     got = issued.pop((int(r["sector"]), r["rwbs"]), None)
-                    if got:
-                        spans.append((got[0], t, got[1], got[2]))
+                else:
+                    got = None
+                if got:
+                    spans.append((got[0], t, got[1], got[2]))
     if first_us is None:
         sys.exit("no perf events")
-    commits = [c for c in commits if c[0] >= first_us and c[0] + c[1] <= last_us]
-    if not commits:
-        sys.exit("no commit inside the recorded span")
-    lat = sorted(c[1] for c in commits)
-    median = lat[len(lat) // 2]
-    slow_at = median * factor
-    spans.sort()
+    return sorted(spans), sorted(cpu_spans), sorted(late), (first_us, last_us)
+
+
+def overlapping(items, starts, longest, at, end):
+    """The items (sorted by start, starts their starts, none longer than
+    longest) that overlap [at, end)."""
+    lo = bisect_left(starts, at - longest)
+    hi = bisect_left(starts, end)
+    return [x for x in items[lo:hi] if x[1] > at]
+
+
+def report_disk(commits, spans, slow_at, header):
+    """Per class of request: the share of slow and of all commits it met
+    (after `header`, the commits' own summary)."""
     starts = [s[0] for s in spans]
     longest = max((s[1] - s[0] for s in spans), default=0)
     classes = sorted({s[2] for s in spans})
@@ -158,16 +171,12 @@ def main():
     hits_slow = dict.fromkeys(classes, 0)
     bytes_slow = dict.fromkeys(classes, 0)
     slow = 0
-    # Requests of none of the commit path's own classes.
+    # Commits that met none but the commit path's own classes.
     alone = {"slow": 0, "all": 0}
     for at, took in commits:
-        end = at + took
-        lo = bisect_left(starts, at - longest)
-        hi = bisect_left(starts, end)
         seen = {}
-        for s in spans[lo:hi]:
-            if s[1] > at:
-                seen[s[2]] = seen.get(s[2], 0) + s[3]
+        for s in overlapping(spans, starts, longest, at, at + took):
+            seen[s[2]] = seen.get(s[2], 0) + s[3]
         is_slow = took > slow_at
         slow += is_slow
         if not set(seen) - COMMIT_PATH:
@@ -178,68 +187,96 @@ def main():
             if is_slow:
                 hits_slow[c] += 1
                 bytes_slow[c] += n
-    print(
-        f"{len(commits)} commits inside {(last_us - first_us) / 1e6:.1f} s of events; "
-        f"median {median} us; {slow} slow (over {slow_at:.0f} us); {len(spans)} disk requests"
-    )
+    print(f"{header}; {slow} slow (over {slow_at:.0f} us); {len(spans)} disk requests")
     print(f"{'class':<40} {'slow with it':>13} {'all with it':>12} {'KiB per slow':>13}")
     for c in sorted(classes, key=lambda c: -hits_slow[c]):
         s = 100.0 * hits_slow[c] / max(slow, 1)
         a = 100.0 * hits_all[c] / len(commits)
         kib = bytes_slow[c] / 1024 / max(hits_slow[c], 1)
         print(f"{c:<40} {s:>12.1f}% {a:>11.1f}% {kib:>13.0f}")
-    if cpu_spans:
-        cpu_spans.sort()
-        cpu_starts = [c[0] for c in cpu_spans]
-        cpu_longest = max(c[1] - c[0] for c in cpu_spans)
-        on = {"slow": [], "all": []}
-        for at, took in commits:
-            end = at + took
-            lo = bisect_left(cpu_starts, at - cpu_longest)
-            hi = bisect_left(cpu_starts, end)
-            us = sum(max(0, min(c[1], end) - max(c[0], at)) for c in cpu_spans[lo:hi])
-            share = us / max(took, 1)
-            on["all"].append(share)
-            if took > slow_at:
-                on["slow"].append(share)
-        for k in ("slow", "all"):
-            v = on[k]
-            busy = 100.0 * sum(1 for x in v if x > 0) / max(len(v), 1)
-            mean = 100.0 * sum(v) / max(len(v), 1)
-            print(
-                f"background threads on a CPU during {k} commits: {busy:.1f}% of them, "
-                f"for {mean:.1f}% of their time on average"
-            )
-    if late:
-        late.sort()
-        late_starts = [x[0] for x in late]
-        for k, pick in (("slow", lambda took: took > slow_at), ("all", lambda took: True)):
-            n = held = waited = 0
-            chosen = [(at, took) for at, took in commits if pick(took)]
-            for at, took in chosen:
-                lo, hi = bisect_left(late_starts, at), bisect_left(late_starts, at + took)
-                if hi > lo:
-                    n += 1
-                    waited += max(x[1] for x in late[lo:hi])
-                    held += any(background_cpu(x[2]) for x in late[lo:hi])
-            if k == "slow":
-                by = {}
-                for at, took in chosen:
-                    lo, hi = bisect_left(late_starts, at), bisect_left(late_starts, at + took)
-                    for x in late[lo:hi]:
-                        who = re.sub(r"[/:]?\d+.*$", "", x[2])
-                        by[who] = by.get(who, 0) + x[1]
-                top = sorted(by.items(), key=lambda kv: -kv[1])[:6]
-                print("  late wake-ups' waits during slow commits, by who held the CPU (ms):",
-                      ", ".join(f"{w} {us / 1000:.1f}" for w, us in top))
-            print(
-                f"{k} commits with a wake-up that waited over {LATE_WAKE_US} us for a CPU: "
-                f"{100.0 * n / max(len(chosen), 1):.1f}% (longest wait {waited / max(n, 1):.0f} us "
-                f"on average; {held} of them behind a background thread)"
-            )
     s = 100.0 * alone["slow"] / max(slow, 1)
     a = 100.0 * alone["all"] / len(commits)
     print(f"{'(only the commit path in flight)':<40} {s:>12.1f}% {a:>11.1f}%")
+
+
+def report_cpu(commits, cpu_spans, slow_at):
+    """How much of the slow and of all commits the background threads were
+    on a CPU."""
+    starts = [c[0] for c in cpu_spans]
+    longest = max(c[1] - c[0] for c in cpu_spans)
+    on = {"slow": [], "all": []}
+    for at, took in commits:
+        end = at + took
+        us = sum(
+            min(c[1], end) - max(c[0], at)
+            for c in overlapping(cpu_spans, starts, longest, at, end)
+        )
+        share = us / max(took, 1)
+        on["all"].append(share)
+        if took > slow_at:
+            on["slow"].append(share)
+    for k in ("slow", "all"):
+        v = on[k]
+        busy = 100.0 * sum(1 for x in v if x > 0) / max(len(v), 1)
+        mean = 100.0 * sum(v) / max(len(v), 1)
+        print(
+            f"background threads on a CPU during {k} commits: {busy:.1f}% of them, "
+            f"for {mean:.1f}% of their time on average"
+        )
+
+
+def report_wakeups(commits, late, slow_at):
+    """The commit path's late wake-ups during slow and all commits, and (for
+    the slow ones) who ran just before each got its CPU."""
+    starts = [x[0] for x in late]
+    for k, pick in (("slow", lambda took: took > slow_at), ("all", lambda took: True)):
+        n = held = waited = 0
+        by = {}
+        chosen = [(at, took) for at, took in commits if pick(took)]
+        for at, took in chosen:
+            mine = late[bisect_left(starts, at) : bisect_left(starts, at + took)]
+            if mine:
+                n += 1
+                waited += max(x[1] for x in mine)
+                held += any(background_cpu(x[2]) for x in mine)
+            for x in mine:
+                who = re.sub(r"[/:]?\d+.*$", "", x[2])
+                by[who] = by.get(who, 0) + x[1]
+        if k == "slow":
+            top = sorted(by.items(), key=lambda kv: -kv[1])[:6]
+            print(
+                "  late wake-ups' waits during slow commits, by who held the CPU (ms):",
+                ", ".join(f"{w} {us / 1000:.1f}" for w, us in top),
+            )
+        print(
+            f"{k} commits with a wake-up that waited over {LATE_WAKE_US} us for a CPU: "
+            f"{100.0 * n / max(len(chosen), 1):.1f}% (longest wait {waited / max(n, 1):.0f} us "
+            f"on average; {held} of them behind a background thread)"
+        )
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    factor = float(sys.argv[3]) if len(sys.argv) > 3 else 2.0
+    spans, cpu_spans, late, (first_us, last_us) = read_events(sys.argv[2])
+    commits = [
+        c for c in read_commits(sys.argv[1]) if c[0] >= first_us and c[0] + c[1] <= last_us
+    ]
+    if not commits:
+        sys.exit("no commit inside the recorded span")
+    lat = sorted(c[1] for c in commits)
+    median = lat[len(lat) // 2]
+    header = (
+        f"{len(commits)} commits inside {(last_us - first_us) / 1e6:.1f} s of events; "
+        f"median {median} us"
+    )
+    slow_at = median * factor
+    report_disk(commits, spans, slow_at, header)
+    if cpu_spans:
+        report_cpu(commits, cpu_spans, slow_at)
+    if late:
+        report_wakeups(commits, late, slow_at)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,11 @@ pub fn monotonic_us() -> u64 {
     ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000
 }
 
+/// The file `WALRELAY_BENCH_TIMELINE` names, if it is set.
+fn timeline_path() -> Option<std::path::PathBuf> {
+    std::env::var_os("WALRELAY_BENCH_TIMELINE").map(std::path::PathBuf::from)
+}
+
 /// The longest [`wait_for_observer`] waits.
 const OBSERVER_WAIT: Duration = Duration::from_secs(30);
 
@@ -73,11 +78,11 @@ const OBSERVER_WAIT: Duration = Duration::from_secs(30);
 /// `perf record` creates once it is recording, so that it records the
 /// timed windows and not the warm-up.
 pub fn wait_for_observer() {
-    let Some(path) = std::env::var_os("WALRELAY_BENCH_TIMELINE") else {
+    let Some(path) = timeline_path() else {
         return;
     };
     let with = |ext: &str| {
-        let mut p = path.clone();
+        let mut p = path.clone().into_os_string();
         p.push(ext);
         std::path::PathBuf::from(p)
     };
@@ -92,7 +97,7 @@ pub fn wait_for_observer() {
 /// there, one line each: when it started (µs, [`monotonic_us`]) and how
 /// long it took (µs).
 pub fn write_timeline(started_us: &[u64], took: &[Duration]) {
-    let Some(path) = std::env::var_os("WALRELAY_BENCH_TIMELINE") else {
+    let Some(path) = timeline_path() else {
         return;
     };
     let lines: String = started_us
