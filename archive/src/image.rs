@@ -28,6 +28,66 @@ pub struct Gathered {
     db_pages: Option<u32>,
 }
 
+impl Gathered {
+    /// Takes one record's pages, checking its page size against
+    /// `page_size`, the database's (the first record of a database of no
+    /// pages, `base_pages` being its size before the log, sets it).
+    pub(crate) fn take(
+        &mut self,
+        encoded: &Encoded,
+        page_size: &mut u32,
+        base_pages: u32,
+    ) -> Result<(), RestoreError> {
+        let r: Record = encoded.record().map_err(|source| RestoreError::Format {
+            key: format!("record {}", encoded.bookmark),
+            source: crate::error::FormatError::Record {
+                what: "log object",
+                source,
+            },
+        })?;
+        if r.page_size != *page_size {
+            if base_pages == 0 && self.pages.is_empty() {
+                *page_size = r.page_size;
+            } else {
+                return Err(RestoreError::Format {
+                    key: format!("record {}", r.bookmark),
+                    source: crate::error::FormatError::Invalid {
+                        what: "log object",
+                        why: "a record's page size differs from the database's",
+                    },
+                });
+            }
+        }
+        for (page_no, image) in r.pages {
+            self.pages.insert(page_no, image);
+        }
+        if !encoded.continued() {
+            self.db_pages = Some(r.db_pages);
+            self.min_pages = Some(self.min_pages.map_or(r.db_pages, |m| m.min(r.db_pages)));
+            // Pages past a shrink are gone (a later growth rewrites them).
+            self.pages.split_off(&(r.db_pages + 1));
+        }
+        Ok(())
+    }
+
+    /// The database's size after the last complete transaction taken, if
+    /// any.
+    pub(crate) fn db_pages(&self) -> Option<u32> {
+        self.db_pages
+    }
+
+    /// The smallest size a transaction taken left the database at.
+    pub(crate) fn min_pages(&self) -> Option<u32> {
+        self.min_pages
+    }
+
+    /// The newest image of each page from `first` through `last`, in page
+    /// order.
+    pub(crate) fn pages_in(&self, first: u32, last: u32) -> impl Iterator<Item = (u32, &Bytes)> {
+        self.pages.range(first..=last).map(|(p, b)| (*p, b))
+    }
+}
+
 /// The most one write asks of the kernel: a snapshot part is laid down,
 /// and a run of gathered pages written, in writes of this size. One 16 MiB
 /// write was several times slower on this kernel, and made the 4 KiB log
@@ -130,19 +190,10 @@ impl Image {
         Ok(())
     }
 
-    /// Takes one record's pages into `g` (nothing is written yet).
+    /// Takes one record's pages into `g` (nothing is written yet); the
+    /// first record of an empty image may set its page size.
     pub fn gather(&mut self, g: &mut Gathered, encoded: &Encoded) -> Result<(), RestoreError> {
-        let r = self.decode_for(encoded, g.pages.is_empty())?;
-        for (page_no, image) in r.pages {
-            g.pages.insert(page_no, image);
-        }
-        if !encoded.continued() {
-            g.db_pages = Some(r.db_pages);
-            g.min_pages = Some(g.min_pages.map_or(r.db_pages, |m| m.min(r.db_pages)));
-            // Pages past a shrink are gone (a later growth rewrites them).
-            g.pages.split_off(&(r.db_pages + 1));
-        }
-        Ok(())
+        g.take(encoded, &mut self.page_size, self.db_pages)
     }
 
     /// Writes what `g` gathered: the image cut to the smallest size it went
@@ -174,32 +225,6 @@ impl Image {
             self.set_pages(n)?;
         }
         Ok(())
-    }
-
-    /// Decodes a record, checking its page size against the image's (the
-    /// first record of an empty image sets it).
-    fn decode_for(&mut self, encoded: &Encoded, may_adopt: bool) -> Result<Record, RestoreError> {
-        let r: Record = encoded.record().map_err(|source| RestoreError::Format {
-            key: format!("record {}", encoded.bookmark),
-            source: crate::error::FormatError::Record {
-                what: "log object",
-                source,
-            },
-        })?;
-        if r.page_size != self.page_size {
-            if self.db_pages == 0 && may_adopt {
-                self.page_size = r.page_size;
-            } else {
-                return Err(RestoreError::Format {
-                    key: format!("record {}", r.bookmark),
-                    source: crate::error::FormatError::Invalid {
-                        what: "log object",
-                        why: "a record's page size differs from the database's",
-                    },
-                });
-            }
-        }
-        Ok(r)
     }
 
     fn set_pages(&mut self, db_pages: u32) -> Result<(), RestoreError> {

@@ -99,7 +99,8 @@ pub fn restore_to_file(
 }
 
 /// Builds the image of `plan` at `path` (not renamed, not removed on
-/// failure, not synced): restores and the archiver's snapshots share it.
+/// failure, not synced): restores and the archiver's whole snapshots (the
+/// first of a history) share it.
 /// A restore syncs the image before it renames it into place. The
 /// archiver reads its scratch image back and removes it within seconds,
 /// and nothing reads it after a crash, so it is never synced: its pages
@@ -116,7 +117,7 @@ pub fn build(
     progress: &dyn Progress,
 ) -> Result<Restored, RestoreError> {
     let db = archive.database();
-    let (mut image, mut chain, mut fetched) = match &plan.snapshot {
+    let (mut image, chain, mut fetched) = match &plan.snapshot {
         Some(s) => {
             let id = m.snapshot_id(s);
             progress.start(u64::from(id.parts()) + plan.logs.len() as u64);
@@ -185,10 +186,49 @@ pub fn build(
             )
         }
     };
+    let walked = walk_log(archive, plan, chain, progress, |g, e| image.gather(g, e))?;
+    fetched += walked.fetched;
+    let (at, chain) = (walked.at, walked.chain);
+    let gathered = walked.gathered;
+    image.write_gathered(gathered)?;
+    Ok(Restored {
+        bookmark: at,
+        chain,
+        page_size: image.page_size(),
+        db_pages: image.db_pages(),
+        fetched_bytes: fetched,
+    })
+}
+
+/// The log of a plan, walked from its snapshot to its target.
+pub(crate) struct Walked {
+    /// The newest image of each page the log wrote, and its sizes.
+    pub gathered: crate::image::Gathered,
+    /// The target, reached.
+    pub at: Bookmark,
+    /// The history's chain there.
+    pub chain: ChainHash,
+    /// Bytes of log records (decoded) read from the store.
+    pub fetched: u64,
+}
+
+/// Reads the log objects of `plan` in batches, in order, checking them
+/// against the history from `chain` (the snapshot's, or the genesis), and
+/// hands each record up to the target to `take`. The walk must end on the
+/// target, at a transaction's end.
+pub(crate) fn walk_log(
+    archive: &Archive,
+    plan: &Plan,
+    mut chain: ChainHash,
+    progress: &dyn Progress,
+    mut take: impl FnMut(
+        &mut crate::image::Gathered,
+        &walrelay_replicator::Encoded,
+    ) -> Result<(), RestoreError>,
+) -> Result<Walked, RestoreError> {
     let mut at = plan.snapshot.map_or(Bookmark::ZERO, |s| s.bookmark);
     let mut inside = false;
-    // Log objects in batches, in order; their pages are gathered and
-    // written once at the end.
+    let mut fetched = 0u64;
     let mut gathered = crate::image::Gathered::default();
     for batch in plan.logs.chunks(PARALLEL_REQUESTS) {
         if progress.abandoned() {
@@ -197,7 +237,7 @@ pub fn build(
         let objects = archive.read_logs(batch, chain)?;
         for obj in &objects {
             for r in obj.records.iter().take_while(|r| r.bookmark <= plan.target) {
-                image.gather(&mut gathered, r)?;
+                take(&mut gathered, r)?;
                 at = r.bookmark;
                 chain = r.chain;
                 inside = r.continued();
@@ -213,12 +253,10 @@ pub fn build(
             bookmark: plan.target,
         });
     }
-    image.write_gathered(gathered)?;
-    Ok(Restored {
-        bookmark: at,
+    Ok(Walked {
+        gathered,
+        at,
         chain,
-        page_size: image.page_size(),
-        db_pages: image.db_pages(),
-        fetched_bytes: fetched,
+        fetched,
     })
 }

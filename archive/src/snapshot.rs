@@ -82,11 +82,38 @@ pub struct Part {
 
 /// Encodes part `part` of `id` from its pages (`count * page_size` bytes).
 pub fn encode_part(id: &SnapshotId, part: u32, pages: &[u8]) -> Result<Vec<u8>, FormatError> {
-    let (first, count) = id.part_pages(part);
+    let (_, count) = id.part_pages(part);
     if part >= id.parts() || pages.len() as u64 != u64::from(count) * u64::from(id.page_size) {
         return Err(invalid("part pages do not match the snapshot"));
     }
-    let frame = codec::zstd(pages, WHAT)?;
+    Ok(seal_part(id, part, &codec::zstd(pages, WHAT)?))
+}
+
+/// Part `part` of `to`, from part `part` of `from` holding the same pages:
+/// the compressed frame is carried over as it is, under `to`'s header.
+/// `from`'s part is checked as [`decode_part`] checks it, except that its
+/// frame is not decompressed (it was checked when it was first written,
+/// and a restore decompresses it). The caller vouches that the pages did
+/// not change between the two snapshots; the page ranges must match.
+pub fn reframe_part(
+    object: &[u8],
+    from: &SnapshotId,
+    part: u32,
+    to: &SnapshotId,
+) -> Result<Vec<u8>, FormatError> {
+    if part >= to.parts()
+        || from.page_size != to.page_size
+        || from.part_pages(part) != to.part_pages(part)
+    {
+        return Err(invalid("the part holds other pages in the new snapshot"));
+    }
+    let (_, _, frame) = read_part(object, from, part)?;
+    Ok(seal_part(to, part, frame))
+}
+
+/// Part `part` of `id` around its compressed frame.
+fn seal_part(id: &SnapshotId, part: u32, frame: &[u8]) -> Vec<u8> {
+    let (first, count) = id.part_pages(part);
     let mut out = codec::begin(
         MAGIC,
         VERSION,
@@ -104,8 +131,8 @@ pub fn encode_part(id: &SnapshotId, part: u32, pages: &[u8]) -> Result<Vec<u8>, 
     out.extend_from_slice(&count.to_be_bytes());
     out.extend_from_slice(&(frame.len() as u64).to_be_bytes());
     debug_assert_eq!(out.len(), HEADER_BYTES);
-    out.extend_from_slice(&frame);
-    Ok(codec::seal(out))
+    out.extend_from_slice(frame);
+    codec::seal(out)
 }
 
 /// The digest an encoded part ends with (what the manifest's snapshot
@@ -129,6 +156,27 @@ pub fn snapshot_digest(part_digests: &[[u8; 32]]) -> [u8; 32] {
 
 /// Decodes a part, checking it belongs to `expected` and is part `part`.
 pub fn decode_part(object: &[u8], expected: &SnapshotId, part: u32) -> Result<Part, FormatError> {
+    let (id, (first, count), frame) = read_part(object, expected, part)?;
+    let raw_len = u64::from(count) * u64::from(id.page_size);
+    let pages = codec::unzstd(frame, raw_len, PART_RAW_BYTES.max(65536), WHAT)?;
+    Ok(Part {
+        id,
+        part,
+        first_page: first,
+        pages,
+    })
+}
+
+/// A part's identity as it carries it, its page range and its compressed
+/// frame.
+type PartView<'a> = (SnapshotId, (u32, u32), &'a [u8]);
+
+/// Checks a part's digest and header against `expected` and part `part`.
+fn read_part<'a>(
+    object: &'a [u8],
+    expected: &SnapshotId,
+    part: u32,
+) -> Result<PartView<'a>, FormatError> {
     let body = codec::check_digest(object, WHAT)?;
     let mut r = Reader::new(body, WHAT);
     r.header(MAGIC, VERSION)?;
@@ -157,14 +205,7 @@ pub fn decode_part(object: &[u8], expected: &SnapshotId, part: u32) -> Result<Pa
     if r.position() != body.len() {
         return Err(invalid("bytes after the frame"));
     }
-    let raw_len = u64::from(count) * u64::from(id.page_size);
-    let pages = codec::unzstd(frame, raw_len, PART_RAW_BYTES.max(65536), WHAT)?;
-    Ok(Part {
-        id,
-        part,
-        first_page: first,
-        pages,
-    })
+    Ok((id, (first, count), frame))
 }
 
 fn invalid(why: &'static str) -> FormatError {
@@ -213,6 +254,33 @@ mod tests {
         bad[100] ^= 1;
         assert!(matches!(
             decode_part(&bad, &s, 0),
+            Err(FormatError::Digest { .. })
+        ));
+    }
+
+    #[test]
+    fn a_part_carried_to_a_later_snapshot_decodes_as_its_own_and_only_where_its_pages_stay() {
+        let old = id(4096 + 10);
+        let new = SnapshotId {
+            bookmark: Bookmark::new(Epoch(1), Sequence(9)),
+            db_pages: 4096 + 20,
+            ..old
+        };
+        let pages: Vec<u8> = (0..4096 * 4096).map(|i| (i % 13) as u8).collect();
+        let bytes = encode_part(&old, 0, &pages).unwrap();
+        let carried = reframe_part(&bytes, &old, 0, &new).unwrap();
+        assert_eq!(carried, encode_part(&new, 0, &pages).unwrap());
+        assert_eq!(decode_part(&carried, &new, 0).unwrap().pages, pages);
+        assert!(decode_part(&carried, &old, 0).is_err());
+        // Part 1 grows: its range in the new snapshot is not the old one's.
+        let tail = vec![0u8; 10 * 4096];
+        let last = encode_part(&old, 1, &tail).unwrap();
+        assert!(reframe_part(&last, &old, 1, &new).is_err());
+        // Damage is refused, not carried.
+        let mut bad = bytes.clone();
+        bad[90] ^= 1;
+        assert!(matches!(
+            reframe_part(&bad, &old, 0, &new),
             Err(FormatError::Digest { .. })
         ));
     }

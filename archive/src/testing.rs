@@ -133,6 +133,20 @@ pub fn each_store(
     }
 }
 
+/// Database `database` restored from `store` at `at` through the file
+/// `out`: the file's bytes.
+pub fn restored(
+    store: &crate::Store,
+    database: walrelay_replicator::DatabaseId,
+    at: Bookmark,
+    out: &std::path::Path,
+) -> Result<Vec<u8>, crate::RestoreError> {
+    let a = crate::Archive::new(store.clone(), database);
+    let m = a.manifest()?;
+    crate::restore_to_file(&a, &m, at, out, &crate::NoProgress)?;
+    Ok(std::fs::read(out).expect("restored file"))
+}
+
 /// A durability follower's log in memory: records appended by a
 /// [`Workload`], a confirmed point, and releases.
 #[derive(Debug, Default)]
@@ -322,16 +336,31 @@ impl Workload {
             0..=3 => len + self.rng.random_range(1..=max_pages),
             _ => len.max(1),
         };
-        self.pages
-            .resize(db_pages as usize, vec![0; self.page_size as usize]);
         let mut touched: Vec<u32> = (0..self.rng.random_range(1..=max_pages))
             .map(|_| self.rng.random_range(1..=db_pages))
             .collect();
         if db_pages > len {
             touched.extend(len + 1..=db_pages);
         }
+        self.write(db_pages, touched, chunk_pages)
+    }
+
+    /// One transaction that leaves the database at `db_pages` pages and
+    /// writes the pages `touched` (each at most `db_pages`; pages it grows
+    /// the database by and does not write read as zeros), split into
+    /// chunks of at most `chunk_pages`; returns its records.
+    pub fn write(
+        &mut self,
+        db_pages: u32,
+        mut touched: Vec<u32>,
+        chunk_pages: usize,
+    ) -> Vec<Encoded> {
+        use rand::Rng;
+        self.pages
+            .resize(db_pages as usize, vec![0; self.page_size as usize]);
         touched.sort_unstable();
         touched.dedup();
+        assert!(touched.iter().all(|&p| p >= 1 && p <= db_pages));
         self.clock_us += self.rng.random_range(1_000..200_000);
         let mut pages = Vec::new();
         for p in touched {

@@ -56,10 +56,7 @@ impl std::fmt::Debug for Db {
 }
 
 fn restore(store: &Store, at: Bookmark, out: &Path) -> Result<Db, RestoreError> {
-    let a = Archive::new(store.clone(), DB);
-    let m = a.manifest()?;
-    restore_to_file(&a, &m, at, out, &NoProgress)?;
-    Ok(Db(std::fs::read(out).expect("restored file")))
+    walrelay_archive::testing::restored(store, DB, at, out).map(Db)
 }
 
 #[test]

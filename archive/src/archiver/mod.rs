@@ -13,9 +13,11 @@
 //!    manifest whose archived end covers them (compare-and-swap: on a lost
 //!    race, reload and go on from what won). (`upload`)
 //! 3. If enough log (`snapshot_log_bytes`) or time (`snapshot_every_ms`)
-//!    has passed since the newest snapshot, build the database at the
-//!    archived end from the store, upload it as a snapshot and publish it.
-//!    (`snapshots`)
+//!    has passed since the newest snapshot, cut a snapshot at the archived
+//!    end from the store, upload it and publish it. (`snapshots`) It is
+//!    cut from the newest snapshot and the log after it: the parts the log
+//!    left alone are carried over, the others rebuilt (`incremental`); the
+//!    first snapshot is built whole.
 //! 4. Drop snapshots older than the retention (keeping the newest of
 //!    them, so the horizon stays restorable), publish, then delete their
 //!    parts and the log objects before the new horizon; then release the
@@ -32,6 +34,7 @@
 //! objects are published by the manifest only after they exist, and are
 //! deleted only after a manifest that no longer needs them exists.
 
+mod incremental;
 mod prune;
 mod snapshots;
 mod upload;
@@ -127,6 +130,9 @@ pub struct ArchiverStats {
     pub bytes_uploaded: AtomicU64,
     pub snapshots_uploaded: AtomicU64,
     pub snapshot_bytes_uploaded: AtomicU64,
+    /// Snapshot parts carried over from the previous snapshot unchanged
+    /// (their frames not compressed again).
+    pub snapshot_parts_carried: AtomicU64,
     pub manifests_published: AtomicU64,
     pub races_lost: AtomicU64,
     pub objects_deleted: AtomicU64,

@@ -17,7 +17,7 @@ use walrelay_replicator::{Bookmark, Epoch};
 const MIN_SNAPSHOT_LOG_BYTES: u64 = 64 << 20;
 
 /// Parts encoded at once (each holds up to 16 MiB of pages in memory).
-const PARTS_AT_ONCE: usize = 2;
+pub(super) const PARTS_AT_ONCE: usize = 2;
 
 /// Tries to publish a built snapshot, rebasing it onto the manifests that
 /// won meanwhile.
@@ -120,21 +120,48 @@ impl Archiver {
         Ok(None)
     }
 
-    /// Builds the database at `m.log_end` and uploads it as a snapshot
-    /// (not yet published).
+    /// Uploads a snapshot at `m.log_end` (not yet published): cut from the
+    /// previous snapshot where there is one with pages (`incremental`),
+    /// else built whole from the log.
     pub(crate) fn upload_snapshot(
         &self,
         m: &Manifest,
         generation: Epoch,
     ) -> Result<(SnapshotEntry, u32), ArchiveError> {
+        let plan = self.archive.plan(m, m.log_end)?;
+        let prev = plan.snapshot.filter(|s| s.db_pages > 0);
+        let (id, digests) = match prev {
+            Some(prev) => self.upload_incremental(m, &plan, &prev, generation)?,
+            None => self.upload_whole(m, &plan, generation)?,
+        };
+        Ok((
+            SnapshotEntry {
+                bookmark: id.bookmark,
+                chain: id.chain,
+                commit_us: id.commit_us,
+                db_pages: id.db_pages,
+                generation,
+                digest: snapshot::snapshot_digest(&digests),
+            },
+            id.page_size,
+        ))
+    }
+
+    /// Builds the database of `plan` as an image and uploads it whole as
+    /// a snapshot.
+    fn upload_whole(
+        &self,
+        m: &Manifest,
+        plan: &crate::reader::Plan,
+        generation: Epoch,
+    ) -> Result<(SnapshotId, Vec<[u8; 32]>), ArchiveError> {
         std::fs::create_dir_all(&self.config.work_dir).map_err(|source| ArchiveError::Io {
             path: self.config.work_dir.clone(),
             source,
         })?;
         let path = self.config.work_dir.join("snapshot.image");
-        let plan = self.archive.plan(m, m.log_end)?;
         let abandon = Abandon(&self.stopping);
-        let built = restore::build(&self.archive, m, &plan, &path, &abandon);
+        let built = restore::build(&self.archive, m, plan, &path, &abandon);
         let result = built.map_err(ArchiveError::from).and_then(|r| {
             let id = SnapshotId {
                 database: self.config.database,
@@ -144,18 +171,7 @@ impl Archiver {
                 page_size: r.page_size,
                 db_pages: r.db_pages,
             };
-            let digests = self.upload_parts(&id, generation, &path)?;
-            Ok((
-                SnapshotEntry {
-                    bookmark: id.bookmark,
-                    chain: id.chain,
-                    commit_us: id.commit_us,
-                    db_pages: id.db_pages,
-                    generation,
-                    digest: snapshot::snapshot_digest(&digests),
-                },
-                id.page_size,
-            ))
+            Ok((id, self.upload_parts(&id, generation, &path)?))
         });
         let _ = std::fs::remove_file(&path);
         result
@@ -207,7 +223,7 @@ impl Archiver {
 }
 
 /// Builds a snapshot's image until the archiver abandons snapshots.
-struct Abandon<'a>(&'a std::sync::atomic::AtomicBool);
+pub(super) struct Abandon<'a>(pub(super) &'a std::sync::atomic::AtomicBool);
 
 impl Progress for Abandon<'_> {
     fn abandoned(&self) -> bool {
