@@ -45,6 +45,7 @@
 
 use bytes::Bytes;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use walrelay_archive::image::Image;
 use walrelay_archive::snapshot::{self, SnapshotId};
@@ -543,6 +544,9 @@ fn measure_snapshots(
     let raw = u64::from(b.history.db_pages().expect("pages")) * u64::from(PAGE);
     let (mut rounds, mut puts) = (Vec::new(), Vec::new());
     let image = s.dir.join("restored.db");
+    let stats = up.stats();
+    let carried = || stats.snapshot_parts_carried.load(Ordering::Relaxed);
+    let carried_before = carried();
     for i in 0..s.reps.min(3) {
         let set = b.history.transaction().expect("transaction");
         b.feeder.push(&set, TXN_GAP_US);
@@ -554,13 +558,16 @@ fn measure_snapshots(
         puts.push(encode_put(store, &image, 100 + i as u32));
     }
     let (r, p) = (median(&rounds), median(&puts));
+    let parts = raw.div_ceil(snapshot::PART_RAW_BYTES);
     println!(
-        "lifecycle snapshot upload {kind:<12}: round (rebuild from store + encode + put) {:.3} s = {:.0} MB/s of raw database | encode+put alone {:.3} s = {:.0} MB/s | {:.1} MB raw, median of {}",
+        "lifecycle snapshot upload {kind:<12}: round (log + snapshot from the previous one + put) {:.3} s = {:.0} MB/s of raw database | encode+put alone {:.3} s = {:.0} MB/s | {:.1} MB raw, {} of {} parts carried over, median of {}",
         secs(r),
         mb(raw) / secs(r),
         secs(p),
         mb(raw) / secs(p),
         mb(raw),
+        carried() - carried_before,
+        parts * rounds.len() as u64,
         rounds.len()
     );
 }

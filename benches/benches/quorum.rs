@@ -241,6 +241,9 @@ fn main() {
             started_us.extend(at);
         }
         steady::write_timeline(&started_us, &commits);
+        if let Some(u) = uploaders.first() {
+            println!("steady-state uploader 0: {}", u.summary());
+        }
         for u in uploaders {
             u.stop();
         }

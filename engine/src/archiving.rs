@@ -272,13 +272,14 @@ impl Uploader {
         let s = &self.stats;
         let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         format!(
-            "archived={:08x}-{:016x} archive_lag_ms={} archive_lag_bytes={} objects={} snapshots={} uploaded_bytes={} failures={}",
+            "archived={:08x}-{:016x} archive_lag_ms={} archive_lag_bytes={} objects={} snapshots={} carried_parts={} uploaded_bytes={} failures={}",
             get(&s.archived_epoch),
             get(&s.archived_sequence),
             get(&s.lag_ms),
             get(&s.lag_bytes),
             get(&s.objects_uploaded),
             get(&s.snapshots_uploaded),
+            get(&s.snapshot_parts_carried),
             get(&s.bytes_uploaded) + get(&s.snapshot_bytes_uploaded),
             get(&s.failures)
         ) + &s
