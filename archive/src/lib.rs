@@ -16,6 +16,9 @@
 //!   database: a missing, corrupt or foreign object is a typed error.
 //! - Each record carries its commit time, so a time names a bookmark
 //!   ([`reader::Archive::bookmark_at_time`]).
+//! - A snapshot costs the parts the log changed since the previous one:
+//!   the others carry their compressed pages over unchanged, and every
+//!   object is byte for byte what a whole build would write.
 //!
 //! Formats, one module each, with byte diagrams: [`log_object`],
 //! [`snapshot`], [`manifest`].

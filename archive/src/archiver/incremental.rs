@@ -22,7 +22,7 @@
 //! their commits met (papers/performance.md, lever 71).
 
 use super::Archiver;
-use super::snapshots::{Abandon, PARTS_AT_ONCE};
+use super::snapshots::{Abandon, PARTS_AT_ONCE, each_on_a_thread};
 use crate::error::{ArchiveError, FormatError, RestoreError};
 use crate::image::Gathered;
 use crate::manifest::{Manifest, SnapshotEntry};
@@ -187,31 +187,14 @@ impl Archiver {
                 olds.push(Some(object));
             }
             olds.resize(batch.len(), None);
-            let encoded: Vec<Result<(Vec<u8>, Source), ArchiveError>> = std::thread::scope(|sc| {
-                let handles: Vec<_> = batch
-                    .iter()
-                    .zip(&olds)
-                    .map(|(&p, object)| {
-                        let (old, new, log) = (&old, &new, &log);
-                        sc.spawn(move || {
-                            encode(old, object.as_ref(), new, p, log).map_err(part_error(p))
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                    .collect()
+            let jobs: Vec<(u32, Option<Bytes>)> = batch.iter().copied().zip(olds).collect();
+            let encoded = each_on_a_thread(&jobs, |(p, object)| {
+                encode(&old, object.as_ref(), &new, *p, &log).map_err(part_error(*p))
             });
             for (&p, result) in batch.iter().zip(encoded) {
                 let (bytes, how) = result?;
-                digests.push(snapshot::part_digest(&bytes));
                 let key = names::snapshot_part_key(db, new.bookmark, generation, p);
-                let n = bytes.len() as u64;
-                self.archive.store().create(&key, Bytes::from(bytes))?;
-                self.stats
-                    .snapshot_bytes_uploaded
-                    .fetch_add(n, Ordering::Relaxed);
+                digests.push(self.put_part(&key, bytes)?);
                 if how == Source::Carried {
                     self.stats
                         .snapshot_parts_carried

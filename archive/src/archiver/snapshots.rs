@@ -190,36 +190,52 @@ impl Archiver {
             if self.stopping() {
                 return Err(ArchiveError::SnapshotAbandoned);
             }
-            let encoded: Vec<Result<Vec<u8>, ArchiveError>> = std::thread::scope(|sc| {
-                let handles: Vec<_> = batch
-                    .iter()
-                    .map(|&p| {
-                        let image = &image;
-                        sc.spawn(move || -> Result<Vec<u8>, ArchiveError> {
-                            let (first, count) = id.part_pages(p);
-                            let pages = image.read_pages(first, count)?;
-                            Ok(snapshot::encode_part(id, p, &pages)?)
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                    .collect()
+            let encoded = each_on_a_thread(batch, |&p| -> Result<Vec<u8>, ArchiveError> {
+                let (first, count) = id.part_pages(p);
+                let pages = image.read_pages(first, count)?;
+                Ok(snapshot::encode_part(id, p, &pages)?)
             });
             for (&p, bytes) in batch.iter().zip(encoded) {
-                let bytes = bytes?;
-                digests.push(snapshot::part_digest(&bytes));
                 let key = names::snapshot_part_key(id.database, id.bookmark, generation, p);
-                let n = bytes.len() as u64;
-                self.archive.store().create(&key, Bytes::from(bytes))?;
-                self.stats
-                    .snapshot_bytes_uploaded
-                    .fetch_add(n, Ordering::Relaxed);
+                digests.push(self.put_part(&key, bytes?)?);
             }
         }
         Ok(digests)
     }
+}
+
+impl Archiver {
+    /// Puts an encoded snapshot part under `key`; returns its digest.
+    pub(super) fn put_part(&self, key: &str, bytes: Vec<u8>) -> Result<[u8; 32], ArchiveError> {
+        let digest = snapshot::part_digest(&bytes);
+        let n = bytes.len() as u64;
+        self.archive.store().create(key, Bytes::from(bytes))?;
+        self.stats
+            .snapshot_bytes_uploaded
+            .fetch_add(n, Ordering::Relaxed);
+        Ok(digest)
+    }
+}
+
+/// `f` of each item, each on a thread of its own (a snapshot's parts are
+/// encoded on every core); the results in order. A panic is passed on.
+pub(super) fn each_on_a_thread<I: Sync, T: Send>(
+    items: &[I],
+    f: impl Fn(&I) -> T + Sync,
+) -> Vec<T> {
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = items
+            .iter()
+            .map(|item| {
+                let f = &f;
+                sc.spawn(move || f(item))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
 }
 
 /// Builds a snapshot's image until the archiver abandons snapshots.
