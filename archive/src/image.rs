@@ -198,7 +198,7 @@ impl Image {
 
     /// Writes what `g` gathered: the image cut to the smallest size it went
     /// through, every page once in page order (runs of adjacent pages of up
-    /// to 1 MiB, each in writes of [`WRITE_BYTES`]), then its final size.
+    /// to 1 MiB, each in writes of `WRITE_BYTES` (64 KiB)), then its final size.
     pub fn write_gathered(&mut self, g: Gathered) -> Result<(), RestoreError> {
         if let Some(min) = g.min_pages.filter(|m| *m < self.db_pages) {
             self.set_pages(min)?;
@@ -236,7 +236,7 @@ impl Image {
     }
 
     /// `count` pages from page `first`, in reads of at most
-    /// [`READ_BYTES`].
+    /// `READ_BYTES` (256 KiB).
     pub fn read_pages(&self, first: u32, count: u32) -> Result<Vec<u8>, RestoreError> {
         let mut buf = vec![0u8; count as usize * self.page_size as usize];
         let at = u64::from(first.max(1) - 1) * u64::from(self.page_size);
