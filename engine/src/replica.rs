@@ -40,12 +40,19 @@ pub struct ReplicaOptions {
     /// How long a read waits for the replica to reach its session's
     /// bookmark before failing with `ReplicaBehind`.
     pub max_wait_ms: u64,
-    /// Run a PASSIVE checkpoint once the replica's WAL holds this many
-    /// frames; the applier restarts the WAL once all of it is copied.
+    /// The most frames the replica's WAL holds; a PASSIVE checkpoint runs
+    /// once it holds half as many, and the applier restarts the WAL once
+    /// all of it is copied.
     pub checkpoint_threshold_frames: u32,
     /// Make the watermark durable after this many confirms (and whenever
     /// [`Replica::persist`] is called). 1 = after every confirm.
     pub persist_every_confirms: u32,
+    /// ...and no sooner than this long after the last time. Each persist
+    /// syncs twice on the replica's apply path: at thousands of confirms a
+    /// second, every 64 confirms kept the replica's apply waiting on the
+    /// disk most of the time, and its confirm lag grew to tens of
+    /// milliseconds (papers/performance.md, lever 72). 0: by count only.
+    pub persist_min_interval_ms: u64,
     /// fsync the replica's WAL and watermark when persisting (power-loss
     /// safe). Off: like SQLite at synchronous=OFF, safe against process
     /// crashes only.
@@ -64,8 +71,13 @@ impl Default for ReplicaOptions {
             region: "local".into(),
             busy_timeout_ms: 5_000,
             max_wait_ms: 1_000,
-            checkpoint_threshold_frames: 1_000,
+            // As the primary's (`DatabaseOptions`): at 1,000 a replica
+            // receiving thousands of one-page transactions a second
+            // checkpointed (and synced its database file) a dozen times a
+            // second, on its apply path (lever 72).
+            checkpoint_threshold_frames: 4_096,
             persist_every_confirms: 64,
+            persist_min_interval_ms: 100,
             durable: true,
             page_size: 4096,
             initial_bookmark: Bookmark::ZERO,
@@ -77,6 +89,7 @@ struct Positions {
     visible: Bookmark,
     reported: Bookmark,
     confirms_since_persist: u32,
+    last_persist: Instant,
 }
 
 pub(crate) struct ReplicaRole {
@@ -86,9 +99,17 @@ pub(crate) struct ReplicaRole {
     max_wait: Duration,
     checkpoint_threshold_frames: u32,
     persist_every_confirms: u32,
+    persist_min_interval: Duration,
 }
 
 impl ReplicaRole {
+    /// Counts a persist from now.
+    fn persisted_now(&self) {
+        let mut p = self.positions.lock();
+        p.confirms_since_persist = 0;
+        p.last_persist = Instant::now();
+    }
+
     pub(crate) fn visible(&self) -> Bookmark {
         self.positions.lock().visible
     }
@@ -188,11 +209,13 @@ impl Replica {
                 visible: confirmed,
                 reported: confirmed,
                 confirms_since_persist: 0,
+                last_persist: Instant::now(),
             }),
             advanced: Condvar::new(),
             max_wait: Duration::from_millis(options.max_wait_ms),
             checkpoint_threshold_frames: options.checkpoint_threshold_frames,
             persist_every_confirms: options.persist_every_confirms.max(1),
+            persist_min_interval: Duration::from_millis(options.persist_min_interval_ms),
         };
         Ok(Replica {
             db: Database {
@@ -311,17 +334,22 @@ impl Replica {
 
     /// What follows a publish: a checkpoint ahead of the WAL limit (so the
     /// restart at the limit rarely has to wait) and, every
-    /// `persist_every_confirms`, a durable watermark.
+    /// `persist_every_confirms` but at most once per
+    /// `persist_min_interval_ms`, a durable watermark.
     pub fn housekeeping(&self) -> Result<(), ApplyError> {
         let role = self.role();
         let mut applier = role.applier.lock();
         if applier.wal_frames() >= role.checkpoint_threshold_frames / 2 {
             applier.checkpoint()?;
         }
-        let due = role.positions.lock().confirms_since_persist >= role.persist_every_confirms;
+        let due = {
+            let p = role.positions.lock();
+            p.confirms_since_persist >= role.persist_every_confirms
+                && p.last_persist.elapsed() >= role.persist_min_interval
+        };
         if due {
             applier.persist()?;
-            role.positions.lock().confirms_since_persist = 0;
+            role.persisted_now();
         }
         Ok(())
     }
@@ -334,7 +362,7 @@ impl Replica {
     /// Makes the confirmed watermark durable now.
     pub fn persist(&self) -> Result<(), ApplyError> {
         self.role().applier.lock().persist()?;
-        self.role().positions.lock().confirms_since_persist = 0;
+        self.role().persisted_now();
         Ok(())
     }
 

@@ -16,6 +16,7 @@ fn replica_options() -> ReplicaOptions {
         readers: 2,
         checkpoint_threshold_frames: 64,
         persist_every_confirms: 16,
+        persist_min_interval_ms: 0,
         max_wait_ms: 200,
         ..ReplicaOptions::default()
     }
@@ -328,6 +329,7 @@ fn a_sustained_stream_keeps_the_replica_wal_bounded_while_readers_read() {
             readers: 2,
             checkpoint_threshold_frames: CHECKPOINT_FRAMES,
             persist_every_confirms: 256,
+            persist_min_interval_ms: 0,
             ..ReplicaOptions::default()
         },
     )
@@ -521,4 +523,59 @@ fn replica_readers_map_the_database_and_read_right_as_it_grows_and_shrinks() {
             .expect("delete");
     }
     rows_on_replica(50);
+}
+
+#[test]
+fn a_fast_confirming_replica_persists_its_watermark_at_most_once_per_interval_and_on_demand() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (db, replica) = pair(
+        dir.path().join("p.db"),
+        dir.path().join("r.db"),
+        Options {
+            synchronous: Synchronous::Off,
+            ..Options::default()
+        },
+        ReplicaOptions {
+            persist_every_confirms: 1,
+            persist_min_interval_ms: 400,
+            // A checkpoint persists the watermark too: none in this test.
+            checkpoint_threshold_frames: 100_000,
+            ..replica_options()
+        },
+    )
+    .expect("pair");
+    let s = db.session(Constraint::FirstPrimary).expect("session");
+    s.prepare("CREATE TABLE t(x)").run().expect("create");
+    let start = replica.persisted();
+    for i in 0..50 {
+        s.prepare("INSERT INTO t VALUES (?1)")
+            .bind([Value::Integer(i)])
+            .run()
+            .expect("insert");
+    }
+    assert_eq!(replica.confirmed(), db.latest_bookmark());
+    assert_eq!(
+        replica.persisted(),
+        start,
+        "51 confirms within the interval persist nothing"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(450));
+    s.prepare("INSERT INTO t VALUES (50)")
+        .run()
+        .expect("insert");
+    assert_eq!(
+        replica.persisted(),
+        db.latest_bookmark(),
+        "the first confirm after the interval persists"
+    );
+    s.prepare("INSERT INTO t VALUES (51)")
+        .run()
+        .expect("insert");
+    assert!(replica.persisted() < db.latest_bookmark());
+    replica.persist().expect("persist");
+    assert_eq!(
+        replica.persisted(),
+        db.latest_bookmark(),
+        "an explicit persist is never held back"
+    );
 }

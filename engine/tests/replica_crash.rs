@@ -84,6 +84,7 @@ fn replica_options(initial: Bookmark, persist_every: u32) -> ReplicaOptions {
         readers: 1,
         checkpoint_threshold_frames: 40,
         persist_every_confirms: persist_every,
+        persist_min_interval_ms: 0,
         initial_bookmark: initial,
         ..ReplicaOptions::default()
     }
