@@ -22,6 +22,21 @@ fn replica_options() -> ReplicaOptions {
     }
 }
 
+/// A primary at `dir/p.db` paired with a replica at `dir/r.db`.
+fn paired(
+    dir: &tempfile::TempDir,
+    options: Options,
+    replica_options: ReplicaOptions,
+) -> (Database, Replica) {
+    pair(
+        dir.path().join("p.db"),
+        dir.path().join("r.db"),
+        options,
+        replica_options,
+    )
+    .expect("pair")
+}
+
 /// A primary whose commits are recorded (not fed anywhere), and a replica
 /// cloned from it: tests feed the replica by hand.
 fn recorded_primary_and_replica(
@@ -108,13 +123,7 @@ fn fixed_seed_mirror_of_the_capture_workload() {
 #[test]
 fn a_replica_refuses_writes_with_a_clear_error() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (db, replica) = pair(
-        dir.path().join("p.db"),
-        dir.path().join("r.db"),
-        Options::default(),
-        replica_options(),
-    )
-    .expect("pair");
+    let (db, replica) = paired(&dir, Options::default(), replica_options());
     let ps = db.session(Constraint::FirstPrimary).expect("session");
     ps.prepare("CREATE TABLE t(x)").run().expect("create");
     let rs = replica
@@ -317,9 +326,8 @@ const WAL_BOUND_FRAMES: u64 = 1_200;
 #[test]
 fn a_sustained_stream_keeps_the_replica_wal_bounded_while_readers_read() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (db, replica) = pair(
-        dir.path().join("p.db"),
-        dir.path().join("r.db"),
+    let (db, replica) = paired(
+        &dir,
         Options {
             synchronous: Synchronous::Off,
             checkpoint_threshold_frames: 2_000,
@@ -332,8 +340,7 @@ fn a_sustained_stream_keeps_the_replica_wal_bounded_while_readers_read() {
             persist_min_interval_ms: 0,
             ..ReplicaOptions::default()
         },
-    )
-    .expect("pair");
+    );
     let s = db.session(Constraint::FirstPrimary).expect("session");
     s.prepare("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
         .run()
@@ -400,16 +407,14 @@ fn a_sustained_stream_keeps_the_replica_wal_bounded_while_readers_read() {
 #[test]
 fn a_replica_reader_that_cached_an_older_schema_runs_statements_valid_for_the_current_one() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (db, replica) = pair(
-        dir.path().join("p.db"),
-        dir.path().join("r.db"),
+    let (db, replica) = paired(
+        &dir,
         Options::default(),
         ReplicaOptions {
             readers: 1,
             ..replica_options()
         },
-    )
-    .expect("pair");
+    );
     let w = db.session(Constraint::FirstPrimary).expect("session");
     w.prepare("CREATE TABLE t1(a, b, c, d, e)")
         .run()
@@ -528,9 +533,8 @@ fn replica_readers_map_the_database_and_read_right_as_it_grows_and_shrinks() {
 #[test]
 fn a_fast_confirming_replica_persists_its_watermark_at_most_once_per_interval_and_on_demand() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (db, replica) = pair(
-        dir.path().join("p.db"),
-        dir.path().join("r.db"),
+    let (db, replica) = paired(
+        &dir,
         Options {
             synchronous: Synchronous::Off,
             ..Options::default()
@@ -542,8 +546,7 @@ fn a_fast_confirming_replica_persists_its_watermark_at_most_once_per_interval_an
             checkpoint_threshold_frames: 100_000,
             ..replica_options()
         },
-    )
-    .expect("pair");
+    );
     let s = db.session(Constraint::FirstPrimary).expect("session");
     s.prepare("CREATE TABLE t(x)").run().expect("create");
     let start = replica.persisted();
