@@ -117,7 +117,7 @@ pub fn build(
     progress: &dyn Progress,
 ) -> Result<Restored, RestoreError> {
     let db = archive.database();
-    let (mut image, chain, mut fetched) = match &plan.snapshot {
+    let (mut image, chain, fetched) = match &plan.snapshot {
         Some(s) => {
             let id = m.snapshot_id(s);
             progress.start(u64::from(id.parts()) + plan.logs.len() as u64);
@@ -167,14 +167,7 @@ pub fn build(
                     progress.advance(1);
                 }
             }
-            if snapshot::snapshot_digest(&digests) != s.digest {
-                return Err(RestoreError::Format {
-                    key: names::snapshot_dir(db, s.bookmark, s.generation),
-                    source: crate::error::FormatError::Digest {
-                        what: "snapshot (its parts are not the ones the manifest lists)",
-                    },
-                });
-            }
+            check_parts_listed(db, s, &digests)?;
             (image, s.chain, fetched)
         }
         None => {
@@ -187,16 +180,32 @@ pub fn build(
         }
     };
     let walked = walk_log(archive, plan, chain, progress, |g, e| image.gather(g, e))?;
-    fetched += walked.fetched;
-    let (at, chain) = (walked.at, walked.chain);
-    let gathered = walked.gathered;
-    image.write_gathered(gathered)?;
+    image.write_gathered(walked.gathered)?;
     Ok(Restored {
-        bookmark: at,
-        chain,
+        bookmark: walked.at,
+        chain: walked.chain,
         page_size: image.page_size(),
         db_pages: image.db_pages(),
-        fetched_bytes: fetched,
+        fetched_bytes: fetched + walked.fetched,
+    })
+}
+
+/// Checks that `part_digests`, those of the parts read of snapshot `s` of
+/// database `db`, are the parts the manifest lists for it (a part
+/// replaced by another valid one is refused).
+pub(crate) fn check_parts_listed(
+    db: walrelay_replicator::DatabaseId,
+    s: &crate::manifest::SnapshotEntry,
+    part_digests: &[[u8; 32]],
+) -> Result<(), RestoreError> {
+    if snapshot::snapshot_digest(part_digests) == s.digest {
+        return Ok(());
+    }
+    Err(RestoreError::Format {
+        key: names::snapshot_dir(db, s.bookmark, s.generation),
+        source: crate::error::FormatError::Digest {
+            what: "snapshot (its parts are not the ones the manifest lists)",
+        },
     })
 }
 

@@ -120,10 +120,9 @@ fn encode(
             Source::Carried,
         )),
         (_, object) => {
-            let old_pages = match object {
-                Some(o) if part < old.parts() => Some(snapshot::decode_part(o, old, part)?.pages),
-                _ => None,
-            };
+            let old_pages = object
+                .map(|o| snapshot::decode_part(o, old, part).map(|p| p.pages))
+                .transpose()?;
             let pages = rebuilt_pages(old, old_pages, new, part, log)?;
             Ok((snapshot::encode_part(new, part, &pages)?, Source::Rebuilt))
         }
@@ -211,15 +210,7 @@ impl Archiver {
                 old_digests.push(snapshot::part_digest(&object));
             }
         }
-        if snapshot::snapshot_digest(&old_digests) != prev.digest {
-            return Err(RestoreError::Format {
-                key: names::snapshot_dir(self.archive.database(), prev.bookmark, prev.generation),
-                source: FormatError::Digest {
-                    what: "snapshot (its parts are not the ones the manifest lists)",
-                },
-            }
-            .into());
-        }
+        restore::check_parts_listed(self.archive.database(), prev, &old_digests)?;
         Ok((new, digests))
     }
 }
