@@ -99,6 +99,15 @@ pub struct UpArgs {
     /// The fleet's heartbeat interval (D1: 30 s).
     #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..))]
     pub heartbeat_ms: u64,
+    /// How the read replicas' threads are scheduled (default: as
+    /// `--cpu-scheduling`). A replica is off the commit path; on a machine
+    /// it shares with a saturated primary, `normal` lets its wake-ups
+    /// preempt, so a confirmed write becomes visible there sooner (under
+    /// the demo, its confirm lag's p99 4-11 ms against 13-48 ms) at some of
+    /// the primary's throughput (7-8% at 16 HTTP connections):
+    /// papers/performance.md, thirty-second session.
+    #[arg(long, value_enum)]
+    pub replica_cpu_scheduling: Option<CpuScheduling>,
     /// The fleet's catalog: `embedded` or a postgres:// URL.
     #[arg(long, default_value = "embedded")]
     pub catalog: String,
@@ -186,8 +195,14 @@ pub fn up(a: UpArgs, scheduling: CpuScheduling) -> Result<()> {
         "  try: curl -s -X POST http://127.0.0.1:{}/v1/databases/main/query{auth_header} -H 'x-d1-bookmark: first-unconstrained' -d '{{\"sql\":\"SELECT count(*) FROM events\"}}'",
         a.base_port + 11
     );
+    let replica_scheduling = a.replica_cpu_scheduling.unwrap_or(scheduling);
     let spawn = |args: Vec<String>| -> Result<Child> {
         let mut command = Command::new(&exe);
+        // A slot's role decides: a promoted replica restarts as a primary.
+        let scheduling = match args.first().map(String::as_str) {
+            Some("replica") => replica_scheduling,
+            _ => scheduling,
+        };
         command
             .args(["--cpu-scheduling", scheduling.name()])
             .args(&args);

@@ -71,7 +71,7 @@ fn up_runs_an_authenticated_cluster_reports_latency_and_lag_and_restarts_after_c
         let r = up.query(node, "first-unconstrained", &select_one());
         assert_eq!(r.status, 200, "node {node}: {r:?}");
     }
-    assert_every_thread_runs_under(&up, libc::SCHED_BATCH);
+    assert_every_thread_runs_under(&up, libc::SCHED_BATCH, libc::SCHED_BATCH);
     let (status, lines) = up.interrupt();
     assert!(status.success(), "{lines:#?}");
     let has = |s: &str| lines.iter().any(|l| l.contains(s));
@@ -115,11 +115,13 @@ fn commits_per_s(line: &str) -> Option<u64> {
         .and_then(|n| n.parse().ok())
 }
 
-/// Every thread of every process `up` runs (followers, primary, replicas)
-/// is scheduled under `policy` (`--cpu-scheduling`, batch by default),
-/// but a follower's upload work: a round's thread and the store's helper
-/// threads it started run under `SCHED_IDLE` (lever 67).
-fn assert_every_thread_runs_under(up: &Up, policy: i32) {
+/// Every thread of every process `up` runs (followers, primary, fleet
+/// nodes) is scheduled under `policy` (`--cpu-scheduling`, batch by
+/// default) and every replica's under `replica_policy`
+/// (`--replica-cpu-scheduling`), but a follower's upload work: a round's
+/// thread and the store's helper threads it started run under
+/// `SCHED_IDLE` (lever 67).
+fn assert_every_thread_runs_under(up: &Up, policy: i32, replica_policy: i32) {
     let threads = up.thread_policies();
     let names: std::collections::BTreeSet<&str> =
         threads.iter().map(|t| t.process.as_str()).collect();
@@ -132,9 +134,16 @@ fn assert_every_thread_runs_under(up: &Up, policy: i32) {
             && t.policy == libc::SCHED_IDLE
             && ["walrelay-idle", "walrelay-store"].contains(&t.thread.as_str())
     };
+    // Slot 0 is the primary until a failover (none here).
+    let replica = |t: &ThreadPolicy| t.process.starts_with("slot-") && t.process != "slot-0";
+    let wanted = |t: &ThreadPolicy| if replica(t) { replica_policy } else { policy };
+    assert!(
+        threads.iter().any(replica),
+        "the replicas' threads are seen: {threads:?}"
+    );
     let other: Vec<_> = threads
         .iter()
-        .filter(|t| t.policy != policy && !upload_work(t))
+        .filter(|t| t.policy != wanted(t) && !upload_work(t))
         .collect();
     assert!(
         other.is_empty(),
@@ -148,11 +157,20 @@ fn up_insecure_serves_without_a_token_and_warns_on_every_start() {
     let dir = tempfile::tempdir().expect("dir");
     let base = free_base();
     for start in 0..2 {
-        // The second start hands `normal` scheduling to every process.
+        // The second start hands `normal` scheduling to every process but
+        // the replicas, which keep `batch`.
         let extra: &[&str] = if start == 0 {
             &["--writers", "0", "--insecure"]
         } else {
-            &["--writers", "0", "--insecure", "--cpu-scheduling", "normal"]
+            &[
+                "--writers",
+                "0",
+                "--insecure",
+                "--cpu-scheduling",
+                "normal",
+                "--replica-cpu-scheduling",
+                "batch",
+            ]
         };
         let mut up = Up::start(dir.path(), base, extra);
         up.wait_line("the insecure warning", Duration::from_secs(30), |l| {
@@ -167,7 +185,7 @@ fn up_insecure_serves_without_a_token_and_warns_on_every_start() {
         if start == 0 {
             status_line_counts_http_writes(&mut up);
         } else {
-            assert_every_thread_runs_under(&up, libc::SCHED_OTHER);
+            assert_every_thread_runs_under(&up, libc::SCHED_OTHER, libc::SCHED_BATCH);
         }
         let (status, lines) = up.interrupt();
         assert!(status.success(), "{lines:#?}");
