@@ -10,7 +10,7 @@
 # (default 16), and prints each one's commits/s and CPU per commit (every
 # node of the in-process cluster) and the round's ratio B / A; then the
 # median ratios over the ROUNDS rounds (default 6). On this machine one
-# binary's throughput moves by 2x within an hour (papers/performance.md,
+# binary's throughput moves by 2x within an hour (papers/performance-log.md,
 # run 12): a round's two runs share that moment, single runs do not.
 #
 # Not part of CI. Each run is one bounded process (the bench stops its

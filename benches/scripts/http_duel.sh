@@ -16,7 +16,7 @@
 # Why at once: this machine's speed drifts by tens of percent within
 # minutes, so two builds measured one after the other differ by more than
 # most levers do. Run at the same moment they share every drift; A
-# against A reads 0.99-1.02x (papers/performance.md, "Twenty-third
+# against A reads 0.99-1.02x (papers/performance-log.md, "Twenty-third
 # session"). The two clusters share the two vCPUs, so the rates are each
 # about half of one cluster's alone: the ratio is the measurement.
 #

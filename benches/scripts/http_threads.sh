@@ -12,7 +12,7 @@
 # own threads, wrk included), then each walrelay thread kind's CPU and
 # context switches per request (thread_cpu.py), the writes per group
 # commit and how the groups spread by size (the primary's
-# walrelay_group_commit_size histogram). papers/performance.md ("Tenth
+# walrelay_group_commit_size histogram). papers/performance-log.md ("Tenth
 # session") shows what it printed.
 #
 # WALRELAY_BIN=path runs that `walrelay` binary instead of building one

@@ -11,7 +11,7 @@ as thread_cpu.py keys them) its CPU milliseconds and the bytes it read
 and wrote that second (`/proc/PID/task/TID/io`: direct writes count
 here; buffered ones are the kernel's writeback, in the disk's figure
 only). Kinds below 5 ms of CPU and 1 MiB of I/O are left out. Used by
-http_tail.sh (IO_SAMPLE=1); papers/performance.md ("Where a lone
+http_tail.sh (IO_SAMPLE=1); papers/performance-log.md ("Where a lone
 write's disk bytes go") shows what it printed.
 """
 import os

@@ -105,7 +105,7 @@ pub struct UpArgs {
     /// preempt, so a confirmed write becomes visible there sooner (under
     /// the demo, its confirm lag's p99 4-11 ms against 13-48 ms) at some of
     /// the primary's throughput (7-8% at 16 HTTP connections):
-    /// papers/performance.md, thirty-second session.
+    /// papers/performance-log.md, thirty-second session.
     #[arg(long, value_enum)]
     pub replica_cpu_scheduling: Option<CpuScheduling>,
     /// The fleet's catalog: `embedded` or a postgres:// URL.

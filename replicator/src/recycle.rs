@@ -6,7 +6,7 @@
 //! sync flushes them, and a commit's sync that flushes them waits for
 //! them: a lone writer's p99 in process was 591-861 us with 64 MiB
 //! segments and 350-391 us with segments so large that none was filled
-//! while it ran (papers/performance.md, twenty-fourth session). Once a log
+//! while it ran (papers/performance-log.md, twenty-fourth session). Once a log
 //! releases its archived prefix, its released segments are the right size
 //! and already written: renamed into the pool instead of unlinked, the
 //! next roll takes one and writes nothing but records, as PostgreSQL
