@@ -103,8 +103,8 @@ pub struct UpArgs {
     /// `--cpu-scheduling`). A replica is off the commit path; on a machine
     /// it shares with a saturated primary, `normal` lets its wake-ups
     /// preempt, so a confirmed write becomes visible there sooner (under
-    /// the demo, its confirm lag's p99 4-11 ms against 13-48 ms) at some of
-    /// the primary's throughput (7-8% at 16 HTTP connections):
+    /// the demo, its confirm lag's p99 about halved) at some of the
+    /// primary's throughput (about 8% at 16 HTTP connections):
     /// papers/performance-log.md, thirty-second session.
     #[arg(long, value_enum)]
     pub replica_cpu_scheduling: Option<CpuScheduling>,
