@@ -107,6 +107,19 @@ fn five_followers_and_a_leader(
     backend: Backend,
     heartbeat_ms: u64,
 ) -> (Vec<tempfile::TempDir>, Vec<FollowerNode>, LeaderNode) {
+    five_followers_and_a_leader_fanning_out(
+        backend,
+        heartbeat_ms,
+        walrelay_replicator::leader::FanOut::thrifty(3),
+    )
+}
+
+/// [`five_followers_and_a_leader`] with the given fan-out.
+fn five_followers_and_a_leader_fanning_out(
+    backend: Backend,
+    heartbeat_ms: u64,
+    fan_out: walrelay_replicator::leader::FanOut,
+) -> (Vec<tempfile::TempDir>, Vec<FollowerNode>, LeaderNode) {
     let dirs: Vec<_> = (0..5).map(|_| tempfile::tempdir().expect("dir")).collect();
     let followers: Vec<FollowerNode> = dirs
         .iter()
@@ -138,7 +151,7 @@ fn five_followers_and_a_leader(
         tail_limit_bytes: 1 << 20,
         heartbeat_interval_ms: heartbeat_ms,
         redial_interval_ms: 20,
-        fan_out: walrelay_replicator::leader::FanOut::thrifty(3),
+        fan_out,
         backend,
         auth: key(),
         mux: None,
@@ -183,6 +196,62 @@ fn three_of_five_reach_the_replica(backend: Backend) {
     assert!(holding >= 3, "confirmed but durable on {holding}");
     assert!(replica.wait_confirmed(b(300), Duration::from_secs(20)));
     assert_eq!(memory.applied.lock().len(), 300);
+}
+
+/// The ticker writes its lazy flushes after releasing the leader's lock,
+/// while commits flush the lazy followers too (every 16 KiB here) and
+/// stream to the eager ones: each follower must still get its records in
+/// order, so none refuses one as a gap and none is reconnected.
+fn lazy_flushes_racing_commits_keep_every_followers_records_in_order(backend: Backend) {
+    let fan_out = walrelay_replicator::leader::FanOut {
+        eager: 3,
+        lazy_flush_interval_us: 1_000,
+        stall_after_us: 1_000,
+        lazy_batch_bytes: 16 << 10,
+    };
+    let (_dirs, followers, leader) = five_followers_and_a_leader_fanning_out(backend, 5, fan_out);
+    let last = 4_000;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while leader.status().streaming_followers < 5 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "followers not streaming"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for s in 1..=last {
+        leader.commit(record(s)).expect("commit");
+        if s % 50 == 0 {
+            // Lets ticks (and their flushes) fall between commits.
+            std::thread::sleep(Duration::from_micros(700));
+        }
+    }
+    leader
+        .wait_confirmed(b(last), Duration::from_secs(20))
+        .expect("confirmed");
+    while followers.iter().any(|f| f.durable() < b(last)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "followers at {:?}",
+            followers.iter().map(|f| f.durable()).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(leader.resyncs(), 0, "a follower saw a gap");
+}
+
+#[test]
+fn lazy_flushes_racing_commits_keep_every_followers_records_in_order_on_std() {
+    lazy_flushes_racing_commits_keep_every_followers_records_in_order(Backend::Std);
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn lazy_flushes_racing_commits_keep_every_followers_records_in_order_over_io_uring() {
+    if !uring_or_skip() {
+        return;
+    }
+    lazy_flushes_racing_commits_keep_every_followers_records_in_order(Backend::IoUring);
 }
 
 /// io_uring is what defers sends (the std transport sends at once); under

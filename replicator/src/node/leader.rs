@@ -8,12 +8,15 @@
 //! is released only once its bookmark is confirmed by W followers.
 
 use super::NodeError;
+use super::outbox::{Deferred, Outbox};
 use super::waiters::{Waiters, park_until};
 use crate::bookmark::{Bookmark, Epoch};
 use crate::chain::ChainHash;
 use crate::history::History;
 use crate::ids::{DatabaseId, NodeId};
-use crate::leader::{FanOut, Leader, LeaderAction, LeaderConfig, LeaderError, LeaderEvent, PeerId};
+use crate::leader::{
+    CloseReason, FanOut, Leader, LeaderAction, LeaderConfig, LeaderError, LeaderEvent, PeerId,
+};
 use crate::net::mux::Mux;
 use crate::net::{Backend, ClusterKey, ConnId, NetHandler, Transport};
 use crate::record::Encoded;
@@ -22,7 +25,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -144,6 +147,10 @@ struct State {
     /// so a batch waits one lazy flush interval, not a heartbeat.
     ticker: OnceLock<std::thread::Thread>,
     ticker_idle: std::sync::atomic::AtomicBool,
+    /// The ticker's sends, written after it releases the core's lock.
+    outbox: Outbox,
+    /// Connections closed because their peer saw a gap.
+    resyncs: AtomicU64,
 }
 
 /// A running leader.
@@ -201,6 +208,8 @@ impl LeaderNode {
             unconfirmed_bytes,
             ticker: OnceLock::new(),
             ticker_idle: std::sync::atomic::AtomicBool::new(false),
+            outbox: Outbox::default(),
+            resyncs: AtomicU64::new(0),
             config,
         });
         let transport = match &state.config.mux {
@@ -263,7 +272,7 @@ impl LeaderNode {
             {
                 let mut core = self.state.core.lock();
                 let actions = core.leader.farewell();
-                self.state.run(&core, actions);
+                self.state.run(&core, actions, false);
             }
             let deadline = Instant::now() + FAREWELL_WAIT;
             while !self.state.core.lock().followers.is_empty() && Instant::now() < deadline {
@@ -273,6 +282,12 @@ impl LeaderNode {
         }
         let woken = self.state.watch.lock().waiters.all();
         woken.wake();
+    }
+
+    /// Connections closed because their peer refused a record as a gap
+    /// (it reconnects and resumes): none while sends keep their order.
+    pub fn resyncs(&self) -> u64 {
+        self.state.resyncs.load(Ordering::Relaxed)
     }
 
     /// Where replicas connect.
@@ -295,7 +310,7 @@ impl LeaderNode {
         let mut core = self.state.core.lock();
         core.leader.set_clock_us(wall_clock_us());
         let actions = core.leader.committed(record)?;
-        self.state.run(&core, actions);
+        self.state.run(&core, actions, false);
         drop(core);
         if self.state.ticker_idle.load(Ordering::Relaxed)
             && self.state.ticker_idle.swap(false, Ordering::AcqRel)
@@ -455,13 +470,16 @@ fn ticker(state: Weak<State>) {
             let mut core = s.core.lock();
             let now_us = s.started.elapsed().as_micros() as u64;
             let actions = core.leader.handle(LeaderEvent::Tick { now_us });
-            s.run(&core, actions);
+            s.run(&core, actions, true);
             // Set under the core's lock, so a commit after it sees it.
             let busy = lazy.is_some() && core.leader.lazy_pending();
             s.ticker_idle
                 .store(lazy.is_some() && !busy, Ordering::Release);
             busy
         };
+        // The tick's records (a lazy flush, a promoted follower's catch-up)
+        // go out without the lock that acks and commits wait for.
+        s.outbox.drain(s.transport().as_ref());
         if last_redial.elapsed() >= Duration::from_millis(s.config.redial_interval_ms) {
             last_redial = Instant::now();
             s.redial();
@@ -514,26 +532,54 @@ impl State {
     }
 
     /// Carries out `actions`, which `core` (still locked) has just given,
-    /// and publishes what admission reads of it.
-    fn run(&self, core: &Core, actions: Vec<LeaderAction>) {
+    /// and publishes what admission reads of it. A send or close on a
+    /// connection with deferred entries is deferred behind them
+    /// ([`super::outbox`]); with `defer_appends` (the ticker's) every
+    /// record is too, for the ticker to write once the lock is released.
+    fn run(&self, core: &Core, actions: Vec<LeaderAction>, defer_appends: bool) {
         self.unconfirmed_bytes
             .store(core.leader.unconfirmed_bytes(), Ordering::Release);
         // Sends in a row go out together (one system call where the
         // transport can), before whatever action follows them.
         let mut sends: Vec<(ConnId, Message)> = Vec::new();
-        let flush = |sends: &mut Vec<(ConnId, Message)>| {
+        let mut deferred: Vec<Deferred> = Vec::new();
+        // A connection's direct sends come before its deferred ones, so
+        // they go out first: a drain running now may write the deferred.
+        let flush = |sends: &mut Vec<(ConnId, Message)>, deferred: &mut Vec<Deferred>| {
             if !sends.is_empty() {
                 let batch: Vec<(ConnId, &Message)> = sends.iter().map(|(c, m)| (*c, m)).collect();
                 self.transport().send_many(&batch);
                 sends.clear();
             }
+            if !deferred.is_empty() {
+                self.outbox.push(deferred.drain(..));
+            }
+        };
+        let held = |conn: ConnId, deferred: &[Deferred]| {
+            self.outbox.holds(conn) || deferred.iter().any(|d| d.conn() == conn)
         };
         for action in actions {
             if let LeaderAction::Send { peer, message } = action {
-                sends.push((peer.0, message));
+                let conn = peer.0;
+                if (defer_appends && matches!(message, Message::Append(_))) || held(conn, &deferred)
+                {
+                    deferred.push(Deferred::Send(conn, message));
+                } else {
+                    sends.push((conn, message));
+                }
                 continue;
             }
-            flush(&mut sends);
+            if let LeaderAction::Close { peer, reason } = &action {
+                if *reason == CloseReason::Resync {
+                    self.resyncs.fetch_add(1, Ordering::Relaxed);
+                }
+                if held(peer.0, &deferred) {
+                    tracing::debug!(conn = peer.0, ?reason, "closing after its deferred sends");
+                    deferred.push(Deferred::Close(peer.0));
+                    continue;
+                }
+            }
+            flush(&mut sends, &mut deferred);
             match action {
                 LeaderAction::Send { .. } => unreachable!("sends are batched above"),
                 LeaderAction::Confirmed(b) => {
@@ -563,7 +609,7 @@ impl State {
                 }
             }
         }
-        flush(&mut sends);
+        flush(&mut sends, &mut deferred);
     }
 }
 
@@ -573,7 +619,7 @@ impl NetHandler for State {
         let actions = core
             .leader
             .handle(LeaderEvent::ReplicaConnected { peer: PeerId(conn) });
-        self.run(&core, actions);
+        self.run(&core, actions, false);
     }
 
     fn connected(&self, conn: ConnId, tag: u64) {
@@ -588,7 +634,7 @@ impl NetHandler for State {
             peer: PeerId(conn),
             index,
         });
-        self.run(&core, actions);
+        self.run(&core, actions, false);
     }
 
     fn connect_failed(&self, tag: u64, _error: io::Error) {
@@ -608,7 +654,7 @@ impl NetHandler for State {
             peer: PeerId(conn),
             message,
         });
-        self.run(&core, actions);
+        self.run(&core, actions, false);
     }
 
     fn closed(&self, conn: ConnId, _error: Option<String>) {
@@ -621,6 +667,6 @@ impl NetHandler for State {
         let actions = core
             .leader
             .handle(LeaderEvent::Disconnected { peer: PeerId(conn) });
-        self.run(&core, actions);
+        self.run(&core, actions, false);
     }
 }

@@ -10,6 +10,8 @@
 //!   records waiting).
 //! - [`leader::LeaderNode`]: the primary's side (fan-out, quorum, the
 //!   confirm watch the engine's output gate waits on).
+//! - `outbox`: the leader ticker's sends, written after it releases the
+//!   core's lock, in order on each connection.
 //! - [`replica::ReplicaNode`]: a read replica's subscriber, driving an
 //!   [`replica::Applier`].
 //! - [`waiters::Waiters`]: threads waiting for a position, each woken only
@@ -21,6 +23,7 @@ pub mod follower_db;
 mod follower_db_log;
 pub mod follower_host;
 pub mod leader;
+mod outbox;
 pub mod replica;
 pub mod waiters;
 
