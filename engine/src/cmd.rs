@@ -589,9 +589,10 @@ pub fn primary(a: PrimaryArgs) -> Result<()> {
             // commits/s counts every confirmed transaction, whoever wrote
             // it; the latencies are the demo writers' own.
             let mut line = format!(
-                "primary confirmed={} followers_streaming={} commits/s={} failed={} auth_refused={}",
+                "primary confirmed={} followers_streaming={} eager_swaps={} commits/s={} failed={} auth_refused={}",
                 st.confirmed,
                 st.streaming_followers,
+                st.eager_swaps,
                 per_second(confirmed, since_report),
                 failures.load(Ordering::Relaxed),
                 primary.leader().auth_refusals()

@@ -232,6 +232,8 @@ pub struct Leader {
     /// last record then (what they must hold by the next check).
     last_stall_check_us: Option<u64>,
     last_at_stall_check: Bookmark,
+    /// Eager followers swapped out for falling behind, since the start.
+    eager_swaps: u64,
 }
 
 impl Leader {
@@ -270,6 +272,7 @@ impl Leader {
             last_lazy_flush_us: None,
             last_stall_check_us: None,
             last_at_stall_check: last,
+            eager_swaps: 0,
             quorum,
             config,
             tail,

@@ -137,6 +137,12 @@ impl Leader {
         }
     }
 
+    /// Eager followers swapped out for falling behind since the start (a
+    /// follower that keeps stalling shows here).
+    pub fn eager_swaps(&self) -> u64 {
+        self.eager_swaps
+    }
+
     /// Whether records committed since the last lazy flush wait for it.
     pub fn lazy_pending(&self) -> bool {
         self.lazy_pending_bytes > 0
@@ -252,6 +258,10 @@ impl Leader {
                 if let Some(p) = self.peers.get_mut(slow) {
                     p.eager = false;
                 }
+                self.eager_swaps = self
+                    .eager_swaps
+                    .checked_add(1)
+                    .expect("eager swaps fit in a u64");
             }
             flush |= !stalled.is_empty();
             self.last_stall_check_us = Some(now_us);

@@ -193,6 +193,7 @@ fn an_eager_follower_that_leaves_a_record_unacknowledged_past_a_stall_check_swap
     // must hold by the next one; the lazy ones' batch still waits.
     let first = appends(&l.handle(LeaderEvent::Tick { now_us: STALL_US }));
     assert!(first.is_empty());
+    assert_eq!(l.eager_swaps(), 0);
     ack(&mut l, 1, &rs[0]);
     ack(&mut l, 2, &rs[0]);
     l.committed(rs[1].clone()).expect("commit");
@@ -203,6 +204,7 @@ fn an_eager_follower_that_leaves_a_record_unacknowledged_past_a_stall_check_swap
         now_us: 2 * STALL_US,
     }));
     assert_eq!(out, vec![(4, 1), (4, 2), (5, 1), (5, 2)]);
+    assert_eq!(l.eager_swaps(), 1, "the swap is counted");
     let rs3 = records(3);
     let next = appends(&l.committed(rs3[2].clone()).expect("commit"));
     assert_eq!(

@@ -99,6 +99,9 @@ pub struct LeaderStatus {
     pub unconfirmed_bytes: usize,
     /// Bytes of records held for peers ([`crate::leader::Leader::tail_bytes`]).
     pub tail_bytes: usize,
+    /// Eager followers swapped out for falling behind
+    /// ([`crate::leader::Leader::eager_swaps`]).
+    pub eager_swaps: u64,
 }
 
 struct Core {
@@ -358,6 +361,7 @@ impl LeaderNode {
             streaming_followers: core.leader.streaming_followers(),
             unconfirmed_bytes: core.leader.unconfirmed_bytes(),
             tail_bytes: core.leader.tail_bytes(),
+            eager_swaps: core.leader.eager_swaps(),
         }
     }
 
