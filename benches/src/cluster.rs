@@ -37,7 +37,7 @@ pub fn group_commit_delay_us() -> u64 {
         .unwrap_or(walrelay_engine::Options::default().group_commit_delay_us)
 }
 
-/// The bench primary's eager followers: the default (all N) unless
+/// The bench primary's eager followers: the default (W) unless
 /// `WALRELAY_BENCH_EAGER=n` says otherwise (for an A/B of the fan-out;
 /// `WALRELAY_BENCH_LAZY_US` sets the lazy flush interval).
 pub fn eager_followers() -> Option<usize> {

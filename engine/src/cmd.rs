@@ -325,8 +325,9 @@ pub struct PrimaryArgs {
         value_parser = clap::value_parser!(u64).range(1..)
     )]
     pub confirm_timeout_ms: u64,
-    /// Followers sent every record as it commits (default: all N). W is
-    /// the thrifty fan-out: the others get records in batches every 10 ms.
+    /// Followers sent every record as it commits (default: W, the thrifty
+    /// fan-out: the others get records in batches every 10 ms). N sends
+    /// every record to every follower.
     #[arg(long)]
     pub eager_followers: Option<usize>,
     #[arg(long, default_value_t = 1)]

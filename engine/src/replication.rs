@@ -54,13 +54,17 @@ pub struct PrimaryConfig {
     pub tail_limit_bytes: usize,
     /// How long to wait for W followers to promise an epoch at start.
     pub election_timeout_ms: u64,
-    /// Followers streamed every record as it commits (None: all N of
-    /// them; W: the thrifty fan-out, the others getting batches every
-    /// `lazy_flush_interval_us`, see [`walrelay_replicator::leader::FanOut`]).
-    /// All by default: a commit then waits for the W-th fastest of N, so
-    /// one follower's hiccup, or a lazy follower's batch landing beside
-    /// a commit, does not reach its latency (the thrifty fan-out's 1-session
-    /// p99 was 2.3-3.6x all's; papers/performance.md, lever 55).
+    /// Followers streamed every record as it commits (None: W, the
+    /// thrifty fan-out, the others getting batches every
+    /// `lazy_flush_interval_us`, see [`walrelay_replicator::leader::FanOut`];
+    /// N: every record to every follower).
+    /// W by default since its batches go out without the leader's lock
+    /// (papers/performance.md, levers 73 and 74): fewer sends on a commit's
+    /// path (p50 0.85x, 16 sessions 1.05x and 1.06x over HTTP, alone on
+    /// this machine). With N a commit waits for the W-th fastest of N
+    /// rather than the slowest of W, which holds up better when the
+    /// followers' machine is oversubscribed (two clusters on two vCPUs:
+    /// 0.87x the requests/s with W).
     pub eager_followers: Option<usize>,
     /// How often the other followers get their batch (and how long an eager
     /// follower may leave a record unacknowledged before one of them takes
@@ -422,7 +426,7 @@ impl ReplicatedPrimary {
             heartbeat_interval_ms: 50,
             redial_interval_ms: 100,
             fan_out: FanOut {
-                eager: config.eager_followers.unwrap_or(config.followers.len()),
+                eager: config.eager_followers.unwrap_or(config.write_quorum),
                 lazy_flush_interval_us: config.lazy_flush_interval_us,
                 ..FanOut::thrifty(config.write_quorum)
             },

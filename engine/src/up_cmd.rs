@@ -66,7 +66,7 @@ pub struct UpArgs {
     )]
     pub confirm_timeout_ms: u64,
     /// The primary's `--eager-followers`: how many followers get each
-    /// record at once (default all; fewer, and the others get batches).
+    /// record at once (default W, the others getting batches; N: all).
     #[arg(long)]
     pub eager_followers: Option<usize>,
 
