@@ -327,7 +327,8 @@ pub struct PrimaryArgs {
     pub confirm_timeout_ms: u64,
     /// Followers sent every record as it commits (default: W, the thrifty
     /// fan-out: the others get records in batches every 10 ms). N sends
-    /// every record to every follower.
+    /// every record to every follower: the better choice when the
+    /// followers run on hosts of their own.
     #[arg(long)]
     pub eager_followers: Option<usize>,
     #[arg(long, default_value_t = 1)]

@@ -59,12 +59,15 @@ pub struct PrimaryConfig {
     /// `lazy_flush_interval_us`, see [`walrelay_replicator::leader::FanOut`];
     /// N: every record to every follower).
     /// W by default since its batches go out without the leader's lock
-    /// (papers/performance.md, levers 73 and 74): fewer sends on a commit's
-    /// path (p50 0.85x, 16 sessions 1.05x and 1.06x over HTTP, alone on
-    /// this machine). With N a commit waits for the W-th fastest of N
-    /// rather than the slowest of W, which holds up better when the
-    /// followers' machine is oversubscribed (two clusters on two vCPUs:
-    /// 0.87x the requests/s with W).
+    /// (papers/performance.md, levers 73 and 74): fewer sends and fewer
+    /// followers' wake-ups on a commit's path, which pays where the
+    /// followers share the primary's CPUs, as in `walrelay up` (one
+    /// session's p50 0.85x, 16 sessions 1.06x, 1.06x requests/s over
+    /// HTTP). With N a commit waits for the W-th fastest of N rather than
+    /// the slowest of W: better where the machine is oversubscribed (two
+    /// clusters on two vCPUs: 0.87x the requests/s with W), and where the
+    /// followers are hosts of their own, for which N costs the primary
+    /// only two more sends and acks per record.
     pub eager_followers: Option<usize>,
     /// How often the other followers get their batch (and how long an eager
     /// follower may leave a record unacknowledged before one of them takes
