@@ -544,31 +544,26 @@ impl State {
         self.unconfirmed_bytes
             .store(core.leader.unconfirmed_bytes(), Ordering::Release);
         // Sends in a row go out together (one system call where the
-        // transport can), before whatever action follows them.
+        // transport can), before whatever action follows them. A
+        // connection's sends kept here were decided while nothing of it was
+        // queued, and only the ticker (this thread, with `defer_appends`)
+        // queues ahead of them without draining first: so they never
+        // overtake a queued entry of theirs.
         let mut sends: Vec<(ConnId, Message)> = Vec::new();
-        let mut deferred: Vec<Deferred> = Vec::new();
-        // A connection's direct sends come before its deferred ones, so
-        // they go out first: a drain running now may write the deferred.
-        let flush = |sends: &mut Vec<(ConnId, Message)>, deferred: &mut Vec<Deferred>| {
+        let flush = |sends: &mut Vec<(ConnId, Message)>| {
             if !sends.is_empty() {
                 let batch: Vec<(ConnId, &Message)> = sends.iter().map(|(c, m)| (*c, m)).collect();
                 self.transport().send_many(&batch);
                 sends.clear();
             }
-            if !deferred.is_empty() {
-                self.outbox.push(deferred.drain(..));
-            }
-        };
-        let held = |conn: ConnId, deferred: &[Deferred]| {
-            self.outbox.holds(conn) || deferred.iter().any(|d| d.conn() == conn)
         };
         for action in actions {
             if let LeaderAction::Send { peer, message } = action {
-                let conn = peer.0;
-                if (defer_appends && matches!(message, Message::Append(_))) || held(conn, &deferred)
+                let entry = Deferred::Send(peer.0, message);
+                if defer_appends && matches!(entry, Deferred::Send(_, Message::Append(_))) {
+                    self.outbox.push([entry]);
+                } else if let Some(Deferred::Send(conn, message)) = self.outbox.queue_if_held(entry)
                 {
-                    deferred.push(Deferred::Send(conn, message));
-                } else {
                     sends.push((conn, message));
                 }
                 continue;
@@ -577,13 +572,12 @@ impl State {
                 if *reason == CloseReason::Resync {
                     self.resyncs.fetch_add(1, Ordering::Relaxed);
                 }
-                if held(peer.0, &deferred) {
+                if self.outbox.queue_if_held(Deferred::Close(peer.0)).is_none() {
                     tracing::debug!(conn = peer.0, ?reason, "closing after its deferred sends");
-                    deferred.push(Deferred::Close(peer.0));
                     continue;
                 }
             }
-            flush(&mut sends, &mut deferred);
+            flush(&mut sends);
             match action {
                 LeaderAction::Send { .. } => unreachable!("sends are batched above"),
                 LeaderAction::Confirmed(b) => {
@@ -613,7 +607,7 @@ impl State {
                 }
             }
         }
-        flush(&mut sends, &mut deferred);
+        flush(&mut sends);
     }
 }
 

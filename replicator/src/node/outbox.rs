@@ -13,16 +13,17 @@
 //! A follower refuses a record that does not follow the last one it was
 //! sent (a gap), so what goes out on one connection must keep the order
 //! the core gave it. The rule that keeps it: **a send or a close for a
-//! connection with anything queued is queued too**, whoever makes it.
-//! Every decision and every push happens under the core's lock, so the
-//! queue holds each connection's messages in the core's order; a
+//! connection with anything queued is queued too**, whoever makes it
+//! ([`Outbox::queue_if_held`]). Every push happens under the core's lock,
+//! so the queue holds each connection's messages in the core's order; a
 //! connection's entries count as pending until they are written, so a
 //! direct send is made only once everything queued before it has gone out.
 //!
 //! Only the ticker drains, and it drains until the queue is empty before
-//! its next tick. Another thread queues only behind pending entries, which
-//! means the ticker is draining and will find them; so nothing waits in the
-//! queue with no one to send it. The queue holds at most one tick's sends
+//! its next tick. Another thread queues only behind pending entries, the
+//! check and the push one step under the outbox's lock, so the ticker is
+//! still draining and will find them: nothing waits in the queue with no
+//! one to send it. The queue holds at most one tick's sends
 //! and what other threads add behind them while they drain (sends that
 //! the unconfirmed-bytes window bounds).
 
@@ -69,23 +70,46 @@ struct Inner {
 }
 
 impl Outbox {
-    /// Whether `conn` has anything queued or being written: then whatever
-    /// is sent or closed on it now must be queued behind (called under the
-    /// core's lock).
-    pub(super) fn holds(&self, conn: ConnId) -> bool {
+    /// Whether `conn` has anything queued or being written.
+    #[cfg(test)]
+    fn holds(&self, conn: ConnId) -> bool {
         self.pending.load(Ordering::Acquire) != 0 && self.inner.lock().per_conn.contains_key(&conn)
     }
 
-    /// Queues `entries` in order (called under the core's lock).
+    /// Queues `entry` if its connection has anything queued or being
+    /// written, and hands it back otherwise, for the caller to carry out at
+    /// once (called under the core's lock). The check and the push are one
+    /// step under the outbox's lock: a drain that finishes the connection's
+    /// entries in between would otherwise leave this one queued with no
+    /// drain to write it.
+    pub(super) fn queue_if_held(&self, entry: Deferred) -> Option<Deferred> {
+        if self.pending.load(Ordering::Acquire) == 0 {
+            return Some(entry); // nothing queued, and only we could add
+        }
+        let mut inner = self.inner.lock();
+        if !inner.per_conn.contains_key(&entry.conn()) {
+            return Some(entry);
+        }
+        Self::push_locked(&mut inner, entry);
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        None
+    }
+
+    /// Queues `entries` in order, whatever is held (called under the
+    /// core's lock, by the ticker, which drains after).
     pub(super) fn push(&self, entries: impl IntoIterator<Item = Deferred>) {
         let mut inner = self.inner.lock();
         let mut added = 0;
         for e in entries {
-            *inner.per_conn.entry(e.conn()).or_insert(0) += 1;
-            inner.queue.push_back(e);
+            Self::push_locked(&mut inner, e);
             added += 1;
         }
         self.pending.fetch_add(added, Ordering::AcqRel);
+    }
+
+    fn push_locked(inner: &mut Inner, entry: Deferred) {
+        *inner.per_conn.entry(entry.conn()).or_insert(0) += 1;
+        inner.queue.push_back(entry);
     }
 
     /// Writes everything queued, [`DRAIN_PIECE`] entries at a time with a

@@ -112,10 +112,8 @@ fn a_close_queued_behind_sends_is_written_after_them() {
 /// The leader's rule, as its `run` applies it under the core's lock: a
 /// message for a held connection is queued, any other is sent at once.
 fn send_or_queue(outbox: &Outbox, t: &dyn Transport, conn: ConnId, n: u64) {
-    if outbox.holds(conn) {
-        outbox.push([Deferred::Send(conn, m(n))]);
-    } else {
-        t.send(conn, &m(n));
+    if let Some(Deferred::Send(conn, message)) = outbox.queue_if_held(Deferred::Send(conn, m(n))) {
+        t.send(conn, &message);
     }
 }
 
