@@ -544,11 +544,10 @@ impl State {
         self.unconfirmed_bytes
             .store(core.leader.unconfirmed_bytes(), Ordering::Release);
         // Sends in a row go out together (one system call where the
-        // transport can), before whatever action follows them. A
-        // connection's sends kept here were decided while nothing of it was
-        // queued, and only the ticker (this thread, with `defer_appends`)
-        // queues ahead of them without draining first: so they never
-        // overtake a queued entry of theirs.
+        // transport can), before whatever action follows them. A send
+        // kept here was decided while nothing of its connection was queued;
+        // what this run queues for it after (only the ticker's records) is
+        // drained after this run flushes, so order holds.
         let mut sends: Vec<(ConnId, Message)> = Vec::new();
         let flush = |sends: &mut Vec<(ConnId, Message)>| {
             if !sends.is_empty() {
