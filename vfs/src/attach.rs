@@ -81,6 +81,11 @@ pub(crate) struct DbShared {
     pub(crate) sink: Option<Arc<dyn CaptureSink>>,
     pub(crate) capture: Mutex<Capture>,
     pub(crate) wal: WalFile,
+    /// Where the hold's run of frames not yet in the WAL file starts
+    /// (`u64::MAX`: none), set under the capture's lock: a read of the WAL
+    /// below it needs nothing written first, and every reader of published
+    /// frames reads below it (see `write_behind`).
+    run_from: AtomicU64,
     /// True from the moment a commit frame is written until its transaction
     /// has been handed to the sink: the window in which a reader may see a
     /// transaction that has no bookmark yet.
@@ -120,6 +125,18 @@ impl DbShared {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Notes where the capture's run of unwritten frames now starts.
+    pub(crate) fn note_run(&self, capture: &Capture) {
+        self.run_from
+            .store(capture.run_start().unwrap_or(u64::MAX), Ordering::Release);
+    }
+
+    /// Whether a read of `len` bytes at `offset` of the WAL reaches frames
+    /// kept back from the file.
+    pub(crate) fn run_reaches(&self, offset: u64, len: usize) -> bool {
+        offset.saturating_add(len as u64) > self.run_from.load(Ordering::Acquire)
+    }
+
     pub(crate) fn mark_in_flight(&self) {
         // No lock needed to raise the flag: waiters re-check it under the
         // lock, and only lowering it must not race their wait.
@@ -140,7 +157,12 @@ impl DbShared {
     /// `published` is the wal-index header SQLite left as the lock is
     /// released (None if it could not be read).
     pub(crate) fn end_hold(&self, published: Option<crate::wal_index::IndexHeader>) {
-        let result = self.capture.lock().end_hold(&self.wal, published);
+        let result = {
+            let mut capture = self.capture.lock();
+            let result = capture.end_hold(&self.wal, published);
+            self.note_run(&capture);
+            result
+        };
         if let (Ok(Some(txn)), Some(sink)) = (result, &self.sink) {
             let sink = Arc::clone(sink);
             let outcome =
@@ -205,6 +227,7 @@ fn attach_as(path: &Path, sink: Option<Arc<dyn CaptureSink>>) -> Result<Attachme
         sink,
         capture: Mutex::new(Capture::default()),
         wal: WalFile::default(),
+        run_from: AtomicU64::new(u64::MAX),
         in_flight: AtomicBool::new(false),
         db_syncs: AtomicU64::new(0),
         wal_syncs: AtomicU64::new(0),

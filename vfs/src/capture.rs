@@ -36,6 +36,7 @@ use crate::wal_format::{
     frame_at, frame_offset,
 };
 use crate::wal_index::IndexHeader;
+use crate::write_behind::{Route, WriteBehind};
 use std::sync::Arc;
 
 /// Why a transaction could not be captured. Once returned, the capture is
@@ -60,6 +61,8 @@ pub enum CaptureError {
     Sink(String),
     #[error("a panic occurred inside the capture path: {0}")]
     Panic(String),
+    #[error("a published commit's frames were not all written to the WAL file")]
+    UnwrittenCommit,
 }
 
 /// Positioned reads of the WAL file, for the rare cases the shadow lacks
@@ -180,6 +183,8 @@ struct Hold {
     /// A write of this hold went past the transaction size limit: every
     /// later write of the hold is refused too, so it cannot commit.
     too_large: bool,
+    /// The frames kept in the shadow and not yet written to the file.
+    write_behind: WriteBehind,
 }
 
 /// The capture state of one database.
@@ -224,6 +229,9 @@ pub struct CaptureStats {
     /// Holds that wrote a commit frame SQLite then never published (the
     /// commit failed, e.g. its WAL sync): shipped to nobody.
     pub unpublished_commits: u64,
+    /// Writes made to the WAL file: SQLite's own calls that went straight
+    /// through, and the writes of runs kept back (see `write_behind`).
+    pub wal_file_writes: u64,
 }
 
 /// What a WAL write told the capture.
@@ -232,6 +240,8 @@ pub(crate) struct WriteNote {
     /// The write contained a commit frame's header: a transaction is about
     /// to become visible and will be handed to the sink when the hold ends.
     pub commit_frame_header: bool,
+    /// With `commit_frame_header`: the file offset where that frame ends.
+    pub commit_frame_end: Option<u64>,
 }
 
 impl Capture {
@@ -388,8 +398,9 @@ impl Capture {
         let rel = offset - WAL_HEADER_BYTES as u64;
         let within = rel % fb; // the one division per write
         let frame_start = offset - within;
-        if within == 0 && data.len() >= 8 {
-            note.commit_frame_header = data[4..8] != [0, 0, 0, 0];
+        if within == 0 && data.len() >= 8 && data[4..8] != [0, 0, 0, 0] {
+            note.commit_frame_header = true;
+            note.commit_frame_end = Some(frame_start + fb);
         }
         let hold = self.hold.as_mut().ok_or(CaptureError::WriteOutsideHold)?;
         if hold.shadow.buf.capacity() == 0 {
@@ -400,6 +411,64 @@ impl Capture {
             self.stats.overwrites += 1;
         }
         Ok(note)
+    }
+
+    /// Where a WAL write of `len` bytes at `offset` goes: kept in the
+    /// shadow for now, or written to the file (see `write_behind`).
+    pub(crate) fn route(&self, offset: u64, len: usize) -> Route {
+        match &self.hold {
+            Some(h) => h.write_behind.route(offset, len, WAL_HEADER_BYTES as u64),
+            None => Route::Through,
+        }
+    }
+
+    /// A write routed [`Route::Defer`] was recorded (`note` is what
+    /// [`Capture::record_write`] said of it): returns the run of frames due
+    /// to be written to the file now, if any.
+    pub(crate) fn deferred(
+        &mut self,
+        offset: u64,
+        len: usize,
+        note: WriteNote,
+    ) -> Option<(u64, u64)> {
+        let hold = self.hold.as_mut()?;
+        hold.write_behind
+            .deferred(offset, len, note.commit_frame_end)
+    }
+
+    /// A write routed [`Route::Through`] reached the file and was recorded
+    /// (`note` is what [`Capture::record_write`] said of it).
+    pub(crate) fn written_through(&mut self, offset: u64, len: usize, note: WriteNote) {
+        if let Some(hold) = self.hold.as_mut() {
+            hold.write_behind
+                .written_through(offset, len, note.commit_frame_end);
+        }
+    }
+
+    /// The run of frames not yet written to the file, taken to be written
+    /// now.
+    pub(crate) fn take_run(&mut self) -> Option<(u64, u64)> {
+        self.hold.as_mut()?.write_behind.take()
+    }
+
+    /// `n` writes reached the WAL file.
+    pub(crate) fn count_file_writes(&mut self, n: u64) {
+        self.stats.wal_file_writes += n;
+    }
+
+    /// Where the run not yet written to the file starts, if there is one.
+    pub(crate) fn run_start(&self) -> Option<u64> {
+        self.hold.as_ref()?.write_behind.run_start()
+    }
+
+    /// The shadow's bytes of a run taken by [`Capture::take_run`] or
+    /// returned by [`Capture::deferred`] in this hold.
+    /// None if the shadow does not hold it (never, for such a run).
+    pub(crate) fn run_bytes(&self, (start, end): (u64, u64)) -> Option<&[u8]> {
+        let shadow = &self.hold.as_ref()?.shadow;
+        let rel = usize::try_from(start.checked_sub(shadow.base)?).ok()?;
+        let len = usize::try_from(end.checked_sub(start)?).ok()?;
+        shadow.buf.get(rel..rel.checked_add(len)?)
     }
 
     /// The WAL file was truncated to `size` bytes (a TRUNCATE checkpoint or a
@@ -424,9 +493,15 @@ impl Capture {
         if let Some(e) = &self.poisoned {
             return Err(e.clone());
         }
-        let result = self
-            .finish(&mut hold, disk, published)
-            .map_err(|e| self.poison(e));
+        let mut result = self.finish(&mut hold, disk, published);
+        // A run still kept back is a rollback's frames, which nobody will
+        // read. A commit SQLite published must have had every frame in the
+        // file before the header named it (the run is written when the
+        // commit frame is complete): checked, in release builds too.
+        if matches!(result, Ok(Some(_))) && hold.write_behind.run_start().is_some() {
+            result = Err(CaptureError::UnwrittenCommit);
+        }
+        let result = result.map_err(|e| self.poison(e));
         self.spare_covered = std::mem::take(&mut hold.shadow.covered);
         result
     }
@@ -577,207 +652,5 @@ fn frame_header_at(buf: &[u8], at: usize) -> FrameHeader {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::cell::RefCell;
-
-    const PS: u32 = 512;
-
-    /// A WAL file in memory that the tests write through the capture, the
-    /// way SQLite would.
-    #[derive(Default)]
-    struct FakeWal {
-        bytes: RefCell<Vec<u8>>,
-    }
-
-    impl WalReader for FakeWal {
-        fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-            let b = self.bytes.borrow();
-            let s = offset as usize;
-            if s + buf.len() > b.len() {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-            buf.copy_from_slice(&b[s..s + buf.len()]);
-            Ok(())
-        }
-    }
-
-    struct Writer {
-        wal: FakeWal,
-        cap: Capture,
-        header: WalHeader,
-        /// checksum after each frame, index 0 = header
-        chain: Vec<Checksum>,
-    }
-
-    impl Writer {
-        fn new(salt: [u32; 2]) -> Writer {
-            let hb = WalHeader::encode(false, PS, 0, salt);
-            let header = WalHeader::decode(&hb).expect("valid");
-            let mut w = Writer {
-                wal: FakeWal::default(),
-                cap: Capture::default(),
-                header,
-                chain: vec![header.checksum],
-            };
-            w.cap.begin_hold();
-            w.write(0, &hb);
-            w
-        }
-
-        fn write(&mut self, off: u64, data: &[u8]) {
-            {
-                let mut b = self.wal.bytes.borrow_mut();
-                let end = off as usize + data.len();
-                if b.len() < end {
-                    b.resize(end, 0);
-                }
-                b[off as usize..end].copy_from_slice(data);
-            }
-            self.cap
-                .record_write(off, data, &self.wal)
-                .expect("write accepted");
-        }
-
-        /// Writes frame `frame` as SQLite does: header, then page.
-        fn frame(&mut self, frame: u32, page_no: u32, fill: u8, commit: u32) {
-            let page = vec![fill; PS as usize];
-            let prev = self.chain[frame as usize - 1];
-            let (h, ck) =
-                FrameHeader::encode(&self.header, PageNo::new(page_no), commit, prev, &page);
-            self.chain.truncate(frame as usize);
-            self.chain.push(ck);
-            let off = frame_offset(PS, FrameNo::new(frame));
-            self.write(off, &h);
-            self.write(off + FRAME_HEADER_BYTES as u64, &page);
-        }
-
-        fn end(&mut self) -> Option<CapturedTransaction> {
-            self.cap
-                .end_hold(&self.wal, None)
-                .expect("capture succeeds")
-        }
-    }
-
-    fn image(t: &CapturedTransaction) -> Vec<(u32, u8)> {
-        t.pages
-            .pages()
-            .iter()
-            .map(|(n, b)| (n.get(), b[0]))
-            .collect()
-    }
-
-    #[test]
-    fn a_commit_captures_the_last_image_of_every_page() {
-        let mut w = Writer::new([1, 2]);
-        w.frame(1, 1, 0xa, 0);
-        w.frame(2, 2, 0xb, 0);
-        w.frame(3, 1, 0xc, 3);
-        let t = w.end().expect("committed");
-        assert_eq!(t.pages.db_size_pages(), 3);
-        assert_eq!(image(&t), vec![(1, 0xc), (2, 0xb)]);
-        assert_eq!(t.wal.first_frame, FrameNo::new(1));
-        assert_eq!(t.wal.commit_frame, FrameNo::new(3));
-    }
-
-    #[test]
-    fn a_hold_without_a_commit_frame_captures_nothing() {
-        let mut w = Writer::new([1, 2]);
-        w.frame(1, 1, 1, 0);
-        w.frame(2, 2, 2, 0);
-        assert_eq!(w.end(), None);
-    }
-
-    #[test]
-    fn a_savepoint_rewind_keeps_only_frames_up_to_the_commit() {
-        let mut w = Writer::new([1, 2]);
-        for f in 1..=5 {
-            w.frame(f, f, f as u8, 0);
-        }
-        // rewind to after frame 2, then commit at frame 3
-        w.frame(3, 9, 0x99, 9);
-        let t = w.end().expect("committed");
-        assert_eq!(image(&t), vec![(1, 1), (2, 2), (9, 0x99)]);
-    }
-
-    #[test]
-    fn consecutive_holds_chain_without_reading_the_file() {
-        let mut w = Writer::new([1, 2]);
-        w.frame(1, 1, 1, 1);
-        w.end().expect("first");
-        w.cap.begin_hold();
-        w.frame(2, 2, 2, 2);
-        let t = w.end().expect("second");
-        assert_eq!(t.wal.first_frame, FrameNo::new(2));
-        assert_eq!(image(&t), vec![(2, 2)]);
-    }
-
-    #[test]
-    fn a_fresh_capture_seeds_the_chain_from_the_file() {
-        let mut w = Writer::new([1, 2]);
-        w.frame(1, 1, 1, 1);
-        w.end().expect("first");
-        // A new process: no cached header or chain.
-        w.cap = Capture::default();
-        w.cap.begin_hold();
-        w.frame(2, 2, 2, 2);
-        assert_eq!(image(&w.end().expect("second")), vec![(2, 2)]);
-    }
-
-    #[test]
-    fn a_wal_restart_starts_a_new_chain_at_frame_one() {
-        let mut w = Writer::new([1, 2]);
-        w.frame(1, 1, 1, 0);
-        w.frame(2, 2, 2, 2);
-        w.end().expect("first");
-        let hb = WalHeader::encode(false, PS, 1, [3, 4]);
-        w.header = WalHeader::decode(&hb).expect("valid");
-        w.chain = vec![w.header.checksum];
-        w.cap.begin_hold();
-        w.write(0, &hb);
-        w.frame(1, 2, 7, 2);
-        let t = w.end().expect("after restart");
-        assert_eq!(t.wal.salt, [3, 4]);
-        assert_eq!(image(&t), vec![(2, 7)]);
-    }
-
-    #[test]
-    fn pages_beyond_the_committed_size_are_dropped() {
-        let mut w = Writer::new([1, 2]);
-        w.frame(1, 5, 5, 0);
-        w.frame(2, 1, 1, 2);
-        let t = w.end().expect("committed");
-        assert_eq!(image(&t), vec![(1, 1)]);
-    }
-
-    #[test]
-    fn a_broken_checksum_poisons_the_capture() {
-        let mut w = Writer::new([1, 2]);
-        w.frame(1, 1, 1, 1);
-        let page_off = frame_offset(PS, FrameNo::new(1)) + FRAME_HEADER_BYTES as u64;
-        w.write(page_off + 10, &[0xff]);
-        assert!(matches!(
-            w.cap.end_hold(&w.wal, None),
-            Err(CaptureError::Format(_))
-        ));
-        assert!(w.cap.poisoned().is_some());
-        w.cap.begin_hold();
-        assert!(w.cap.check_write().is_err());
-    }
-
-    #[test]
-    fn writes_outside_a_hold_are_refused() {
-        let cap = Capture::default();
-        assert_eq!(cap.check_write(), Err(CaptureError::WriteOutsideHold));
-    }
-
-    #[test]
-    fn commit_frame_headers_are_noticed_as_they_are_written() {
-        let mut w = Writer::new([1, 2]);
-        let page = vec![0u8; PS as usize];
-        let (h, _) = FrameHeader::encode(&w.header, PageNo::new(1), 1, w.chain[0], &page);
-        let off = frame_offset(PS, FrameNo::new(1));
-        let note = w.cap.record_write(off, &h, &w.wal).expect("ok");
-        assert!(note.commit_frame_header);
-    }
-}
+#[path = "capture_tests.rs"]
+mod tests;

@@ -1,6 +1,6 @@
 //! walrelay-vfs: everything that touches SQLite's files.
 //!
-//! The `walrelay` VFS wraps SQLite's default `unix` VFS and captures every
+//! The `walrelay` VFS wraps SQLite's `unix-excl` VFS and captures every
 //! committed write transaction of an attached database as a [`PageSet`]: the
 //! final image of each page it wrote plus the database size after commit.
 //!
@@ -22,6 +22,10 @@
 //! - A capture that fails (sink refusal, invariant violation) poisons the
 //!   database: [`Attachment::poisoned`] says why and every later WAL write
 //!   fails, so nothing commits uncaptured.
+//! - A committed transaction's frames are all in the WAL file when its
+//!   commit returns (SQLite's own recovery finds it after a crash), though
+//!   they reach the file as one write when the commit frame is complete,
+//!   not as SQLite's two calls a frame (`write_behind`).
 //! - All access to an attached database must go through this VFS in this
 //!   process; the VFS never opens sockets.
 //!
@@ -45,6 +49,7 @@ mod shim;
 pub mod wal_format;
 pub mod wal_index;
 pub mod watermark;
+mod write_behind;
 
 pub use attach::{AttachError, Attachment, CaptureSink, SinkError, attach, attach_replica};
 pub use capture::{CaptureError, CaptureStats};

@@ -20,7 +20,8 @@
 //! | method | file | why |
 //! |---|---|---|
 //! | `xOpen` | main db | refuse databases not attached; force `PERSIST_WAL` |
-//! | `xWrite`, `xTruncate` | WAL | shadow every byte into the capture; refuse writes outside a hold |
+//! | `xWrite`, `xTruncate` | WAL | shadow every byte into the capture; refuse writes outside a hold; keep a run of frames back and write it as one (`write_behind`) |
+//! | `xRead`, `xSync`, `xFileSize` | WAL | write the frames kept back first, when they are needed |
 //! | `xWrite`, `xTruncate` | main db | only a checkpoint (CKPT lock held) may write: anything else bypasses the WAL |
 //! | `xShmLock` | main db | WAL write lock taken → begin hold; released → capture, sink, then release |
 //! | `xFileControl` | main db | `PRAGMA` policy; keep `PERSIST_WAL` on |
@@ -28,8 +29,10 @@
 //! No panic crosses the boundary: every entry point runs under
 //! `catch_unwind` and turns a panic into an SQLite error code.
 
-use crate::attach::{DbShared, lookup};
-use crate::capture::CaptureError;
+use crate::attach::DbShared;
+use crate::attach::lookup;
+use crate::capture::{Capture, CaptureError};
+use crate::write_behind::Route;
 // Lock indexes of `xShmLock` (not byte offsets), as in wal.c.
 use crate::wal_index::{WAL_CKPT_LOCK, WAL_WRITE_LOCK};
 use libsqlite3_sys as ffi;
@@ -322,7 +325,118 @@ macro_rules! forward_file {
     };
 }
 
-forward_file!(x_read, xRead, (buf: *mut c_void, n: c_int, off: ffi::sqlite3_int64), c_int, ffi::SQLITE_IOERR_READ);
+/// The most one call to the real xWrite writes of a run.
+const WRITE_PIECE_BYTES: usize = 64 << 10;
+
+/// Writes `run`, frames of the current hold kept back in the capture's
+/// shadow (see `write_behind`), to the WAL file through `real`.
+///
+/// # Safety
+/// `real` must be a live unix file of this database's WAL (any
+/// connection's: they all write the same file, at the same offsets).
+unsafe fn write_run(
+    real: *mut ffi::sqlite3_file,
+    shared: &DbShared,
+    cap: &mut Capture,
+    run: Option<(u64, u64)>,
+) -> c_int {
+    // The run is taken: whatever happens below, it is no longer kept back.
+    shared.note_run(cap);
+    let Some(run) = run else {
+        return ffi::SQLITE_OK;
+    };
+    // SAFETY: per this function's contract, `real` is live and open.
+    let Some(write) = (unsafe { (*(*real).pMethods).xWrite }) else {
+        return ffi::SQLITE_IOERR_WRITE;
+    };
+    let Some(bytes) = cap.run_bytes(run) else {
+        cap.poison_with(CaptureError::UnwrittenCommit);
+        return ffi::SQLITE_IOERR_WRITE;
+    };
+    // unix's xWrite takes under 128 KiB a call.
+    let (mut rc, mut writes) = (ffi::SQLITE_OK, 0);
+    for (i, piece) in bytes.chunks(WRITE_PIECE_BYTES).enumerate() {
+        let at = run.0 + (i * WRITE_PIECE_BYTES) as u64;
+        // SAFETY: `piece` is the shadow's, alive while `cap` is borrowed,
+        // and xWrite only reads it during the call; WRITE_PIECE_BYTES fits
+        // a c_int.
+        rc = unsafe {
+            write(
+                real,
+                piece.as_ptr().cast(),
+                piece.len() as c_int,
+                at as ffi::sqlite3_int64,
+            )
+        };
+        if rc != ffi::SQLITE_OK {
+            break;
+        }
+        writes += 1;
+    }
+    cap.count_file_writes(writes);
+    rc
+}
+
+/// Writes the hold's kept-back frames, if any, before `real` is read past
+/// them, synced, sized or truncated.
+///
+/// # Safety
+/// As for [`write_run`].
+unsafe fn write_kept_back(real: *mut ffi::sqlite3_file, shared: &DbShared) -> c_int {
+    let mut cap = shared.capture.lock();
+    let run = cap.take_run();
+    // SAFETY: per this function's contract.
+    unsafe { write_run(real, shared, &mut cap, run) }
+}
+
+unsafe extern "C" fn x_read(
+    f: *mut ffi::sqlite3_file,
+    buf: *mut c_void,
+    n: c_int,
+    off: ffi::sqlite3_int64,
+) -> c_int {
+    guard(ffi::SQLITE_IOERR_READ, || {
+        // SAFETY: SQLite only calls io methods on files x_open opened; the
+        // real file's method is called with its own pointer, and `buf` is
+        // SQLite's, `n` bytes long.
+        unsafe {
+            let (w, real) = parts(f);
+            if let Kind::Wal(shared) = &w.kind
+                && shared.run_reaches(off.max(0) as u64, n.max(0) as usize)
+            {
+                let rc = write_kept_back(real, shared);
+                if rc != ffi::SQLITE_OK {
+                    return rc;
+                }
+            }
+            match (*(*real).pMethods).xRead {
+                Some(read) => read(real, buf, n, off),
+                None => ffi::SQLITE_IOERR_READ,
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn x_file_size(f: *mut ffi::sqlite3_file, out: *mut ffi::sqlite3_int64) -> c_int {
+    guard(ffi::SQLITE_IOERR_FSTAT, || {
+        // SAFETY: as for x_read; `out` is SQLite's.
+        unsafe {
+            let (w, real) = parts(f);
+            if let Kind::Wal(shared) = &w.kind
+                && shared.run_reaches(0, usize::MAX)
+            {
+                let rc = write_kept_back(real, shared);
+                if rc != ffi::SQLITE_OK {
+                    return rc;
+                }
+            }
+            match (*(*real).pMethods).xFileSize {
+                Some(size) => size(real, out),
+                None => ffi::SQLITE_IOERR_FSTAT,
+            }
+        }
+    })
+}
 
 unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     guard(ffi::SQLITE_IOERR_FSYNC, || {
@@ -333,10 +447,16 @@ unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
             let Some(sync) = (*(*real).pMethods).xSync else {
                 return ffi::SQLITE_IOERR_FSYNC;
             };
-            if let Kind::Wal(shared) = &w.kind
-                && shared.take_injected_wal_sync_failure()
-            {
-                return ffi::SQLITE_IOERR_FSYNC;
+            if let Kind::Wal(shared) = &w.kind {
+                if shared.take_injected_wal_sync_failure() {
+                    return ffi::SQLITE_IOERR_FSYNC;
+                }
+                if shared.run_reaches(0, usize::MAX) {
+                    let rc = write_kept_back(real, shared);
+                    if rc != ffi::SQLITE_OK {
+                        return rc;
+                    }
+                }
             }
             let rc = sync(real, flags);
             if rc == ffi::SQLITE_OK {
@@ -350,7 +470,6 @@ unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
         }
     })
 }
-forward_file!(x_file_size, xFileSize, (out: *mut ffi::sqlite3_int64), c_int, ffi::SQLITE_IOERR_FSTAT);
 forward_file!(x_lock, xLock, (level: c_int), c_int, ffi::SQLITE_IOERR_LOCK);
 forward_file!(x_unlock, xUnlock, (level: c_int), c_int, ffi::SQLITE_IOERR_UNLOCK);
 forward_file!(x_check_reserved_lock, xCheckReservedLock, (out: *mut c_int), c_int, ffi::SQLITE_IOERR_CHECKRESERVEDLOCK);
@@ -443,20 +562,43 @@ unsafe extern "C" fn x_write(
                         // written and capture is not poisoned.
                         return ffi::SQLITE_FULL;
                     }
-                    let rc = write(real, buf, n, off);
-                    if rc != ffi::SQLITE_OK {
-                        return rc;
-                    }
-                    match cap.record_write(off as u64, data, &shared.wal) {
-                        Ok(note) => {
-                            drop(cap);
-                            if note.commit_frame_header {
-                                shared.mark_in_flight();
+                    let note = match cap.route(off as u64, data.len()) {
+                        Route::Through => {
+                            let run = cap.take_run();
+                            let rc = write_run(real, shared, &mut cap, run);
+                            if rc != ffi::SQLITE_OK {
+                                return rc;
                             }
-                            ffi::SQLITE_OK
+                            let rc = write(real, buf, n, off);
+                            if rc != ffi::SQLITE_OK {
+                                return rc;
+                            }
+                            cap.count_file_writes(1);
+                            let Ok(note) = cap.record_write(off as u64, data, &shared.wal) else {
+                                return ffi::SQLITE_IOERR_WRITE;
+                            };
+                            cap.written_through(off as u64, data.len(), note);
+                            note
                         }
-                        Err(_) => ffi::SQLITE_IOERR_WRITE,
+                        Route::Defer => {
+                            // Into the shadow only; the file gets it with
+                            // the rest of its run (see `write_behind`).
+                            let Ok(note) = cap.record_write(off as u64, data, &shared.wal) else {
+                                return ffi::SQLITE_IOERR_WRITE;
+                            };
+                            let due = cap.deferred(off as u64, data.len(), note);
+                            let rc = write_run(real, shared, &mut cap, due);
+                            if rc != ffi::SQLITE_OK {
+                                return rc;
+                            }
+                            note
+                        }
+                    };
+                    drop(cap);
+                    if note.commit_frame_header {
+                        shared.mark_in_flight();
                     }
+                    ffi::SQLITE_OK
                 }
             }
         }
@@ -483,6 +625,11 @@ unsafe extern "C" fn x_truncate(f: *mut ffi::sqlite3_file, size: ffi::sqlite3_in
                 Kind::Wal(shared) if shared.is_replica() => ffi::SQLITE_READONLY,
                 Kind::Wal(shared) => {
                     let mut cap = shared.capture.lock();
+                    let run = cap.take_run();
+                    let rc = write_run(real, shared, &mut cap, run);
+                    if rc != ffi::SQLITE_OK {
+                        return rc;
+                    }
                     let rc = truncate(real, size);
                     if rc == ffi::SQLITE_OK {
                         cap.wal_truncated(size.max(0) as u64);
