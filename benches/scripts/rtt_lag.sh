@@ -35,6 +35,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 RTTS=${RTTS:-"0 5 20 80"}
+# Options added to `walrelay primary` (e.g. "--eager-followers 5").
+PRIMARY_ARGS=${PRIMARY_ARGS:-}
 SECONDS_EACH=${SECONDS_EACH:-10}
 FLOOR_ITERS=${FLOOR_ITERS:-2000}
 PORT=${PORT:-7700}
@@ -166,9 +168,10 @@ run_one() {
   done
   local followers_csv
   followers_csv=$(IFS=,; echo "${primary_followers[*]}")
+  # shellcheck disable=SC2086 # PRIMARY_ARGS is a list of options
   "$BIN" primary --dir "$d/primary" --followers "$followers_csv" \
     --listen "127.0.0.1:$((PORT + 10))" --http "127.0.0.1:$((PORT + 11))" --insecure \
-    "${key[@]}" >"$d/primary.log" 2>&1 &
+    ${PRIMARY_ARGS:-} "${key[@]}" >"$d/primary.log" 2>&1 &
   local primary=$!
   PIDS+=($!)
   wait_for "$d/primary.log" "primary HTTP at" 60 $primary
