@@ -389,6 +389,26 @@ unsafe fn write_kept_back(real: *mut ffi::sqlite3_file, shared: &DbShared) -> c_
     unsafe { write_run(real, shared, &mut cap, run) }
 }
 
+/// For a WAL file: writes the frames kept back if a call on `len` bytes at
+/// `offset` reaches them (`usize::MAX` from 0: any). OK for other files.
+///
+/// # Safety
+/// `w` and `real` as [`parts`] returns them for a file x_open opened.
+unsafe fn kept_back_written(
+    w: &WrFile,
+    real: *mut ffi::sqlite3_file,
+    offset: u64,
+    len: usize,
+) -> c_int {
+    match &w.kind {
+        Kind::Wal(shared) if shared.run_reaches(offset, len) => {
+            // SAFETY: `real` is this database's live WAL file.
+            unsafe { write_kept_back(real, shared) }
+        }
+        _ => ffi::SQLITE_OK,
+    }
+}
+
 unsafe extern "C" fn x_read(
     f: *mut ffi::sqlite3_file,
     buf: *mut c_void,
@@ -401,13 +421,9 @@ unsafe extern "C" fn x_read(
         // SQLite's, `n` bytes long.
         unsafe {
             let (w, real) = parts(f);
-            if let Kind::Wal(shared) = &w.kind
-                && shared.run_reaches(off.max(0) as u64, n.max(0) as usize)
-            {
-                let rc = write_kept_back(real, shared);
-                if rc != ffi::SQLITE_OK {
-                    return rc;
-                }
+            let rc = kept_back_written(w, real, off.max(0) as u64, n.max(0) as usize);
+            if rc != ffi::SQLITE_OK {
+                return rc;
             }
             match (*(*real).pMethods).xRead {
                 Some(read) => read(real, buf, n, off),
@@ -422,13 +438,9 @@ unsafe extern "C" fn x_file_size(f: *mut ffi::sqlite3_file, out: *mut ffi::sqlit
         // SAFETY: as for x_read; `out` is SQLite's.
         unsafe {
             let (w, real) = parts(f);
-            if let Kind::Wal(shared) = &w.kind
-                && shared.run_reaches(0, usize::MAX)
-            {
-                let rc = write_kept_back(real, shared);
-                if rc != ffi::SQLITE_OK {
-                    return rc;
-                }
+            let rc = kept_back_written(w, real, 0, usize::MAX);
+            if rc != ffi::SQLITE_OK {
+                return rc;
             }
             match (*(*real).pMethods).xFileSize {
                 Some(size) => size(real, out),
@@ -447,16 +459,14 @@ unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
             let Some(sync) = (*(*real).pMethods).xSync else {
                 return ffi::SQLITE_IOERR_FSYNC;
             };
-            if let Kind::Wal(shared) = &w.kind {
-                if shared.take_injected_wal_sync_failure() {
-                    return ffi::SQLITE_IOERR_FSYNC;
-                }
-                if shared.run_reaches(0, usize::MAX) {
-                    let rc = write_kept_back(real, shared);
-                    if rc != ffi::SQLITE_OK {
-                        return rc;
-                    }
-                }
+            if let Kind::Wal(shared) = &w.kind
+                && shared.take_injected_wal_sync_failure()
+            {
+                return ffi::SQLITE_IOERR_FSYNC;
+            }
+            let rc = kept_back_written(w, real, 0, usize::MAX);
+            if rc != ffi::SQLITE_OK {
+                return rc;
             }
             let rc = sync(real, flags);
             if rc == ffi::SQLITE_OK {
