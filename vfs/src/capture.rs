@@ -237,11 +237,17 @@ pub struct CaptureStats {
 /// What a WAL write told the capture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct WriteNote {
+    /// Set when the write contained a commit frame's header: the file
+    /// offset where that frame ends.
+    pub commit_frame_end: Option<u64>,
+}
+
+impl WriteNote {
     /// The write contained a commit frame's header: a transaction is about
     /// to become visible and will be handed to the sink when the hold ends.
-    pub commit_frame_header: bool,
-    /// With `commit_frame_header`: the file offset where that frame ends.
-    pub commit_frame_end: Option<u64>,
+    pub fn commit_frame_header(&self) -> bool {
+        self.commit_frame_end.is_some()
+    }
 }
 
 impl Capture {
@@ -399,7 +405,6 @@ impl Capture {
         let within = rel % fb; // the one division per write
         let frame_start = offset - within;
         if within == 0 && data.len() >= 8 && data[4..8] != [0, 0, 0, 0] {
-            note.commit_frame_header = true;
             note.commit_frame_end = Some(frame_start + fb);
         }
         let hold = self.hold.as_mut().ok_or(CaptureError::WriteOutsideHold)?;

@@ -199,5 +199,5 @@ fn commit_frame_headers_are_noticed_as_they_are_written() {
     let (h, _) = FrameHeader::encode(&w.header, PageNo::new(1), 1, w.chain[0], &page);
     let off = frame_offset(PS, FrameNo::new(1));
     let note = w.cap.record_write(off, &h, &w.wal).expect("ok");
-    assert!(note.commit_frame_header);
+    assert!(note.commit_frame_header());
 }

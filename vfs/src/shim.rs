@@ -605,7 +605,7 @@ unsafe extern "C" fn x_write(
                         }
                     };
                     drop(cap);
-                    if note.commit_frame_header {
+                    if note.commit_frame_header() {
                         shared.mark_in_flight();
                     }
                     ffi::SQLITE_OK
