@@ -47,6 +47,8 @@ mod base;
 mod check;
 #[path = "wal_crash_recovery/mutate.rs"]
 mod mutate;
+#[path = "wal_crash_recovery/sqlite_log.rs"]
+mod sqlite_log;
 
 use base::*;
 use check::*;
@@ -225,9 +227,11 @@ fn open_fds() -> Option<usize> {
 }
 
 fuzz_target!(|data: &[u8]| {
+    sqlite_log::install();
     let base = BASE.get_or_init(build);
     let fds = open_fds();
     seed_prng();
+    sqlite_log::clear();
     let mut input = Input(data);
     let pick = usize::from(input.byte().unwrap_or(0)) % base.scenarios.len();
     let sc = &base.scenarios[pick];

@@ -68,8 +68,9 @@ pub(crate) fn check_replica(base: &Base, sc: &Scenario, files: &Files) {
         Err(e) => {
             assert!(
                 !must_open,
-                "a crash state of the replica did not open: {e}\n{}",
-                ctx()
+                "a crash state of the replica did not open: {e:?}\n{}\n{}",
+                ctx(),
+                sqlite_log::recent()
             );
             trace(|| format!("refused: {e} | {}", ctx()));
             return;
@@ -201,14 +202,24 @@ pub(crate) fn check_primary(base: &Base, sc: &Scenario, files: &Files) {
     };
     let rec = Arc::new(Recorder::default());
     let att = attach(&db, rec.clone()).expect("attach");
-    let conn = open_vfs(&db, OpenFlags::SQLITE_OPEN_READ_WRITE).and_then(|c| {
-        c.execute_batch("PRAGMA wal_autocheckpoint=0; PRAGMA synchronous=FULL;")?;
-        Ok(c)
-    });
+    // A failure reports its extended code, errno and SQLite's log.
+    let conn = open_vfs(&db, OpenFlags::SQLITE_OPEN_READ_WRITE)
+        .map_err(|e| format!("{e:?}"))
+        .and_then(|c| {
+            match c.execute_batch("PRAGMA wal_autocheckpoint=0; PRAGMA synchronous=FULL;") {
+                Ok(()) => Ok(c),
+                Err(e) => Err(format!("{e:?}, errno {}", sqlite_log::system_errno(&c))),
+            }
+        });
     let conn = match conn {
         Ok(c) => c,
         Err(e) => {
-            assert!(!db_ok, "the primary did not open: {e}\n{}", ctx());
+            assert!(
+                !db_ok,
+                "the primary did not open: {e}\n{}\n{}",
+                ctx(),
+                sqlite_log::recent()
+            );
             trace(|| format!("refused: {e} | {}", ctx()));
             return;
         }
