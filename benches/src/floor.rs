@@ -118,7 +118,8 @@ pub enum Durably {
 /// the `quorum`-th of them finished. This is the storage floor of a quorum
 /// whose followers share one disk (a one-machine cluster), where the
 /// flushes queue behind each other. With [`Durably::DirectDsync`],
-/// `size_bytes` must be a multiple of 4096.
+/// `size_bytes` must be a multiple of 4096. [`ConcurrentOverwrite`] keeps
+/// the files and threads to time rounds in several blocks.
 pub fn concurrent_durable_overwrite(
     dir: &Path,
     size_bytes: usize,
@@ -127,63 +128,127 @@ pub fn concurrent_durable_overwrite(
     iterations: usize,
     how: Durably,
 ) -> io::Result<Vec<Duration>> {
-    use std::sync::{Arc, Barrier, mpsc};
-    if size_bytes == 0 || files == 0 || quorum == 0 || quorum > files {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "need size_bytes > 0 and 0 < quorum <= files",
-        ));
-    }
-    if how == Durably::DirectDsync && !size_bytes.is_multiple_of(DIRECT_ALIGN) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "an O_DIRECT overwrite needs a multiple of 4096 bytes",
-        ));
-    }
-    let file_len = PREALLOC_BYTES.max(size_bytes);
-    let mut handles = Vec::with_capacity(files);
-    for _ in 0..files {
-        handles.push(zero_filled(dir, "floor-concurrent-", file_len)?);
-    }
-    let start_round = Arc::new(Barrier::new(files + 1));
-    let (done_tx, done_rx) = mpsc::channel::<io::Result<Instant>>();
-    let mut threads = Vec::with_capacity(files);
-    for tmp in handles {
-        let (start_round, done_tx) = (Arc::clone(&start_round), done_tx.clone());
-        let mut writer = Overwriter::open(&tmp, size_bytes, how)?;
-        threads.push(std::thread::spawn(move || {
-            let _keep = tmp;
-            for i in 0..iterations {
-                start_round.wait();
-                let offset = overwrite_offset(i, size_bytes, file_len);
-                let r = writer
-                    .overwrite((i % 255 + 1) as u8, offset)
-                    .map(|()| Instant::now());
-                if done_tx.send(r).is_err() {
-                    return;
-                }
-            }
-        }));
-    }
-    drop(done_tx);
-    let mut samples = Vec::with_capacity(iterations);
-    for _ in 0..iterations {
-        start_round.wait();
-        let started = Instant::now();
-        let mut finished = Vec::with_capacity(files);
-        for _ in 0..files {
-            let at = done_rx
-                .recv()
-                .map_err(|_| io::Error::other("a floor thread died"))??;
-            finished.push(at);
+    ConcurrentOverwrite::new(dir, size_bytes, files, quorum, how)?.rounds(iterations)
+}
+
+/// The files and threads of [`concurrent_durable_overwrite`], kept between
+/// blocks of rounds, so that a bench can time its floor in blocks that
+/// alternate with what it measures against it (both then see the same
+/// moments of the disk) without preparing the files again for each block.
+/// Dropping it stops and joins the threads and removes the files.
+#[derive(Debug)]
+pub struct ConcurrentOverwrite {
+    quorum: usize,
+    start_round: std::sync::Arc<std::sync::Barrier>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    done_rx: std::sync::mpsc::Receiver<io::Result<Instant>>,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+impl ConcurrentOverwrite {
+    /// Prepares `files` preallocated files in `dir` and one idle thread
+    /// each; nothing is timed yet.
+    pub fn new(
+        dir: &Path,
+        size_bytes: usize,
+        files: usize,
+        quorum: usize,
+        how: Durably,
+    ) -> io::Result<ConcurrentOverwrite> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Barrier, mpsc};
+        if size_bytes == 0 || files == 0 || quorum == 0 || quorum > files {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "need size_bytes > 0 and 0 < quorum <= files",
+            ));
         }
-        finished.sort_unstable();
-        samples.push(finished[quorum - 1].saturating_duration_since(started));
+        if how == Durably::DirectDsync && !size_bytes.is_multiple_of(DIRECT_ALIGN) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an O_DIRECT overwrite needs a multiple of 4096 bytes",
+            ));
+        }
+        let file_len = PREALLOC_BYTES.max(size_bytes);
+        let mut writers = Vec::with_capacity(files);
+        for _ in 0..files {
+            let tmp = zero_filled(dir, "floor-concurrent-", file_len)?;
+            let writer = Overwriter::open(&tmp, size_bytes, how)?;
+            writers.push((tmp, writer));
+        }
+        let start_round = Arc::new(Barrier::new(files + 1));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (done_tx, done_rx) = mpsc::channel::<io::Result<Instant>>();
+        let threads = writers
+            .into_iter()
+            .map(|(tmp, mut writer)| {
+                let (start_round, stop, done_tx) =
+                    (Arc::clone(&start_round), Arc::clone(&stop), done_tx.clone());
+                thread::spawn(move || {
+                    let _keep = tmp;
+                    for i in 0.. {
+                        start_round.wait();
+                        if stop.load(Ordering::Acquire) {
+                            return;
+                        }
+                        let offset = overwrite_offset(i, size_bytes, file_len);
+                        let r = writer
+                            .overwrite((i % 255 + 1) as u8, offset)
+                            .map(|()| Instant::now());
+                        if done_tx.send(r).is_err() {
+                            return;
+                        }
+                    }
+                })
+            })
+            .collect();
+        Ok(ConcurrentOverwrite {
+            quorum,
+            start_round,
+            stop,
+            done_rx,
+            threads,
+        })
     }
-    for t in threads {
-        let _ = t.join();
+
+    /// Times `iterations` more rounds (each file's offsets go on where the
+    /// previous block left them).
+    pub fn rounds(&mut self, iterations: usize) -> io::Result<Vec<Duration>> {
+        let files = self.threads.len();
+        let mut samples = Vec::with_capacity(iterations);
+        let mut finished = Vec::with_capacity(files);
+        for _ in 0..iterations {
+            self.start_round.wait();
+            let started = Instant::now();
+            finished.clear();
+            for _ in 0..files {
+                let at = self
+                    .done_rx
+                    .recv()
+                    .map_err(|_| io::Error::other("a floor thread died"))??;
+                finished.push(at);
+            }
+            finished.sort_unstable();
+            samples.push(finished[self.quorum - 1].saturating_duration_since(started));
+        }
+        Ok(samples)
     }
-    Ok(samples)
+}
+
+impl Drop for ConcurrentOverwrite {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        // Every thread waits at the barrier unless one died (`rounds`
+        // returned its error); then the others could never pass it, so
+        // they are left behind rather than joined.
+        if self.threads.iter().any(|t| t.is_finished()) {
+            return;
+        }
+        self.start_round.wait();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
 }
 
 /// `O_DIRECT`'s alignment of offsets, lengths and buffers on this disk.
@@ -537,6 +602,22 @@ mod tests {
         assert!(
             concurrent_durable_overwrite(dir.path(), 4096, 2, 3, 1, Durably::Fdatasync).is_err(),
             "a quorum larger than the files"
+        );
+    }
+
+    #[test]
+    fn a_concurrent_floor_times_blocks_of_rounds_and_stops_its_threads_when_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut floor =
+            ConcurrentOverwrite::new(dir.path(), 4096, 3, 2, Durably::Fdatasync).unwrap();
+        assert_eq!(floor.rounds(3).unwrap().len(), 3);
+        assert_eq!(floor.rounds(0).unwrap().len(), 0);
+        assert_eq!(floor.rounds(2).unwrap().len(), 2);
+        drop(floor);
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "its files are removed with it"
         );
     }
 
