@@ -10,7 +10,7 @@ mod seams;
 pub(crate) use gate::checkpoint_on;
 pub(crate) use open_checks::attach_error;
 pub(crate) use open_checks::map_open_error;
-use open_checks::{inspect, meta_error, path_string};
+use open_checks::{inspect, meta_error, path_string, rollback_journal_beside};
 pub use seams::{CommitGate, GateError, ShipError, TransactionSink};
 
 use crate::error::{CheckpointError, OpenError, QueryError, SessionError};
@@ -435,11 +435,20 @@ impl Database {
         // the bootstrap must not run while another connection of this
         // process has it open (the attach above refuses that case).
         let is_wal = inspect(path)?;
-        if !is_wal {
+        if !is_wal || rollback_journal_beside(path) {
             // Switching to WAL rewrites page 1 through a rollback journal,
             // which the walrelay VFS refuses by design: do it once with the
-            // plain unix VFS, before capture begins.
+            // plain unix VFS, before capture begins. A rollback journal
+            // beside the database (a crash in that switch, or a writer in
+            // rollback mode before walrelay) is rolled back the same way,
+            // as SQLite's first read does: the walrelay VFS never opens
+            // one. A database already in WAL mode keeps its WAL as it is
+            // (no checkpoint on close).
             let c = Connection::open(path).map_err(|e| map_open_error(path, e))?;
+            if is_wal {
+                c.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
+                    .map_err(|e| map_open_error(path, e))?;
+            }
             let mode: String = c
                 .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
                 .map_err(|e| map_open_error(path, e))?;

@@ -309,3 +309,62 @@ fn after_power_cuts_on_the_followers_the_primary_and_a_replica_no_acknowledged_w
         acked.len()
     );
 }
+
+/// A rollback journal left beside a database by a writer that lost power
+/// mid-transaction is rolled back when walrelay opens it: the database
+/// opens as of its last commit, in WAL mode, and takes writes. The same
+/// holds when page 1 already said WAL (a cut in the middle of the open's
+/// own switch to WAL). The walrelay VFS never opens a rollback journal,
+/// so the open rolls it back through SQLite's own VFS first.
+#[test]
+fn a_hot_rollback_journal_left_by_a_power_cut_is_rolled_back_at_open() {
+    use walrelay_engine::{Database, Options};
+    for header_says_wal in [false, true] {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("writer.sqlite");
+        let c = rusqlite::Connection::open(&path).expect("plain open");
+        c.execute_batch(
+            "PRAGMA journal_mode=DELETE; PRAGMA cache_size=2;
+             CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB NOT NULL);
+             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100)
+             INSERT INTO t(v) SELECT randomblob(500) FROM n;
+             BEGIN;
+             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000)
+             INSERT INTO t(v) SELECT randomblob(500) FROM n;",
+        )
+        .expect("a transaction that spills into the database file");
+        // The power cut: the files as they are mid-transaction.
+        let cut = dir.path().join("cut.sqlite");
+        std::fs::copy(&path, &cut).expect("copy the database");
+        let journal = dir.path().join("cut.sqlite-journal");
+        std::fs::copy(dir.path().join("writer.sqlite-journal"), &journal)
+            .expect("a journal exists mid-transaction");
+        drop(c);
+        if header_says_wal {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&cut)
+                .expect("db");
+            f.write_all_at(&[2, 2], 18).expect("header");
+        }
+        let db = Database::open(&cut, Options::default()).expect("opens");
+        assert!(!journal.exists(), "rolled back and removed");
+        let s = db.session(Constraint::FirstPrimary).expect("session");
+        let count = |s: &walrelay_engine::Session| {
+            let r = s
+                .prepare("SELECT count(*) AS n FROM t")
+                .all()
+                .expect("count");
+            r.results[0].get("n").cloned()
+        };
+        assert_eq!(
+            count(&s),
+            Some(Value::Integer(100)),
+            "as of the last commit"
+        );
+        s.prepare("INSERT INTO t(v) VALUES (x'00')")
+            .run()
+            .expect("takes writes");
+        assert_eq!(count(&s), Some(Value::Integer(101)));
+    }
+}

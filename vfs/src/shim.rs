@@ -20,6 +20,7 @@
 //! | method | file | why |
 //! |---|---|---|
 //! | `xOpen` | main db | refuse databases not attached; force `PERSIST_WAL` |
+//! | `xOpen` | rollback journal | refused: a WAL database never has one |
 //! | `xWrite`, `xTruncate` | WAL | shadow every byte into the capture; refuse writes outside a hold; keep a run of frames back and write it as one (`write_behind`) |
 //! | `xRead`, `xSync`, `xFileSize` | WAL | write the frames kept back first, when they are needed |
 //! | `xWrite`, `xTruncate` | main db | only a checkpoint (CKPT lock held) may write: anything else bypasses the WAL |
@@ -221,6 +222,15 @@ unsafe extern "C" fn x_open(
                     }
                     None => return ffi::SQLITE_CANTOPEN,
                 }
+            } else if flags & ffi::SQLITE_OPEN_MAIN_JOURNAL != 0 {
+                // A database in WAL mode never opens its rollback journal.
+                // SQLite reaches for one only when page 1 no longer says
+                // WAL (a damaged header), to write or to roll back a hot
+                // journal: both would write the database file outside a
+                // checkpoint, which is refused anyway, and a journal
+                // created here would stay behind, hot, failing every
+                // later open. Refused before anything is created.
+                return ffi::SQLITE_CANTOPEN;
             } else {
                 Kind::Other
             };

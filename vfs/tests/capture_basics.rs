@@ -532,3 +532,63 @@ fn a_transaction_that_reads_back_its_spilled_pages_commits_them_exactly() {
     assert_eq!(changed, (0..300).filter(|a| a % 7 == 0).count() as i64);
     assert!(att.poisoned().is_none());
 }
+
+/// Found by the `wal_crash_recovery` fuzz target: SQLite falls back to
+/// rollback mode when page 1 no longer says WAL (media damage), and a
+/// write then opened a rollback journal beside the database. The write
+/// failed (the database file is written only by a checkpoint), but the
+/// journal stayed behind, hot, and every later open failed trying to roll
+/// it back. The VFS now refuses the journal before anything is created.
+#[test]
+fn a_write_to_a_primary_whose_header_lost_wal_mode_fails_and_leaves_no_rollback_journal() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("db.sqlite");
+    {
+        // A WAL database with one row, all in the database file (the last
+        // connection's close checkpoints it and removes the WAL).
+        let c = Connection::open(&path).expect("open plain");
+        c.execute_batch("CREATE TABLE t(x); INSERT INTO t VALUES (1); PRAGMA journal_mode=WAL;")
+            .expect("bootstrap");
+    }
+    let set_format = |versions: [u8; 2]| {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("db file");
+        // Bytes 18 and 19: the file format's write and read versions.
+        f.write_all_at(&versions, 18).expect("header");
+    };
+    let journal = dir.path().join("db.sqlite-journal");
+    set_format([1, 1]);
+    {
+        let a = attach(&path, Arc::new(Recorder::default())).expect("attach");
+        let c = open(&path);
+        let count: i64 = c
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .expect("a read needs no journal");
+        assert_eq!(count, 1);
+        let e = c
+            .execute("INSERT INTO t VALUES (2)", [])
+            .expect_err("no rollback journal for a walrelay database");
+        assert_eq!(
+            e.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::CannotOpen),
+            "{e}"
+        );
+        assert!(!journal.exists(), "no journal was created");
+        assert!(a.poisoned().is_none(), "nothing was written");
+    }
+    // The header repaired, the database opens and takes writes as before.
+    set_format([2, 2]);
+    let rec = Arc::new(Recorder::default());
+    let a = attach(&path, rec.clone()).expect("attach");
+    let c = open(&path);
+    c.execute("INSERT INTO t VALUES (2)", []).expect("write");
+    let count: i64 = c
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .expect("read");
+    assert_eq!(count, 2);
+    assert_eq!(rec.0.lock().expect("recorder").len(), 1, "captured");
+    assert!(a.poisoned().is_none());
+}

@@ -216,7 +216,8 @@ pub(crate) fn check_primary(base: &Base, sc: &Scenario, files: &Files) {
         Err(e) => {
             assert!(
                 !db_ok,
-                "the primary did not open: {e}\n{}\n{}",
+                "the primary did not open: {e}, capture poisoned: {:?}\n{}\n{}",
+                att.poisoned(),
                 ctx(),
                 sqlite_log::recent()
             );
