@@ -14,6 +14,10 @@
 //!   its released segments instead of zero-filling new ones (see
 //!   `walrelay_benches::steady`; `=quiet` stops the uploaders first).
 //!
+//! Beside the target's floor (the W-th of N concurrent overwrites), the
+//! W-th of the eager followers' alone (all W of W by default), the structure of
+//! what a commit waits for with fewer eager followers than N.
+//!
 //! The shared-disk floors are timed in blocks that alternate with the
 //! commits they are compared with ([`FLOOR_BLOCKS`] on a fresh log, one
 //! after each steady-state window), so that both see the same moments of
@@ -91,6 +95,15 @@ fn main() {
         shared_disk(Durably::Fdatasync),
         shared_disk(Durably::DirectDsync),
     );
+    // What the eager fan-out waits for at best: the W-th of only the
+    // eager followers' concurrent writes (all of them, by default), where
+    // the floor above is the W-th of all N. Their tails differ: the
+    // slowest of three against the third of five.
+    let w = n / 2 + 1;
+    let eager = cluster::eager_followers().unwrap_or(w).clamp(w, n);
+    let mut eager_disk =
+        ConcurrentOverwrite::new(root.path(), 4096, eager, w, Durably::DirectDsync)
+            .unwrap_or_else(|e| panic!("eager followers' floor: {e}"));
     let blocks = if quick { 1 } else { FLOOR_BLOCKS };
     let key = Some(ClusterKey::generate().expect("cluster key"));
     let cluster::BenchCluster {
@@ -141,7 +154,8 @@ fn main() {
         }
         (commit, started_us)
     };
-    let (mut commits, mut shared, mut direct) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut commits, mut shared, mut direct, mut eager_only) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..blocks {
         commits.extend(one_session(latency_iters / blocks).0);
         std::thread::sleep(SETTLE_BEFORE_FLOOR);
@@ -155,12 +169,19 @@ fn main() {
                 .rounds(floor_iters / blocks)
                 .expect("O_DIRECT shared-disk floor"),
         );
+        eager_only.extend(
+            eager_disk
+                .rounds(floor_iters / blocks)
+                .expect("eager followers' floor"),
+        );
     }
     let commit = percentiles(&mut commits);
     let shared = percentiles(&mut shared);
     let shared_floor = quorum_floor(&shared, &rtt);
     let direct = percentiles(&mut direct);
     let direct_floor = quorum_floor(&direct, &rtt);
+    let eager_only = percentiles(&mut eager_only);
+    let eager_floor = quorum_floor(&eager_only, &rtt);
     std::thread::sleep(Duration::from_millis(200));
     let mut lags: Vec<Duration> = replica
         .node()
@@ -306,6 +327,11 @@ fn main() {
     show("  shared-disk quorum floor (sum)", &shared_floor);
     show("  W-th of N, O_DIRECT + RWF_DSYNC", &direct);
     show("  the same as a quorum floor (sum)", &direct_floor);
+    show(
+        &format!("  W-th of the {eager} eager, O_DIRECT"),
+        &eager_only,
+    );
+    show("  the same as a quorum floor (sum)", &eager_floor);
     println!("walrelay, W={} of N={n}, one replica:", n / 2 + 1);
     show("  commit latency, 1 session", &commit);
     let ratio = commit.ratio_to(&floor);
@@ -321,6 +347,11 @@ fn main() {
     let ratio = commit.ratio_to(&direct_floor);
     println!(
         "  commit / O_DIRECT floor          p50 {:>8.2}x     p99 {:>8.2}x   (the followers' kind of write)",
+        ratio.p50_us, ratio.p99_us
+    );
+    let ratio = commit.ratio_to(&eager_floor);
+    println!(
+        "  commit / eager followers' floor  p50 {:>8.2}x     p99 {:>8.2}x   (the W-th of the eager only)",
         ratio.p50_us, ratio.p99_us
     );
     if let Some((mode, reached, (warm_secs, settle_secs), steady_commit, steady_floor)) = steady_run
