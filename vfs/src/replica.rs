@@ -216,6 +216,20 @@ impl ReplicaWal {
         // Attach before touching any file of the database (closing a
         // descriptor would drop this process's POSIX locks on it).
         let attachment = attach_replica(path)?;
+        let mark_exists = WatermarkFile::path_for(path).exists();
+        let wal_len = std::fs::metadata(sibling(path, "-wal")).map_or(0, |m| m.len());
+        // A cut while a new replica's database was switched to WAL (below,
+        // through a rollback journal) leaves a hot journal beside it, and
+        // the walrelay VFS never opens one. Only then, with no WAL and no
+        // watermark yet, is the journal rolled back, through SQLite's own
+        // VFS: the database goes back to empty and the replica starts
+        // again. With a WAL, the open is refused as it was: a rollback
+        // that emptied the database would let SQLite delete that WAL.
+        if wal_len == 0 && !mark_exists && sibling(path, "-journal").exists() {
+            let c = Connection::open(path)?;
+            let _: i64 = c.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?;
+            c.close().map_err(|(_, e)| e)?;
+        }
         let fresh = std::fs::metadata(path)
             .map(|m| m.len() == 0)
             .unwrap_or(true);
@@ -223,8 +237,7 @@ impl ReplicaWal {
         // was lost, not never written. Creating a new database would let
         // SQLite delete the WAL that may hold the durable transactions, so
         // refuse and leave every file as it is.
-        let wal_len = std::fs::metadata(sibling(path, "-wal")).map_or(0, |m| m.len());
-        if fresh && (wal_len > 0 || WatermarkFile::path_for(path).exists()) {
+        if fresh && (wal_len > 0 || mark_exists) {
             return Err(ReplicaOpenError::Corrupt {
                 path: path.to_path_buf(),
                 reason: "the database file is missing or empty but its WAL or watermark exists"

@@ -132,3 +132,49 @@ fn a_refused_open_of_a_replica_without_its_database_file_keeps_its_wal() {
         "the WAL after a refused open"
     );
 }
+
+/// A replica cut while `open` switched its new database to WAL (through a
+/// rollback journal, with a plain connection) is left as a one-page
+/// database beside a hot journal. The walrelay VFS never opens a journal,
+/// so the next open rolls it back through SQLite's own VFS: the database
+/// is empty again and the replica starts over. With a WAL beside it the
+/// open is refused instead, files untouched (a rollback that emptied the
+/// database would let SQLite delete that WAL).
+#[test]
+fn a_replica_cut_while_its_new_database_switched_to_wal_starts_again() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let writer = dir.path().join("writer.db");
+    let c = rusqlite::Connection::open(&writer).expect("plain open");
+    c.execute_batch(
+        "PRAGMA journal_mode=DELETE; PRAGMA cache_size=2; BEGIN;
+         CREATE TABLE t(v BLOB);
+         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 500)
+         INSERT INTO t SELECT randomblob(400) FROM n;",
+    )
+    .expect("a first transaction on an empty file, spilled to it");
+    let cut = |name: &str| {
+        let db = dir.path().join(name);
+        std::fs::copy(&writer, &db).expect("the database, mid-transaction");
+        let mut journal = db.clone().into_os_string();
+        journal.push("-journal");
+        std::fs::copy(dir.path().join("writer.db-journal"), &journal).expect("its journal");
+        assert!(std::fs::metadata(&db).expect("db").len() > 0);
+        (db, std::path::PathBuf::from(journal))
+    };
+    let (db, journal) = cut("replica.db");
+    let (with_wal, with_wal_journal) = cut("with-wal.db");
+    drop(c);
+
+    let r = open_replica(&db).expect("starts again");
+    assert_eq!(r.confirmed(), Bookmark::ZERO);
+    assert!(!journal.exists(), "rolled back");
+    drop(r);
+    open_replica(&db).expect("and opens again");
+
+    let wal = dir.path().join("with-wal.db-wal");
+    std::fs::write(&wal, vec![7u8; 4096]).expect("a WAL");
+    let before = std::fs::read(&with_wal).expect("db");
+    assert!(open_replica(&with_wal).is_err(), "refused beside a WAL");
+    assert_eq!(std::fs::read(&with_wal).expect("db"), before, "untouched");
+    assert!(with_wal_journal.exists() && wal.exists());
+}
