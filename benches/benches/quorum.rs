@@ -87,8 +87,9 @@ fn main() {
     // (O_DIRECT, RWF_DSYNC), which says how much of a commit is the disk's
     // path for their kind of write. Their files are prepared before the
     // cluster starts; their rounds are timed between the commits' blocks.
+    let w = n / 2 + 1;
     let shared_disk = |how: Durably| {
-        ConcurrentOverwrite::new(root.path(), 4096, n, n / 2 + 1, how)
+        ConcurrentOverwrite::new(root.path(), 4096, n, w, how)
             .unwrap_or_else(|e| panic!("shared-disk floor ({how:?}): {e}"))
     };
     let (mut shared_disk, mut direct_disk) = (
@@ -99,7 +100,6 @@ fn main() {
     // eager followers' concurrent writes (all of them, by default), where
     // the floor above is the W-th of all N. Their tails differ: the
     // slowest of three against the third of five.
-    let w = n / 2 + 1;
     let eager = cluster::eager_followers().unwrap_or(w).clamp(w, n);
     let mut eager_disk =
         ConcurrentOverwrite::new(root.path(), 4096, eager, w, Durably::DirectDsync)
@@ -332,7 +332,7 @@ fn main() {
         &eager_only,
     );
     show("  the same as a quorum floor (sum)", &eager_floor);
-    println!("walrelay, W={} of N={n}, one replica:", n / 2 + 1);
+    println!("walrelay, W={w} of N={n}, one replica:");
     show("  commit latency, 1 session", &commit);
     let ratio = commit.ratio_to(&floor);
     println!(

@@ -10,7 +10,7 @@ mod seams;
 pub(crate) use gate::checkpoint_on;
 pub(crate) use open_checks::attach_error;
 pub(crate) use open_checks::map_open_error;
-use open_checks::{inspect, meta_error, path_string, rollback_journal_beside};
+use open_checks::{inspect, meta_error, path_string};
 pub use seams::{CommitGate, GateError, ShipError, TransactionSink};
 
 use crate::error::{CheckpointError, OpenError, QueryError, SessionError};
@@ -435,7 +435,7 @@ impl Database {
         // the bootstrap must not run while another connection of this
         // process has it open (the attach above refuses that case).
         let is_wal = inspect(path)?;
-        if !is_wal || rollback_journal_beside(path) {
+        if !is_wal || walrelay_vfs::rollback_journal(path).exists() {
             // Switching to WAL rewrites page 1 through a rollback journal,
             // which the walrelay VFS refuses by design: do it once with the
             // plain unix VFS, before capture begins. A rollback journal

@@ -67,7 +67,7 @@ use walrelay_vfs::wal_format::{
 use walrelay_vfs::watermark::{Watermark, WatermarkFile};
 use walrelay_vfs::{
     Appended, CaptureSink, CapturedTransaction, FrameNo, PageSet, ReplicaInit, ReplicaWal,
-    SinkError, VFS_NAME, attach, replica_files,
+    SinkError, VFS_NAME, attach, replica_files, rollback_journal,
 };
 
 const PAGE_SIZE: u32 = 512;
@@ -254,10 +254,8 @@ fuzz_target!(|data: &[u8]| {
     // A walrelay database never gets a rollback journal: one left behind
     // (by a write SQLite made in rollback mode on a damaged header) made
     // the next state's open fail (papers/fuzz-crash-recovery.md).
-    let mut journal = db.into_os_string();
-    journal.push("-journal");
     assert!(
-        !Path::new(&journal).exists(),
+        !rollback_journal(&db).exists(),
         "{}: a rollback journal was left behind; {}",
         sc.name,
         changes(sc, &files)

@@ -56,6 +56,6 @@ pub use capture::{CaptureError, CaptureStats};
 pub use page_set::{CapturedTransaction, FrameNo, PageNo, PageSet, PageSetError, WalPosition};
 pub use replica::{
     Appended, ApplyError, ReplicaInit, ReplicaOpenError, ReplicaWal, closed_replica_files,
-    replica_files,
+    replica_files, rollback_journal,
 };
 pub use shim::{RegisterError, VFS_NAME, register};

@@ -186,6 +186,13 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> ReplicaOpenError + '_ {
     }
 }
 
+/// A database's rollback journal: a walrelay database never has one (the
+/// VFS refuses to open it); one found beside a database was left by a cut
+/// in rollback mode, before the database was in WAL mode.
+pub fn rollback_journal(db: &Path) -> PathBuf {
+    sibling(db, "-journal")
+}
+
 /// Every file a replica database consists of: the database, its WAL, its
 /// wal-index and its watermark.
 pub fn replica_files(db: &Path) -> [PathBuf; 4] {
@@ -225,7 +232,7 @@ impl ReplicaWal {
         // VFS: the database goes back to empty and the replica starts
         // again. With a WAL, the open is refused as it was: a rollback
         // that emptied the database would let SQLite delete that WAL.
-        if wal_len == 0 && !mark_exists && sibling(path, "-journal").exists() {
+        if wal_len == 0 && !mark_exists && rollback_journal(path).exists() {
             let c = Connection::open(path)?;
             let _: i64 = c.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?;
             c.close().map_err(|(_, e)| e)?;

@@ -51,14 +51,6 @@ pub(super) fn inspect(path: &Path) -> Result<bool, OpenError> {
     Ok(head[18] == 2 && head[19] == 2)
 }
 
-/// Whether a rollback journal (`<path>-journal`) lies beside the
-/// database: SQLite rolls it back (if hot) or deletes it at the first read.
-pub(super) fn rollback_journal_beside(path: &Path) -> bool {
-    let mut journal = path.as_os_str().to_owned();
-    journal.push("-journal");
-    Path::new(&journal).exists()
-}
-
 pub(crate) fn map_open_error(path: &Path, e: rusqlite::Error) -> OpenError {
     let p = path_string(path);
     match e.sqlite_error_code() {
