@@ -229,7 +229,8 @@ pub struct Leader {
     /// When the lazy followers were last flushed (the driver's clock).
     last_lazy_flush_us: Option<u64>,
     /// When the eager followers were last checked for a stall, and the
-    /// last record then (what they must hold by the next check).
+    /// most any of them had acknowledged then (what each must hold by the
+    /// next check).
     last_stall_check_us: Option<u64>,
     last_at_stall_check: Bookmark,
     /// Eager followers swapped out for falling behind, since the start.
@@ -271,7 +272,7 @@ impl Leader {
             lazy_pending_bytes: 0,
             last_lazy_flush_us: None,
             last_stall_check_us: None,
-            last_at_stall_check: last,
+            last_at_stall_check: Bookmark::ZERO,
             eager_swaps: 0,
             quorum,
             config,

@@ -16,13 +16,21 @@
 //! acks count as soon as they come. What changes is the tail of the
 //! latency: a commit waits for the slowest eager follower, so one that
 //! falls behind is swapped out. Every [`FanOut::stall_after_us`], an eager
-//! follower that has not acknowledged what was committed by the check
-//! before gives its place to the lazy follower holding the most, which is
-//! sent everything first, and the other lazy followers get their batch at
-//! once (their acks count too); one that goes away is replaced at once. So
-//! a stalled follower delays a commit by at most about two stall checks
-//! (the one that sets the mark after it, and the next), and a lost one not
-//! at all, while the batches can be larger.
+//! follower that has not acknowledged what another eager follower had
+//! acknowledged by the check before gives its place to the lazy follower
+//! holding the most, which is sent everything first, and the other lazy
+//! followers get their batch at once (their acks count too); one that goes
+//! away is replaced at once. So a stalled follower delays a commit by at
+//! most about two stall checks after its peers' acks (the one that sets
+//! the mark after them, and the next), and a lost one not at all, while
+//! the batches can be larger.
+//!
+//! The bar is the other eager followers' acks, not the clock: followers
+//! that all sit one round trip away (another region) take longer than a
+//! stall check to acknowledge anything, and measured against the commit
+//! they would all look stalled at every check and be swapped to no end.
+//! Measured against each other, only one that trails the rest by more
+//! than a check is.
 //!
 //! Replicas are not followers: every record goes to each streaming replica
 //! at once, as before.
@@ -41,9 +49,9 @@ pub struct FanOut {
     /// The lazy followers are sent what they miss at least this often
     /// (the driver's clock, via [`super::LeaderEvent::Tick`]).
     pub lazy_flush_interval_us: u64,
-    /// How long an eager follower may leave records unacknowledged before
-    /// it is swapped out (at most the flush interval; the driver ticks
-    /// this often while a batch waits).
+    /// How long an eager follower may trail the other eager followers'
+    /// acks before it is swapped out (at most the flush interval; the
+    /// driver ticks this often while a batch waits).
     pub stall_after_us: u64,
     /// ... or as soon as this many bytes of records wait for them.
     pub lazy_batch_bytes: usize,
@@ -184,6 +192,18 @@ impl Leader {
             .collect()
     }
 
+    /// The most any eager follower has acknowledged.
+    fn eager_acknowledged(&self) -> Bookmark {
+        self.eager_followers()
+            .into_iter()
+            .filter_map(|id| match self.peers.get(&id).map(|p| p.kind) {
+                Some(Kind::Follower(i)) => self.quorum.durable(FollowerId(i)),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(Bookmark::ZERO)
+    }
+
     /// Lazy streaming followers, the one holding the most first.
     fn lazy_by_durable(&self) -> Vec<PeerId> {
         let mut lazy: Vec<(Bookmark, PeerId)> = self
@@ -233,9 +253,10 @@ impl Leader {
             |last: Option<u64>, every: u64| last.is_none_or(|t| now_us.saturating_sub(t) >= every);
         let mut flush = due(self.last_lazy_flush_us, fan_out.lazy_flush_interval_us);
         if due(self.last_stall_check_us, fan_out.tick_us()) {
-            // Eager followers that still miss what the check before had
-            // seen committed swap places with the lazy ones holding the
-            // most; the rest of the lazy followers get their batch now.
+            // Eager followers that still miss what another eager one had
+            // acknowledged by the check before swap places with the lazy
+            // ones holding the most; the rest of the lazy followers get
+            // their batch now.
             let mark = self.last_at_stall_check;
             let stalled: Vec<PeerId> = self
                 .eager_followers()
@@ -265,7 +286,7 @@ impl Leader {
             }
             flush |= !stalled.is_empty();
             self.last_stall_check_us = Some(now_us);
-            self.last_at_stall_check = self.last;
+            self.last_at_stall_check = self.eager_acknowledged();
         }
         if flush {
             self.flush_lazy(out);

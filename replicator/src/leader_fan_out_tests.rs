@@ -184,24 +184,28 @@ fn an_eager_follower_that_goes_away_is_replaced_at_once_by_a_lazy_one_sent_what_
 }
 
 #[test]
-fn an_eager_follower_that_leaves_a_record_unacknowledged_past_a_stall_check_swaps_with_a_lazy_one()
-{
+fn an_eager_follower_that_trails_the_other_eager_ones_past_a_stall_check_swaps_with_a_lazy_one() {
     let mut l = streaming(1 << 20);
     let rs = records(2);
     l.committed(rs[0].clone()).expect("commit");
-    // The first check after the commit: record 1 is what eager followers
-    // must hold by the next one; the lazy ones' batch still waits.
+    // No eager follower has acknowledged anything yet: nobody trails.
     let first = appends(&l.handle(LeaderEvent::Tick { now_us: STALL_US }));
     assert!(first.is_empty());
-    assert_eq!(l.eager_swaps(), 0);
     ack(&mut l, 1, &rs[0]);
     ack(&mut l, 2, &rs[0]);
     l.committed(rs[1].clone()).expect("commit");
+    // Peers 1 and 2 hold record 1 at this check: each eager follower
+    // must hold it by the next one.
+    let second = appends(&l.handle(LeaderEvent::Tick {
+        now_us: 2 * STALL_US,
+    }));
+    assert!(second.is_empty());
+    assert_eq!(l.eager_swaps(), 0);
     // Peer 3 never acknowledged record 1: peer 4 (lazy; the lower id of
     // two holding nothing) takes its place, sent what it missed; peer 5
     // gets its batch at once, long before the flush interval.
     let out = appends(&l.handle(LeaderEvent::Tick {
-        now_us: 2 * STALL_US,
+        now_us: 3 * STALL_US,
     }));
     assert_eq!(out, vec![(4, 1), (4, 2), (5, 1), (5, 2)]);
     assert_eq!(l.eager_swaps(), 1, "the swap is counted");
@@ -211,6 +215,38 @@ fn an_eager_follower_that_leaves_a_record_unacknowledged_past_a_stall_check_swap
         next,
         vec![(1, 3), (2, 3), (4, 3), (9, 3)],
         "peer 3 is lazy now"
+    );
+}
+
+#[test]
+fn eager_followers_one_long_round_trip_away_are_not_swapped_for_acking_after_many_stall_checks() {
+    // Followers in another region: every ack comes 40 stall checks after
+    // its commit, from all three eager followers alike.
+    let mut l = streaming(1 << 20);
+    let rs = records(20);
+    let round_trip_checks = 40;
+    let mut now_us = 0;
+    for (i, r) in rs.iter().enumerate() {
+        l.committed(r.clone()).expect("commit");
+        for _ in 0..round_trip_checks {
+            now_us += STALL_US;
+            let out = appends(&l.handle(LeaderEvent::Tick { now_us }));
+            assert!(
+                out.iter().all(|&(peer, _)| peer == 4 || peer == 5),
+                "only the lazy followers' batches go out, at record {}: {out:?}",
+                i + 1
+            );
+        }
+        for peer in 1..=3 {
+            ack(&mut l, peer, r);
+        }
+    }
+    assert_eq!(l.eager_swaps(), 0, "no eager follower trailed the others");
+    let next = appends(&l.committed(records(21)[20].clone()).expect("commit"));
+    assert_eq!(
+        next,
+        vec![(1, 21), (2, 21), (3, 21), (9, 21)],
+        "the same three"
     );
 }
 

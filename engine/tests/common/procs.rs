@@ -221,6 +221,21 @@ impl Proc {
         let _ = self.child.wait();
     }
 
+    /// SIGSTOP: the process keeps its sockets and files but runs nothing
+    /// (a hung disk or a descheduled host, as its peers see it).
+    pub fn freeze(&mut self) {
+        // SAFETY: kill(2) with SIGSTOP on our own unreaped child.
+        let r = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGSTOP) };
+        assert_eq!(r, 0, "SIGSTOP {}", self.name);
+    }
+
+    /// SIGCONT after [`Proc::freeze`].
+    pub fn thaw(&mut self) {
+        // SAFETY: kill(2) with SIGCONT on our own unreaped child.
+        let r = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGCONT) };
+        assert_eq!(r, 0, "SIGCONT {}", self.name);
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill(); // SIGKILL
         let _ = self.child.wait();
