@@ -367,14 +367,6 @@ fn unauthenticated_primary(dir: &Path, id: u64, host: &FollowerHost) -> Replicat
     ReplicatedPrimary::start(c).expect("primary")
 }
 
-fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !done() {
-        assert!(Instant::now() < deadline, "never: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Runs `walrelay primary` for database `id` against `host` with one
 /// demo writer for a couple of seconds; it stops cleanly and exits, which
 /// hangs up its connection (an in-process primary's would stay open).
@@ -418,15 +410,15 @@ fn an_archived_database_the_host_closed_stays_closed_and_its_uploader_returns_wi
     let db = host.database(DatabaseId(100)).expect("held");
     let confirmed = db.confirmed().expect("confirmed");
     assert!(confirmed > Bookmark::ZERO);
-    wait_for(
+    common::wait_until(
         "everything confirmed archived",
         Duration::from_secs(30),
         || archived(&store, 100) >= confirmed,
     );
-    wait_for("the uploader ends", Duration::from_secs(30), || {
+    common::wait_until("the uploader ends", Duration::from_secs(30), || {
         archiver.status().running == 0
     });
-    wait_for(
+    common::wait_until(
         "the host closes the database",
         Duration::from_secs(30),
         || {
@@ -449,7 +441,7 @@ fn an_archived_database_the_host_closed_stays_closed_and_its_uploader_returns_wi
     primary_process(dir.path(), 100, &host);
     let more = db.confirmed().expect("confirmed");
     assert!(more > confirmed);
-    wait_for("the new records archived", Duration::from_secs(30), || {
+    common::wait_until("the new records archived", Duration::from_secs(30), || {
         archived(&store, 100) >= more
     });
     assert!(archiver.status().started > started);

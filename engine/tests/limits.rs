@@ -54,14 +54,6 @@ fn spawn_runaway(
     (token, h)
 }
 
-fn wait_until(what: &str, f: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
 #[test]
 fn a_runaway_read_ends_with_a_timeout_error_at_the_query_time_limit() {
     let (_dir, db) = open(limits(|l| l.query_timeout_ms = 300));
@@ -111,18 +103,24 @@ fn a_runaway_write_times_out_and_changes_nothing() {
 fn a_cancelled_session_stops_its_running_query() {
     let (_dir, db) = open(Options::default());
     let (token, h) = spawn_runaway(&db, RUNAWAY);
-    wait_until("the read runs", || db.readers_in_use().0 == 1);
+    common::wait_until("the read runs", Duration::from_secs(20), || {
+        db.readers_in_use().0 == 1
+    });
     token.cancel();
     let e = h.join().expect("thread").expect_err("cancelled");
     assert!(matches!(e, QueryError::Cancelled), "{e:?}");
-    wait_until("the reader is back", || db.readers_in_use().0 == 0);
+    common::wait_until("the reader is back", Duration::from_secs(20), || {
+        db.readers_in_use().0 == 0
+    });
 }
 
 #[test]
 fn stop_queries_stops_every_running_query_and_refuses_new_ones() {
     let (_dir, db) = open(Options::default());
     let runs: Vec<_> = (0..3).map(|_| spawn_runaway(&db, RUNAWAY)).collect();
-    wait_until("three reads run", || db.readers_in_use().0 == 3);
+    common::wait_until("three reads run", Duration::from_secs(20), || {
+        db.readers_in_use().0 == 3
+    });
     db.stop_queries();
     for (_, h) in runs {
         let e = h.join().expect("thread").expect_err("stopped");
@@ -143,7 +141,9 @@ fn the_reader_pool_opens_connections_on_demand_up_to_its_maximum() {
     assert_eq!(db.readers_in_use(), (0, 1), "one reader opens with the db");
     // Eight runaway reads do not exhaust the default pool (16).
     let runs: Vec<_> = (0..8).map(|_| spawn_runaway(&db, RUNAWAY)).collect();
-    wait_until("eight reads run", || db.readers_in_use() == (8, 8));
+    common::wait_until("eight reads run", Duration::from_secs(20), || {
+        db.readers_in_use() == (8, 8)
+    });
     let r = db
         .session(Constraint::FirstUnconstrained)
         .expect("session")
@@ -168,7 +168,9 @@ fn with_every_reader_busy_a_write_is_classified_and_runs_and_a_read_waits_bounde
     let s = db.session(Constraint::FirstPrimary).expect("session");
     s.prepare("CREATE TABLE t(x)").run().expect("create");
     let runs: Vec<_> = (0..2).map(|_| spawn_runaway(&db, RUNAWAY)).collect();
-    wait_until("both readers busy", || db.readers_in_use() == (2, 2));
+    common::wait_until("both readers busy", Duration::from_secs(20), || {
+        db.readers_in_use() == (2, 2)
+    });
 
     let w = s
         .prepare("INSERT INTO t VALUES (?1)")

@@ -33,14 +33,6 @@ fn open_with(gate: &Arc<Gate>, group_commit: bool) -> (tempfile::TempDir, Databa
     (dir, db)
 }
 
-fn wait_until(what: &str, f: impl Fn() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 /// `CREATE TABLE t(x)`, committed and confirmed (the first bookmark).
 fn create_confirmed(gate: &Gate, db: &Database) {
     let setup = std::thread::spawn({
@@ -53,7 +45,9 @@ fn create_confirmed(gate: &Gate, db: &Database) {
                 .expect("create")
         }
     });
-    wait_until("create committed", || gate.committed().len() == 1);
+    common::wait_until("create committed", Duration::from_secs(10), || {
+        gate.committed().len() == 1
+    });
     gate.release(Bookmark::new(db.epoch(), walrelay_engine::Sequence(1)));
     setup.join().expect("create");
 }
@@ -98,9 +92,11 @@ fn results_wait_for_confirmation_while_later_writes_keep_committing() {
     // Three writers: each commits, then its result waits at the gate.
     let writers = insert_each(&db, 0..3);
     // All three commit although none is confirmed: pipelining.
-    wait_until("three commits behind the gate", || {
-        gate.committed().len() == 4
-    });
+    common::wait_until(
+        "three commits behind the gate",
+        Duration::from_secs(10),
+        || gate.committed().len() == 4,
+    );
     assert!(
         writers.iter().all(|w| !w.is_finished()),
         "a result escaped the gate"
@@ -141,7 +137,7 @@ fn writes_committed_together_by_group_commit_all_wait_at_the_gate_and_count_ther
     let writers = insert_each(&db, 0..8);
     // However they were grouped, every write commits (8 rows in at most
     // 8 transactions) and none answers before its bookmark is confirmed.
-    wait_until("every write committed", || {
+    common::wait_until("every write committed", Duration::from_secs(10), || {
         writes_committed(&gate, &db) >= 8
     });
     std::thread::sleep(Duration::from_millis(50));
@@ -206,7 +202,9 @@ fn confirmed_schema(gate: &Gate, db: &Database, sql: &'static str) -> impl Fn(u6
                 .expect("create")
         }
     });
-    wait_until("schema committed", || gate.committed().len() == 1);
+    common::wait_until("schema committed", Duration::from_secs(10), || {
+        gate.committed().len() == 1
+    });
     gate.release(at(1));
     setup.join().expect("create");
     at
@@ -228,7 +226,9 @@ fn unconfirmed_write(
                 .run()
         }
     });
-    wait_until("the row committed", || gate.committed().len() == before + 1);
+    common::wait_until("the row committed", Duration::from_secs(10), || {
+        gate.committed().len() == before + 1
+    });
     h
 }
 
@@ -324,12 +324,16 @@ fn a_lone_write_over_http_is_led_by_its_task_and_answers_only_once_confirmed() {
     create_confirmed(&gate, &db);
     let (_server, url) = serve_primary(&db);
     let writer = insert_over_http(&url, 1);
-    wait_until("the write committed", || writes_committed(&gate, &db) >= 1);
+    common::wait_until("the write committed", Duration::from_secs(10), || {
+        writes_committed(&gate, &db) >= 1
+    });
     // Its task, not a blocking thread, asked to be woken at the
     // confirmation.
-    wait_until("a wake-up left with the gate", || {
-        !gate.calls.lock().is_empty()
-    });
+    common::wait_until(
+        "a wake-up left with the gate",
+        Duration::from_secs(10),
+        || !gate.calls.lock().is_empty(),
+    );
     assert!(!writer.is_finished(), "an answer escaped the gate");
     let last = *gate.committed().last().expect("commits");
     gate.release(last);
@@ -345,19 +349,23 @@ fn a_write_led_on_a_blocking_thread_leaves_its_confirmation_wait_to_its_task() {
     // The first write waits at the gate, so the second does not find the
     // writer quiet: it leads on a blocking thread.
     let first = insert_over_http(&url, 1);
-    wait_until("the first write committed", || {
+    common::wait_until("the first write committed", Duration::from_secs(10), || {
         writes_committed(&gate, &db) >= 1
     });
     let second = insert_over_http(&url, 2);
-    wait_until("the second write committed", || {
-        writes_committed(&gate, &db) >= 2
-    });
+    common::wait_until(
+        "the second write committed",
+        Duration::from_secs(10),
+        || writes_committed(&gate, &db) >= 2,
+    );
     let last = *gate.committed().last().expect("commits");
     // Its task, not the thread that led it, left a wake-up with the gate
     // for the second write's bookmark.
-    wait_until("a wake-up for the second write", || {
-        gate.calls.lock().iter().any(|(b, _)| *b == last)
-    });
+    common::wait_until(
+        "a wake-up for the second write",
+        Duration::from_secs(10),
+        || gate.calls.lock().iter().any(|(b, _)| *b == last),
+    );
     std::thread::sleep(Duration::from_millis(20));
     assert!(
         !first.is_finished() && !second.is_finished(),
@@ -366,7 +374,9 @@ fn a_write_led_on_a_blocking_thread_leaves_its_confirmation_wait_to_its_task() {
     gate.release(last);
     assert!(first.join().expect("first") < last);
     assert_eq!(second.join().expect("second"), last);
-    wait_until("each counted out", || db.group_commit_stats().at_gate == 0);
+    common::wait_until("each counted out", Duration::from_secs(10), || {
+        db.group_commit_stats().at_gate == 0
+    });
 }
 
 #[test]
@@ -376,7 +386,7 @@ fn writes_over_http_waited_for_by_tasks_answer_only_once_confirmed_and_count_onc
     create_confirmed(&gate, &db);
     let (_server, url) = serve_primary(&db);
     let writers: Vec<_> = (0..8).map(|i| insert_over_http(&url, i)).collect();
-    wait_until("every write committed", || {
+    common::wait_until("every write committed", Duration::from_secs(10), || {
         writes_committed(&gate, &db) >= 8
     });
     std::thread::sleep(Duration::from_millis(50));
@@ -390,7 +400,9 @@ fn writes_over_http_waited_for_by_tasks_answer_only_once_confirmed_and_count_onc
     for w in writers {
         assert!(w.join().expect("writer") <= last);
     }
-    wait_until("each counted out", || db.group_commit_stats().at_gate == 0);
+    common::wait_until("each counted out", Duration::from_secs(10), || {
+        db.group_commit_stats().at_gate == 0
+    });
     assert!(
         gate.polls.load(std::sync::atomic::Ordering::SeqCst) > 0,
         "no write was waited for by its task"
@@ -436,9 +448,11 @@ fn a_read_over_http_on_the_primary_runs_on_its_task_and_answers_only_once_what_i
     // leaves a wake-up with the gate.
     let first = unconfirmed_write(&gate, &db, "INSERT INTO t VALUES (1)");
     let reader = query_over_http(&url, "SELECT count(*) AS n FROM t");
-    wait_until("a wake-up left with the gate", || {
-        !gate.calls.lock().is_empty()
-    });
+    common::wait_until(
+        "a wake-up left with the gate",
+        Duration::from_secs(10),
+        || !gate.calls.lock().is_empty(),
+    );
     std::thread::sleep(Duration::from_millis(50));
     assert!(!reader.is_finished(), "a read escaped the gate");
     gate.release(at(2));
@@ -460,9 +474,11 @@ fn a_read_over_http_on_the_primary_whose_gate_gives_up_answers_an_error_not_the_
     let (_server, url) = serve_primary(&db);
     let first = unconfirmed_write(&gate, &db, "INSERT INTO t VALUES (1)");
     let reader = query_over_http(&url, "SELECT count(*) AS n FROM t");
-    wait_until("a wake-up left with the gate", || {
-        !gate.calls.lock().is_empty()
-    });
+    common::wait_until(
+        "a wake-up left with the gate",
+        Duration::from_secs(10),
+        || !gate.calls.lock().is_empty(),
+    );
     *gate.give_up.lock() = true;
     let (status, json) = reader.join().expect("reader");
     assert!(status >= 500, "{status} {json}");

@@ -6,8 +6,8 @@
 
 mod common;
 
-use common::{Proc, spawn_followers};
-use std::time::{Duration, Instant};
+use common::{Proc, spawn_followers, wait_until};
+use std::time::Duration;
 use walrelay_engine::replication::{PrimaryConfig, ReplicatedPrimary};
 use walrelay_engine::{Bookmark, Constraint, Session, Value};
 
@@ -20,14 +20,6 @@ fn insert(s: &Session, n: i64) -> Bookmark {
         .run()
         .expect("insert");
     s.bookmark().expect("a write leaves a bookmark")
-}
-
-fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// The followers holding `b` the moment it is confirmed: the eager ones
@@ -56,7 +48,7 @@ fn a_frozen_eager_follower_is_swapped_for_a_lazy_one_and_catches_up_once_thawed(
     config.write_quorum = W;
     config.confirm_timeout_ms = 30_000;
     let primary = ReplicatedPrimary::start(config).expect("primary");
-    wait_for("every follower streaming", Duration::from_secs(30), || {
+    wait_until("every follower streaming", Duration::from_secs(30), || {
         primary.status().streaming_followers == N
     });
     let s = primary
@@ -94,7 +86,7 @@ fn a_frozen_eager_follower_is_swapped_for_a_lazy_one_and_catches_up_once_thawed(
     followers[frozen].thaw();
     n += 1;
     let after = insert(&s, n);
-    wait_for(
+    wait_until(
         "the thawed follower to hold every record",
         Duration::from_secs(30),
         || primary.leader().follower_durable(frozen) >= Some(after),

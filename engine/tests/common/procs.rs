@@ -248,6 +248,16 @@ impl Drop for Proc {
     }
 }
 
+/// Polls `done` (every millisecond) until it holds; fails naming `what`
+/// once `within` has passed.
+pub fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Starts `n` `walrelay follower` processes under `root`, each knowing the
 /// others as peers and authenticating with the key file `key`, and waits
 /// until each accepts connections.
