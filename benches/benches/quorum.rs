@@ -156,6 +156,10 @@ fn main() {
     };
     let (mut commits, mut shared, mut direct, mut eager_only) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // Eager followers swapped out while one session commits: each swap is
+    // a follower that trailed the others past a stall check, and holds a
+    // commit for a check or two.
+    let swaps_before = primary.status().eager_swaps;
     for _ in 0..blocks {
         commits.extend(one_session(latency_iters / blocks).0);
         std::thread::sleep(SETTLE_BEFORE_FLOOR);
@@ -175,6 +179,7 @@ fn main() {
                 .expect("eager followers' floor"),
         );
     }
+    let swaps = primary.status().eager_swaps - swaps_before;
     let commit = percentiles(&mut commits);
     let shared = percentiles(&mut shared);
     let shared_floor = quorum_floor(&shared, &rtt);
@@ -354,6 +359,7 @@ fn main() {
         "  commit / eager followers' floor  p50 {:>8.2}x     p99 {:>8.2}x   (the W-th of the eager only)",
         ratio.p50_us, ratio.p99_us
     );
+    println!("  eager followers swapped out       {swaps:>8} (during the one-session blocks)");
     if let Some((mode, reached, (warm_secs, settle_secs), steady_commit, steady_floor)) = steady_run
     {
         println!(
