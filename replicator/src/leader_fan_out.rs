@@ -192,14 +192,20 @@ impl Leader {
             .collect()
     }
 
+    /// What follower `id` holds durably, as its acks said (nothing for a
+    /// peer that is not a follower, or has not acked yet).
+    fn acknowledged(&self, id: PeerId) -> Bookmark {
+        match self.peers.get(&id).map(|p| p.kind) {
+            Some(Kind::Follower(i)) => self.quorum.durable(FollowerId(i)).unwrap_or(Bookmark::ZERO),
+            _ => Bookmark::ZERO,
+        }
+    }
+
     /// The most any eager follower has acknowledged.
     fn eager_acknowledged(&self) -> Bookmark {
         self.eager_followers()
             .into_iter()
-            .filter_map(|id| match self.peers.get(&id).map(|p| p.kind) {
-                Some(Kind::Follower(i)) => self.quorum.durable(FollowerId(i)),
-                _ => None,
-            })
+            .map(|id| self.acknowledged(id))
             .max()
             .unwrap_or(Bookmark::ZERO)
     }
@@ -209,13 +215,8 @@ impl Leader {
         let mut lazy: Vec<(Bookmark, PeerId)> = self
             .peers
             .iter()
-            .filter_map(|(id, p)| match p.kind {
-                Kind::Follower(i) if p.streaming && !p.eager => Some((
-                    self.quorum.durable(FollowerId(i)).unwrap_or(Bookmark::ZERO),
-                    *id,
-                )),
-                _ => None,
-            })
+            .filter(|(_, p)| p.streaming && !p.eager && matches!(p.kind, Kind::Follower(_)))
+            .map(|(id, _)| (self.acknowledged(*id), *id))
             .collect();
         lazy.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         lazy.into_iter().map(|(_, id)| id).collect()
@@ -261,12 +262,7 @@ impl Leader {
             let stalled: Vec<PeerId> = self
                 .eager_followers()
                 .into_iter()
-                .filter(|id| {
-                    let Some(Kind::Follower(i)) = self.peers.get(id).map(|p| p.kind) else {
-                        return false;
-                    };
-                    self.quorum.durable(FollowerId(i)).unwrap_or(Bookmark::ZERO) < mark
-                })
+                .filter(|&id| self.acknowledged(id) < mark)
                 .collect();
             let candidates = self.lazy_by_durable();
             for (slow, quick) in stalled.iter().zip(candidates) {

@@ -248,13 +248,17 @@ impl Drop for Proc {
     }
 }
 
-/// Polls `done` (every millisecond) until it holds; fails naming `what`
-/// once `within` has passed.
+/// Polls `done` until it holds; fails naming `what` once `within` has
+/// passed. The pause between polls starts at 1 ms and doubles up to 50 ms,
+/// so a quick condition is seen at once and a costly one (a store listed,
+/// a host asked to close) is not run a thousand times a second.
 pub fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + within;
+    let mut pause = Duration::from_millis(1);
     while !done() {
         assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        std::thread::sleep(Duration::from_millis(1));
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
     }
 }
 
