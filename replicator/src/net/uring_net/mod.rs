@@ -8,7 +8,9 @@
 //! frame into the socket itself with one non-blocking `sendmsg` when the
 //! ring has nothing of that connection's to send, and posts it otherwise
 //! (see [`outlet`]); `send_many` writes frames to several connections
-//! that way with one system call (see [`batch`]). Accepting and dialing
+//! that way with one system call (see [`batch`]), and several frames to
+//! one connection (a lazy follower's batch) as one run, with one
+//! `sendmsg` ([`outlet::Outlet::send_run`]). Accepting and dialing
 //! are blocking, on their own threads as in [`super::std_net`]; the
 //! socket is then handed to the ring.
 //!
@@ -231,6 +233,49 @@ impl UringTransport {
         }
         self.shared.wake();
     }
+
+    /// Sends each connection's messages of `sends` as one run, in their
+    /// order ([`Outlet::send_run`]: one `sendmsg` for all of them where
+    /// the socket takes them); connections one after another.
+    fn send_runs(&self, sends: &[(ConnId, &Message)]) {
+        let mut runs: Vec<(ConnId, Vec<&Message>)> = Vec::new();
+        for &(conn, message) in sends {
+            match runs.iter_mut().find(|(c, _)| *c == conn) {
+                Some((_, run)) => run.push(message),
+                None => runs.push((conn, vec![message])),
+            }
+        }
+        for (conn, run) in runs {
+            if let [message] = run[..] {
+                self.send(conn, message);
+                continue;
+            }
+            let mut frames = Vec::with_capacity(run.len());
+            for message in run {
+                match encode_parts(message) {
+                    Ok(parts) => frames.push(parts),
+                    Err(e) => {
+                        // Nothing of the run is sent: its frames after this
+                        // one must not pass it.
+                        let _ = self.shared.post(Cmd::Fail(conn, e.to_string()));
+                        frames.clear();
+                        break;
+                    }
+                }
+            }
+            if frames.is_empty() {
+                continue;
+            }
+            let Some(outlet) = self.shared.outlets.read().get(&conn).cloned() else {
+                continue; // never registered, or already gone
+            };
+            let direct = !self.shared.on_ring();
+            let post = |parts| self.shared.post(Cmd::Send(conn, parts)).is_ok();
+            if let Sent::Failed(e) = outlet.send_run(frames, direct, post) {
+                let _ = self.shared.post(Cmd::Fail(conn, e.to_string()));
+            }
+        }
+    }
 }
 
 impl Transport for UringTransport {
@@ -305,9 +350,7 @@ impl Transport for UringTransport {
         };
         if sends.len() < 2 || sends.len() > batch::MAX_BATCH || self.shared.on_ring() || !distinct()
         {
-            for (conn, message) in sends {
-                self.send(*conn, message);
-            }
+            self.send_runs(sends);
             return;
         }
         let mut outlets: Vec<(ConnId, Arc<Outlet>)> = Vec::with_capacity(sends.len());
