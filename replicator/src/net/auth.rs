@@ -38,7 +38,9 @@
 //! log record to several peers hashes the record once, not once per
 //! connection: an Append's rest is exactly its shared record buffer, whose
 //! digest each sending thread keeps for the last record it tagged
-//! ([`Sealer::seal`]). BLAKE3's collision resistance makes the digest
+//! ([`Sealer::seal`]), and the process for its last [`RECENT_DIGESTS`]
+//! records (the ticker sends the lazy followers records the committing
+//! sessions tagged). BLAKE3's collision resistance makes the digest
 //! stand for the bytes: a tag over it binds them as a tag over them would.
 //! The receiver's cost is the same as before (one pass over the frame). v1
 //! and v2 tagged the whole frame per connection (v1 with the sequence
@@ -130,8 +132,52 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
+/// How many bodies the process remembers the digests of, beside each
+/// thread's last: a lazy flush's records (every flush interval's worth at
+/// one session, dozens) were tagged by the sessions that committed them,
+/// and the ticker tags them again for each lazy follower.
+pub const RECENT_DIGESTS: usize = 256;
+
+/// Bodies larger than this are not remembered process-wide, which bounds
+/// what the cache keeps alive to [`RECENT_DIGESTS`] times it (16 MiB).
+const RECENT_DIGEST_MAX_BODY: usize = 64 << 10;
+
+/// The process's recently tagged bodies and their digests, oldest first
+/// replaced. Each entry's clone keeps its buffer alive, so a body at the
+/// same address and of the same length is the same immutable bytes.
+static RECENT: parking_lot::Mutex<Recent> = parking_lot::Mutex::new(Recent {
+    entries: Vec::new(),
+    next: 0,
+});
+
+struct Recent {
+    entries: Vec<(Bytes, blake3::Hash)>,
+    /// The slot the next body replaces once `entries` is full.
+    next: usize,
+}
+
+impl Recent {
+    fn get(&self, body: &Bytes) -> Option<blake3::Hash> {
+        self.entries
+            .iter()
+            .find(|(b, _)| b.as_ptr() == body.as_ptr() && b.len() == body.len())
+            .map(|(_, digest)| *digest)
+    }
+
+    fn put(&mut self, body: &Bytes, digest: blake3::Hash) {
+        let entry = (body.clone(), digest);
+        if self.entries.len() < RECENT_DIGESTS {
+            self.entries.push(entry);
+        } else {
+            self.entries[self.next] = entry;
+            self.next = (self.next + 1) % RECENT_DIGESTS;
+        }
+    }
+}
+
 /// BLAKE3 of `body`, from this thread's cache when it tagged the same
-/// buffer last (one log record sent to several peers).
+/// buffer last (one log record sent to several peers), or from the
+/// process's recent bodies (a record sent by another thread before).
 fn body_digest(body: &Bytes) -> blake3::Hash {
     if body.is_empty() {
         // A bare header: nothing to share, and the record stays cached.
@@ -145,7 +191,17 @@ fn body_digest(body: &Bytes) -> blake3::Hash {
         {
             return *digest;
         }
-        let digest = blake3::hash(body);
+        let shared = body.len() <= RECENT_DIGEST_MAX_BODY;
+        let digest = match shared.then(|| RECENT.lock().get(body)).flatten() {
+            Some(digest) => digest,
+            None => {
+                let digest = blake3::hash(body);
+                if shared {
+                    RECENT.lock().put(body, digest);
+                }
+                digest
+            }
+        };
         *last = Some((body.clone(), digest));
         digest
     })

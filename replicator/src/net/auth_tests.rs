@@ -627,3 +627,66 @@ fn a_frame_sealed_from_its_parts_or_whole_gets_the_same_tag() {
         );
     }
 }
+
+#[test]
+fn the_recent_digests_find_a_body_by_its_buffer_not_by_equal_bytes_and_replace_the_oldest() {
+    let mut recent = Recent {
+        entries: Vec::new(),
+        next: 0,
+    };
+    let bodies: Vec<Bytes> = (0..=RECENT_DIGESTS)
+        .map(|i| Bytes::from((i as u32).to_be_bytes().repeat(64)))
+        .collect();
+    for b in &bodies[..RECENT_DIGESTS] {
+        recent.put(b, blake3::hash(b));
+    }
+    assert_eq!(recent.get(&bodies[0]), Some(blake3::hash(&bodies[0])));
+    assert_eq!(
+        recent.get(&bodies[0].clone()),
+        Some(blake3::hash(&bodies[0]))
+    );
+    // Equal bytes in another buffer are another body.
+    assert_eq!(recent.get(&Bytes::copy_from_slice(&bodies[0])), None);
+    // One more: the oldest goes, the rest stay.
+    let newest = &bodies[RECENT_DIGESTS];
+    recent.put(newest, blake3::hash(newest));
+    assert_eq!(recent.get(&bodies[0]), None);
+    assert_eq!(recent.get(&bodies[1]), Some(blake3::hash(&bodies[1])));
+    assert_eq!(recent.get(newest), Some(blake3::hash(newest)));
+    assert_eq!(recent.entries.len(), RECENT_DIGESTS);
+}
+
+#[test]
+fn a_record_tagged_by_one_thread_then_another_gets_the_same_tags_as_from_scratch() {
+    let records: Vec<(Bytes, Bytes)> = (1..=5)
+        .map(|s| crate::wire::encode_parts(&append(s, s as u8)).expect("encode"))
+        .collect();
+    // A committing session tags each record for its eager peers...
+    let (mut eager, _, _) = sealed_pair();
+    let first: Vec<Bytes> = records.iter().map(|(h, b)| eager.seal(h, b)).collect();
+    // ...and the ticker, on its own thread, for each lazy follower in turn.
+    let copy = records.clone();
+    let tags = std::thread::spawn(move || {
+        let mut tags = Vec::new();
+        for _ in 0..2 {
+            let (mut lazy, _, _) = sealed_pair();
+            tags.push(
+                copy.iter()
+                    .map(|(h, b)| lazy.seal(h, b))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        tags
+    })
+    .join()
+    .expect("ticker");
+    // Same key, same sequence numbers: the same tags, and the same as
+    // tags over copies no cache holds.
+    assert_eq!(tags, [first.clone(), first.clone()]);
+    let (mut fresh, _, _) = sealed_pair();
+    let scratch: Vec<Bytes> = records
+        .iter()
+        .map(|(h, b)| fresh.seal(h, &Bytes::copy_from_slice(b)))
+        .collect();
+    assert_eq!(scratch, first);
+}
