@@ -139,33 +139,38 @@ thread_local! {
 pub const RECENT_DIGESTS: usize = 256;
 
 /// Bodies larger than this are not remembered process-wide, which bounds
-/// what the cache keeps alive to [`RECENT_DIGESTS`] times it (16 MiB).
-const RECENT_DIGEST_MAX_BODY: usize = 64 << 10;
+/// the cache's copies to [`RECENT_DIGESTS`] times it (8 MiB).
+const RECENT_DIGEST_MAX_BODY: usize = 32 << 10;
 
 /// The process's recently tagged bodies and their digests, oldest first
-/// replaced. Each entry's clone keeps its buffer alive, so a body at the
-/// same address and of the same length is the same immutable bytes.
+/// replaced. Each entry holds a copy of its body, not the body: a body
+/// may be a slice of a much larger buffer (a catch-up read), which a
+/// clone would keep alive. A body is found by its buffer's address and
+/// length, and taken only if its bytes equal the copy (a comparison costs
+/// a tenth of hashing them), so a buffer reused at the same address is
+/// hashed anew.
 static RECENT: parking_lot::Mutex<Recent> = parking_lot::Mutex::new(Recent {
     entries: Vec::new(),
     next: 0,
 });
 
 struct Recent {
-    entries: Vec<(Bytes, blake3::Hash)>,
+    /// The body's address, a copy of its bytes, their digest.
+    entries: Vec<(usize, Bytes, blake3::Hash)>,
     /// The slot the next body replaces once `entries` is full.
     next: usize,
 }
 
 impl Recent {
-    fn get(&self, body: &Bytes) -> Option<blake3::Hash> {
+    fn get(&self, body: &[u8]) -> Option<blake3::Hash> {
         self.entries
             .iter()
-            .find(|(b, _)| b.as_ptr() == body.as_ptr() && b.len() == body.len())
-            .map(|(_, digest)| *digest)
+            .find(|(at, copy, _)| *at == body.as_ptr() as usize && copy[..] == *body)
+            .map(|(_, _, digest)| *digest)
     }
 
-    fn put(&mut self, body: &Bytes, digest: blake3::Hash) {
-        let entry = (body.clone(), digest);
+    fn put(&mut self, body: &[u8], digest: blake3::Hash) {
+        let entry = (body.as_ptr() as usize, Bytes::copy_from_slice(body), digest);
         if self.entries.len() < RECENT_DIGESTS {
             self.entries.push(entry);
         } else {

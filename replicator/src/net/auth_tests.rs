@@ -629,7 +629,7 @@ fn a_frame_sealed_from_its_parts_or_whole_gets_the_same_tag() {
 }
 
 #[test]
-fn the_recent_digests_find_a_body_by_its_buffer_not_by_equal_bytes_and_replace_the_oldest() {
+fn the_recent_digests_find_a_body_by_its_buffer_and_bytes_and_replace_the_oldest() {
     let mut recent = Recent {
         entries: Vec::new(),
         next: 0,
@@ -647,11 +647,19 @@ fn the_recent_digests_find_a_body_by_its_buffer_not_by_equal_bytes_and_replace_t
     );
     // Equal bytes in another buffer are another body.
     assert_eq!(recent.get(&Bytes::copy_from_slice(&bodies[0])), None);
-    // One more: the oldest goes, the rest stay.
+    // The same buffer holding other bytes (an address reused) is too.
+    let mut reused = bodies[2].to_vec();
+    let at = reused.as_ptr() as usize;
+    recent.put(&reused, blake3::hash(&reused));
+    reused[0] ^= 1;
+    assert_eq!(reused.as_ptr() as usize, at);
+    assert_eq!(recent.get(&reused), None);
+    // Past the bound, the oldest go and the rest stay.
     let newest = &bodies[RECENT_DIGESTS];
     recent.put(newest, blake3::hash(newest));
     assert_eq!(recent.get(&bodies[0]), None);
-    assert_eq!(recent.get(&bodies[1]), Some(blake3::hash(&bodies[1])));
+    assert_eq!(recent.get(&bodies[1]), None);
+    assert_eq!(recent.get(&bodies[2]), Some(blake3::hash(&bodies[2])));
     assert_eq!(recent.get(newest), Some(blake3::hash(newest)));
     assert_eq!(recent.entries.len(), RECENT_DIGESTS);
 }
