@@ -453,22 +453,42 @@ fn frames_written_directly_and_through_the_ring_arrive_sealed_in_order() {
     assert!(posted > 0, "no frame went through the ring");
 }
 
-#[test]
-fn a_batch_to_several_connections_arrives_sealed_and_in_order_on_each() {
-    let key = || Auth::new(Some(crate::net::ClusterKey::from_bytes([7; 32])));
+/// A client with `n` connections to a server, both under the cluster
+/// key `[key; 32]`, whose reader stalls after every `stall_every`-th
+/// message ([`slow_reader`]).
+struct Connected {
+    /// Held to the test's end (dropping it stops it).
+    _server: UringTransport,
+    server_rx: mpsc::Receiver<(ThreadId, Ev)>,
+    client: UringTransport,
+    /// Each connection at the client, and the same at the server.
+    conns: Vec<ConnId>,
+    at_server: Vec<ConnId>,
+}
+
+/// Checks that `bookmark` arrived on `c` (one of `at_server`) right after
+/// the one before on it, and moves `next` on.
+fn next_in_order(at_server: &[ConnId], next: &mut [u64], c: ConnId, bookmark: Bookmark) {
+    let i = at_server
+        .iter()
+        .position(|a| *a == c)
+        .expect("a known connection");
+    assert_eq!(bookmark, b(next[i]), "appends out of order");
+    next[i] += 1;
+}
+
+/// [`Connected`], or None where io_uring is refused (a failure under CI).
+fn connected(key: u8, stall_every: usize, n: u64) -> Option<Connected> {
+    let auth = || Auth::new(Some(crate::net::ClusterKey::from_bytes([key; 32])));
     let (server_tx, server_rx) = mpsc::channel();
-    let slow = slow_reader(server_tx, 97);
-    let Some(server) = crate::uring::available_or_skip(UringTransport::new(slow, key()), "skipped")
-    else {
-        return;
-    };
+    let slow = slow_reader(server_tx, stall_every);
+    let server = crate::uring::available_or_skip(UringTransport::new(slow, auth()), "skipped")?;
     let (client_tx, client_rx) = mpsc::channel();
     let client =
-        UringTransport::new(Arc::new(Collect(Mutex::new(client_tx))), key()).expect("ring");
+        UringTransport::new(Arc::new(Collect(Mutex::new(client_tx))), auth()).expect("ring");
     let addr = server.listen(local()).expect("listen");
-    let mut conns = Vec::new();
-    let mut at_server = Vec::new();
-    for tag in 1..=3u64 {
+    let (mut conns, mut at_server) = (Vec::new(), Vec::new());
+    for tag in 1..=n {
         client.connect(addr, tag);
         let Ev::Connected(conn, t) = next(&client_rx) else {
             panic!("not connected");
@@ -480,6 +500,27 @@ fn a_batch_to_several_connections_arrives_sealed_and_in_order_on_each() {
         };
         at_server.push(a);
     }
+    Some(Connected {
+        _server: server,
+        server_rx,
+        client,
+        conns,
+        at_server,
+    })
+}
+
+#[test]
+fn a_batch_to_several_connections_arrives_sealed_and_in_order_on_each() {
+    let Some(Connected {
+        _server,
+        server_rx,
+        client,
+        conns,
+        at_server,
+    }) = connected(7, 97, 3)
+    else {
+        return;
+    };
     let page = Bytes::from(vec![5u8; 32 * 1024]);
     let appends = 400u64;
     for s in 1..=appends {
@@ -500,12 +541,7 @@ fn a_batch_to_several_connections_arrives_sealed_and_in_order_on_each() {
     while next_append.iter().any(|n| *n <= appends) || beats.len() < 2 {
         match server_rx.recv_timeout(WAIT).expect("a frame in time").1 {
             Ev::Message(c, Message::Append(r)) => {
-                let i = at_server
-                    .iter()
-                    .position(|a| *a == c)
-                    .expect("a known connection");
-                assert_eq!(r.bookmark, b(next_append[i]), "appends out of order");
-                next_append[i] += 1;
+                next_in_order(&at_server, &mut next_append, c, r.bookmark);
             }
             Ev::Message(c, Message::Heartbeat { sent_us, .. }) => {
                 assert_eq!(c, at_server[0]);
@@ -523,29 +559,16 @@ fn a_batch_to_several_connections_arrives_sealed_and_in_order_on_each() {
 
 #[test]
 fn runs_to_several_connections_in_one_call_arrive_sealed_and_in_order_on_each() {
-    let key = || Auth::new(Some(crate::net::ClusterKey::from_bytes([5; 32])));
-    let (server_tx, server_rx) = mpsc::channel();
-    let slow = slow_reader(server_tx, 113);
-    let Some(server) = crate::uring::available_or_skip(UringTransport::new(slow, key()), "skipped")
+    let Some(Connected {
+        _server,
+        server_rx,
+        client,
+        conns,
+        at_server,
+    }) = connected(5, 113, 2)
     else {
         return;
     };
-    let (client_tx, client_rx) = mpsc::channel();
-    let client =
-        UringTransport::new(Arc::new(Collect(Mutex::new(client_tx))), key()).expect("ring");
-    let addr = server.listen(local()).expect("listen");
-    let (mut conns, mut at_server) = (Vec::new(), Vec::new());
-    for tag in 1..=2u64 {
-        client.connect(addr, tag);
-        let Ev::Connected(conn, _) = next(&client_rx) else {
-            panic!("not connected");
-        };
-        conns.push(conn);
-        let Ev::Accepted(a) = next(&server_rx) else {
-            panic!("not accepted");
-        };
-        at_server.push(a);
-    }
     // Runs of 40 frames of 32 KiB to each connection, interleaved in each
     // call as a lazy flush queues them: sockets fill mid-run, so the
     // ring takes the rest of some runs over, from inside a frame.
@@ -565,12 +588,7 @@ fn runs_to_several_connections_in_one_call_arrive_sealed_and_in_order_on_each() 
     while next_append.iter().any(|n| *n <= runs * per_run) {
         match server_rx.recv_timeout(WAIT).expect("a frame in time").1 {
             Ev::Message(c, Message::Append(r)) => {
-                let i = at_server
-                    .iter()
-                    .position(|a| *a == c)
-                    .expect("a known connection");
-                assert_eq!(r.bookmark, b(next_append[i]), "appends out of order");
-                next_append[i] += 1;
+                next_in_order(&at_server, &mut next_append, c, r.bookmark);
             }
             other => panic!("unexpected {other:?}"),
         }
