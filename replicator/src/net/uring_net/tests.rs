@@ -511,22 +511,15 @@ fn connected(key: u8, stall_every: usize, n: u64) -> Option<Connected> {
 
 #[test]
 fn a_batch_to_several_connections_arrives_sealed_and_in_order_on_each() {
-    let Some(Connected {
-        _server,
-        server_rx,
-        client,
-        conns,
-        at_server,
-    }) = connected(7, 97, 3)
-    else {
+    let Some(t) = connected(7, 97, 3) else {
         return;
     };
     let page = Bytes::from(vec![5u8; 32 * 1024]);
     let appends = 400u64;
     for s in 1..=appends {
         let m = append(s, page.clone());
-        let batch: Vec<(ConnId, &Message)> = conns.iter().map(|c| (*c, &m)).collect();
-        client.send_many(&batch);
+        let batch: Vec<(ConnId, &Message)> = t.conns.iter().map(|c| (*c, &m)).collect();
+        t.client.send_many(&batch);
     }
     // The same connection twice in one batch: both frames, in order.
     let beat = |s| Message::Heartbeat {
@@ -535,16 +528,17 @@ fn a_batch_to_several_connections_arrives_sealed_and_in_order_on_each() {
         sent_us: s,
     };
     let (one, two) = (beat(1), beat(2));
-    client.send_many(&[(conns[0], &one), (conns[0], &two)]);
+    t.client
+        .send_many(&[(t.conns[0], &one), (t.conns[0], &two)]);
     let mut next_append = [1u64; 3];
     let mut beats = Vec::new();
     while next_append.iter().any(|n| *n <= appends) || beats.len() < 2 {
-        match server_rx.recv_timeout(WAIT).expect("a frame in time").1 {
+        match t.server_rx.recv_timeout(WAIT).expect("a frame in time").1 {
             Ev::Message(c, Message::Append(r)) => {
-                next_in_order(&at_server, &mut next_append, c, r.bookmark);
+                next_in_order(&t.at_server, &mut next_append, c, r.bookmark);
             }
             Ev::Message(c, Message::Heartbeat { sent_us, .. }) => {
-                assert_eq!(c, at_server[0]);
+                assert_eq!(c, t.at_server[0]);
                 assert_eq!(next_append[0], appends + 1, "a heartbeat passed an append");
                 beats.push(sent_us);
             }
@@ -552,21 +546,14 @@ fn a_batch_to_several_connections_arrives_sealed_and_in_order_on_each() {
         }
     }
     assert_eq!(beats, [1, 2]);
-    let (direct, posted) = client.sent_counts();
+    let (direct, posted) = t.client.sent_counts();
     assert!(direct > 0, "no frame was written by its sender");
     assert!(posted > 0, "no frame went through the ring");
 }
 
 #[test]
 fn runs_to_several_connections_in_one_call_arrive_sealed_and_in_order_on_each() {
-    let Some(Connected {
-        _server,
-        server_rx,
-        client,
-        conns,
-        at_server,
-    }) = connected(5, 113, 2)
-    else {
+    let Some(t) = connected(5, 113, 2) else {
         return;
     };
     // Runs of 40 frames of 32 KiB to each connection, interleaved in each
@@ -580,20 +567,20 @@ fn runs_to_several_connections_in_one_call_arrive_sealed_and_in_order_on_each() 
             .collect();
         let mut sends: Vec<(ConnId, &Message)> = Vec::new();
         for m in &messages {
-            sends.extend(conns.iter().map(|c| (*c, m)));
+            sends.extend(t.conns.iter().map(|c| (*c, m)));
         }
-        client.send_many(&sends);
+        t.client.send_many(&sends);
     }
     let mut next_append = [1u64; 2];
     while next_append.iter().any(|n| *n <= runs * per_run) {
-        match server_rx.recv_timeout(WAIT).expect("a frame in time").1 {
+        match t.server_rx.recv_timeout(WAIT).expect("a frame in time").1 {
             Ev::Message(c, Message::Append(r)) => {
-                next_in_order(&at_server, &mut next_append, c, r.bookmark);
+                next_in_order(&t.at_server, &mut next_append, c, r.bookmark);
             }
             other => panic!("unexpected {other:?}"),
         }
     }
-    let (direct, posted) = client.sent_counts();
+    let (direct, posted) = t.client.sent_counts();
     assert!(direct > 0, "no frame was written by its sender");
     assert!(posted > 0, "no run was left to the ring");
 }
