@@ -67,6 +67,24 @@ struct State {
     ringed: u64,
 }
 
+impl State {
+    /// The tag of the next frame (empty without a cluster key).
+    fn tag(&mut self, head: &Bytes, body: &Bytes) -> Bytes {
+        self.seal
+            .as_mut()
+            .map(|seal| seal.seal(head, body))
+            .unwrap_or_default()
+    }
+
+    /// One frame (or its rest) was posted to the ring, which now owns the
+    /// connection's sends.
+    fn posted_to_ring(&mut self) {
+        self.ring_owns = true;
+        self.posted += 1;
+        self.ringed += 1;
+    }
+}
+
 /// What [`Outlet::send`] did with a frame.
 pub(super) enum Sent {
     /// The socket took all of it, or the connection takes no more.
@@ -131,9 +149,7 @@ impl Sealed<'_> {
         }
         let parts = std::mem::take(&mut self.parts);
         if post(parts) {
-            self.state.ring_owns = true;
-            self.state.posted += 1;
-            self.state.ringed += 1;
+            self.state.posted_to_ring();
         }
         Sent::Posted
     }
@@ -181,11 +197,7 @@ impl Outlet {
         if s.shut {
             return None;
         }
-        let tag = s
-            .seal
-            .as_mut()
-            .map(|seal| seal.seal(&head, &body))
-            .unwrap_or_default();
+        let tag = s.tag(&head, &body);
         let direct = direct && !s.ring_owns;
         Some(Sealed {
             state: s,
@@ -216,11 +228,7 @@ impl Outlet {
         let mut run: Vec<Parts> = frames
             .into_iter()
             .map(|(head, body)| {
-                let tag = s
-                    .seal
-                    .as_mut()
-                    .map(|seal| seal.seal(&head, &body))
-                    .unwrap_or_default();
+                let tag = s.tag(&head, &body);
                 [head, body, tag]
             })
             .collect();
@@ -261,9 +269,7 @@ impl Outlet {
         }
         for parts in run.drain(next..) {
             if post(parts) {
-                s.ring_owns = true;
-                s.posted += 1;
-                s.ringed += 1;
+                s.posted_to_ring();
             }
         }
         Sent::Posted
