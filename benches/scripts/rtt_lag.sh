@@ -38,6 +38,10 @@ RTTS=${RTTS:-"0 5 20 80"}
 # Options added to `walrelay primary` (e.g. "--eager-followers 5").
 PRIMARY_ARGS=${PRIMARY_ARGS:-}
 SECONDS_EACH=${SECONDS_EACH:-10}
+# A directory for each RTT's commit latencies, one a line in order
+# (commits-<RTT>ms.txt), to line the slow ones up with the log's rolls.
+COMMITS_DIR=${COMMITS_DIR:-}
+[ -z "$COMMITS_DIR" ] || mkdir -p "$COMMITS_DIR"
 FLOOR_ITERS=${FLOOR_ITERS:-2000}
 PORT=${PORT:-7700}
 OUT_DIR=${OUT_DIR:-papers}
@@ -188,7 +192,8 @@ run_one() {
   [ "$n" -lt 20 ] && n=20
   local path load
   path=$("$PROBE" ping "127.0.0.1:$((PORT + 9))" "$n")
-  load=$("$PROBE" load "127.0.0.1:$((PORT + 11))" "$SECONDS_EACH" "$d/lags")
+  local commits_to=${COMMITS_DIR:+$COMMITS_DIR/commits-${rtt}ms.txt}
+  load=$(RTT_PROBE_COMMITS_TO=$commits_to "$PROBE" load "127.0.0.1:$((PORT + 11))" "$SECONDS_EACH" "$d/lags")
   echo "rtt=${rtt}ms $path $load $floor"
 
   # The primary first: it stops its HTTP and waits for its last commits

@@ -29,12 +29,22 @@
 //! before. A failed preparation is not an error by itself: the roll then
 //! builds inline, and reports that attempt's error if it fails too.
 //!
-//! A spare's fill is paced by the log it is for ([`fill_allowance`]):
-//! spread over the active segment from an eighth of the way through to
-//! seven eighths, a chunk of 64 KiB at a time, so about 1.3 bytes of zeros
-//! go to the disk per byte of log (filled over the second half's first
-//! three fifths, as before lever 62, it was 3.3 bytes, and the five
-//! followers' fills together held the disk at 17 times the log's rate).
+//! A spare's fill is paced by the log it is for ([`fill_pace`]): spread
+//! over the active segment from an eighth of the way through to seven
+//! eighths, a chunk of 64 KiB at a time, so about 1.3 bytes of zeros go to
+//! the disk per byte of log (filled over the second half's first three
+//! fifths, as before lever 62, it was 3.3 bytes, and the five followers'
+//! fills together held the disk at 17 times the log's rate).
+//!
+//! The pace says two things: what the fill *may* have written (the
+//! schedule plus a lead of two chunks; a small spare all of it) and what
+//! it *must* have written (the schedule itself; a small spare all of it
+//! once the active segment is half written). What it may write but need
+//! not, it writes only while the log is quiet: nothing appended for
+//! [`QUIET`]. A follower a round trip away from its leader waits that long
+//! between records, so its zeros go to the disk in those gaps rather than
+//! beside the next record's sync (lever 81, papers/performance.md); a
+//! busy log's fill keeps to the schedule, as before.
 //! Each spare's allowance is also offset by a random part of a chunk
 //! (its stagger, in whole blocks): the followers of a cluster get the same
 //! records, and without it they wrote each chunk at the same moment.
@@ -64,7 +74,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Zeros written per call while filling a segment: what a log sync may
 /// find queued ahead of it on the disk, per follower filling. 64 KiB
@@ -82,42 +92,92 @@ const SPARE_START_DIVISOR: u64 = 8;
 /// ...and its fill spans this many eighths more: all of it is written by
 /// seven eighths of the way through the active segment.
 const FILL_SPAN_EIGHTHS: u64 = 6;
+/// How long a log must have appended nothing for its spare to write what
+/// it may but need not yet (see the module docs): longer than a record's
+/// sync takes, shorter than a round trip to another region.
+const QUIET: Duration = Duration::from_millis(1);
+/// A small spare must be filled once the active segment is this fraction
+/// written (`active_size / SMALL_DUE_DIVISOR`); before that only while the
+/// log is quiet. Half leaves the fill the other half of a small segment's
+/// records before the roll would wait for it.
+const SMALL_DUE_DIVISOR: u64 = 2;
 /// How soon a paced fill that is ahead looks at the log's progress again;
 /// the wait doubles while the log does not move, up to `PACE_POLL_MAX`
 /// (a spare of a log that went idle costs a wake-up a second).
 const PACE_POLL: Duration = Duration::from_millis(10);
 const PACE_POLL_MAX: Duration = Duration::from_secs(1);
 
-/// How many bytes of a `size`-byte spare may be filled once the active
-/// segment (`active_size` bytes) holds `written`: none of it before the
-/// spare starts (an eighth of the way through the active segment), then
-/// in proportion to the log's progress, all of it by seven eighths of the
-/// way through, plus a lead of two chunks. Small spares are filled at
-/// once.
-pub(crate) fn fill_allowance(size: u64, written: u64, active_size: u64) -> u64 {
+/// What a `size`-byte spare may and must have filled once the active
+/// segment (`active_size` bytes) holds `written`.
+///
+/// A large spare: nothing before the spare starts (an eighth of the way
+/// through the active segment), then in proportion to the log's progress,
+/// all of it by seven eighths of the way through; it may run a lead of two
+/// chunks ahead of that. A small one may be filled at once, and must be
+/// once the active segment is half written.
+pub(crate) fn fill_pace(size: u64, written: u64, active_size: u64) -> Allowance {
     let start = active_size / SPARE_START_DIVISOR;
-    if size < PACE_MIN_BYTES || start == 0 {
-        return size;
+    if start == 0 {
+        return Allowance::all(size);
+    }
+    if size < PACE_MIN_BYTES {
+        let half_written = written.saturating_mul(SMALL_DUE_DIVISOR) >= active_size;
+        return Allowance {
+            may: size,
+            must: if half_written { size } else { 0 },
+        };
     }
     let into = u128::from(written.saturating_sub(start));
     let span = u128::from(start * FILL_SPAN_EIGHTHS);
-    let paced = u128::from(size) * into / span + u128::from(PACE_LEAD_BYTES);
-    paced.min(u128::from(size)) as u64
+    let paced = (u128::from(size) * into / span).min(u128::from(size)) as u64;
+    Allowance {
+        may: paced.saturating_add(PACE_LEAD_BYTES).min(size),
+        must: paced,
+    }
 }
 
-/// What a spare's fill may do now: how many bytes it may have written,
-/// and whether to give up.
+/// How far a spare's fill may go while its log is quiet (`may`) and must
+/// go now (`must`, at most `may`), in bytes from the segment's start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Allowance {
+    pub(crate) may: u64,
+    pub(crate) must: u64,
+}
+
+impl Allowance {
+    /// All of a `size`-byte spare, now.
+    pub(crate) fn all(size: u64) -> Allowance {
+        Allowance {
+            may: size,
+            must: size,
+        }
+    }
+}
+
+/// What a spare's fill may do now: how many bytes it may write while the
+/// log is quiet, how many it must have written, when the log last
+/// appended, and whether to give up.
 #[derive(Debug)]
 pub(crate) struct Pace {
-    allowed: AtomicU64,
+    may: AtomicU64,
+    must: AtomicU64,
     cancel: AtomicBool,
+    /// When the log last appended: µs after `born`.
+    touched_us: AtomicU64,
+    born: Instant,
+    /// [`QUIET`] (tests lengthen it to outlast a busy machine's pauses).
+    quiet_us: AtomicU64,
 }
 
 impl Pace {
-    fn new(allowed: u64) -> Pace {
+    fn new(allowed: Allowance) -> Pace {
         Pace {
-            allowed: AtomicU64::new(allowed),
+            may: AtomicU64::new(allowed.may),
+            must: AtomicU64::new(allowed.must),
             cancel: AtomicBool::new(false),
+            touched_us: AtomicU64::new(0),
+            born: Instant::now(),
+            quiet_us: AtomicU64::new(QUIET.as_micros() as u64),
         }
     }
 
@@ -125,17 +185,43 @@ impl Pace {
         self.cancel.load(Ordering::Relaxed)
     }
 
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// The log appended a record.
+    fn touch(&self) {
+        self.touched_us.store(self.now_us(), Ordering::Relaxed);
+    }
+
+    /// Whether the log has appended nothing for [`QUIET`].
+    fn quiet(&self) -> bool {
+        let since = self
+            .now_us()
+            .saturating_sub(self.touched_us.load(Ordering::Relaxed));
+        since >= self.quiet_us.load(Ordering::Relaxed)
+    }
+
+    /// Whether the fill may write up to `upto` bytes now: they are due, or
+    /// allowed and the log is quiet.
+    fn may_write(&self, upto: u64) -> bool {
+        self.must.load(Ordering::Relaxed) >= upto
+            || (self.may.load(Ordering::Relaxed) >= upto && self.quiet())
+    }
+
     /// Blocks until `upto` bytes may be written, or the fill is cancelled.
     fn wait_for(&self, upto: u64) {
         let mut poll = PACE_POLL;
-        let mut seen = self.allowed.load(Ordering::Relaxed);
-        while seen < upto && !self.cancelled() {
+        let mut seen = self.may.load(Ordering::Relaxed);
+        while !self.may_write(upto) && !self.cancelled() {
             std::thread::park_timeout(poll);
-            let now = self.allowed.load(Ordering::Relaxed);
-            poll = if now == seen {
-                (poll * 2).min(PACE_POLL_MAX)
-            } else {
+            let now = self.may.load(Ordering::Relaxed);
+            // Allowed but held back by a busy log: look again at the
+            // same cadence as while the log moves.
+            poll = if now != seen || now >= upto {
                 PACE_POLL
+            } else {
+                (poll * 2).min(PACE_POLL_MAX)
             };
             seen = now;
         }
@@ -210,6 +296,11 @@ pub(crate) fn zero_filled(
             }
         }
         at += n as u64;
+    }
+    // The closing sync flushes the disk's cache like a log sync: it too
+    // waits for a quiet log or for being due.
+    if let Some(p) = pace {
+        p.wait_for(size);
     }
     if cancelled() {
         return Err(io_at(tmp)(io::Error::new(
@@ -317,10 +408,10 @@ pub(crate) fn keep_ready(
     }
     if !spare.as_ref().is_some_and(|s| s.is_for(index, size)) {
         *spare = None;
-        *spare = Spare::start_paced(&path(), index, size, 0);
+        *spare = Spare::start_paced(&path(), index, size, Allowance { may: 0, must: 0 });
     }
     if let Some(s) = spare {
-        s.pace(fill_allowance(size, written, active_size));
+        s.pace(fill_pace(size, written, active_size));
     }
 }
 
@@ -359,12 +450,12 @@ impl Spare {
     /// inline.
     #[cfg(test)]
     pub(crate) fn start(path: &Path, index: u64, size: u64) -> Option<Spare> {
-        Spare::start_paced(path, index, size, u64::MAX)
+        Spare::start_paced(path, index, size, Allowance::all(u64::MAX))
     }
 
-    /// [`Spare::start`], with `allowed` bytes that may be filled before
-    /// [`Spare::pace`] allows more.
-    fn start_paced(path: &Path, index: u64, size: u64, allowed: u64) -> Option<Spare> {
+    /// [`Spare::start`], with what may and must be filled before
+    /// [`Spare::pace`] says more.
+    fn start_paced(path: &Path, index: u64, size: u64, allowed: Allowance) -> Option<Spare> {
         let tmp = tmp_path(path);
         let pace = Arc::new(Pace::new(allowed));
         let (t, c) = (tmp.clone(), Arc::clone(&pace));
@@ -418,17 +509,29 @@ impl Spare {
         self.index
     }
 
-    /// Lets the fill write up to `allowed` bytes (it never moves back).
-    pub(crate) fn pace(&self, allowed: u64) {
-        let allowed = allowed.saturating_add(self.stagger).min(self.size);
-        self.pace.allowed.fetch_max(allowed, Ordering::Relaxed);
+    /// The log appended a record, and its fill may and must now go as far
+    /// as `allowed` says (neither ever moves back). Wakes the fill when
+    /// all of it falls due (a small spare's comes all at once).
+    pub(crate) fn pace(&self, allowed: Allowance) {
+        self.pace.touch();
+        let at = |n: u64| n.saturating_add(self.stagger).min(self.size);
+        self.pace.may.fetch_max(at(allowed.may), Ordering::Relaxed);
+        let must = at(allowed.must);
+        let before = self.pace.must.fetch_max(must, Ordering::Relaxed);
+        if before < self.size
+            && must >= self.size
+            && let Some(thread) = &self.thread
+        {
+            thread.thread().unpark();
+        }
     }
 
     /// Waits for the preparation to end, unpaced from here; whether it
     /// built the file.
     pub(crate) fn wait(&mut self) -> bool {
         if let Some(thread) = self.thread.take() {
-            self.pace.allowed.store(u64::MAX, Ordering::Relaxed);
+            self.pace.may.store(u64::MAX, Ordering::Relaxed);
+            self.pace.must.store(u64::MAX, Ordering::Relaxed);
             thread.thread().unpark();
             self.outcome = Some(match thread.join() {
                 Ok(Ok(())) => Ok(()),
@@ -509,127 +612,5 @@ impl Drop for Spare {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_spare_is_taken_only_for_its_index_and_a_size_it_covers() {
-        let dir = tempfile::tempdir().expect("dir");
-        let path = dir.path().join("0000000000000003.seg");
-        let mut spare = Spare::start(&path, 3, 8192).expect("thread");
-        assert!(spare.wait(), "built");
-        assert_eq!(std::fs::metadata(tmp_path(&path)).expect("tmp").len(), 8192);
-        assert!(spare.take(4, 8192).is_none(), "another index");
-        assert!(!tmp_path(&path).exists(), "a spare not taken is removed");
-
-        let spare = Spare::start(&path, 3, 8192).expect("thread");
-        assert!(spare.take(3, 8193).is_none(), "too small");
-        let spare = Spare::start(&path, 3, 8192).expect("thread");
-        let (file, size) = spare.take(3, 4096).expect("covers it");
-        assert_eq!((file.metadata().expect("meta").len(), size), (8192, 8192));
-        assert!(tmp_path(&path).exists(), "taken: left for the rename");
-    }
-
-    #[test]
-    fn a_segment_is_zeros_to_its_size_whether_or_not_that_is_whole_blocks() {
-        let dir = tempfile::tempdir().expect("dir");
-        for size in [4096, 3 * CHUNK, 2 * CHUNK + 4096 + 100, 100] {
-            let tmp = dir.path().join("0000000000000001.seg.tmp");
-            // What a crash left under the temporary name is overwritten.
-            std::fs::write(&tmp, vec![0xffu8; 5000]).expect("leftover");
-            let file = zero_filled(&tmp, size, None).expect("filled");
-            assert_eq!(file.metadata().expect("meta").len(), size);
-            let bytes = std::fs::read(&tmp).expect("read");
-            assert!(bytes.iter().all(|&b| b == 0), "{size} bytes of zeros");
-        }
-    }
-
-    #[test]
-    fn the_fill_allowance_spreads_over_the_active_segment_from_an_eighth_to_seven_eighths() {
-        let (size, active) = (64 << 20, 64 << 20);
-        let at = |written| fill_allowance(size, written, active);
-        assert_eq!(at(0), PACE_LEAD_BYTES, "only the lead before it starts");
-        assert_eq!(at(8 << 20), PACE_LEAD_BYTES, "only the lead at an eighth");
-        let a = at(16 << 20);
-        assert!(
-            a > PACE_LEAD_BYTES && a < size,
-            "part of it on the way: {a}"
-        );
-        assert!(at(20 << 20) > a, "more as the log grows");
-        // About as many zeros as log bytes: 64 MiB over 48 MiB of log.
-        let per_log_byte = (at(40 << 20) - a) as f64 / f64::from(24u32 << 20);
-        assert!((1.2..1.5).contains(&per_log_byte), "{per_log_byte}");
-        assert_eq!(at(56 << 20), size, "all of it at seven eighths");
-        assert_eq!(at(active), size);
-        assert_eq!(
-            fill_allowance(1 << 20, 0, active),
-            1 << 20,
-            "small: at once"
-        );
-        assert_eq!(fill_allowance(size, 0, 0), size, "no active segment");
-    }
-
-    #[test]
-    fn spares_are_staggered_by_part_of_a_chunk_in_whole_blocks_and_never_past_their_size() {
-        let dir = tempfile::tempdir().expect("dir");
-        let mut staggers = std::collections::HashSet::new();
-        for i in 0..8u64 {
-            let path = dir.path().join(format!("{i:016x}.seg"));
-            let size = 4 << 20;
-            let spare = Spare::start_paced(&path, i, size, 0).expect("a spare");
-            assert!(spare.stagger < CHUNK);
-            assert_eq!(spare.stagger % direct_io::BLOCK, 0);
-            staggers.insert(spare.stagger);
-            spare.pace(CHUNK);
-            let allowed = spare.pace.allowed.load(Ordering::Relaxed);
-            assert_eq!(allowed, CHUNK + spare.stagger, "the allowance, staggered");
-            spare.pace(size);
-            let allowed = spare.pace.allowed.load(Ordering::Relaxed);
-            assert_eq!(allowed, size, "never past the spare's size");
-        }
-        assert!(staggers.len() > 1, "not all the same: {staggers:?}");
-    }
-
-    #[test]
-    fn a_paced_spare_fills_no_further_than_allowed_until_the_roll_needs_it() {
-        let dir = tempfile::tempdir().expect("dir");
-        let path = dir.path().join("0000000000000002.seg");
-        let size = 4 << 20;
-        let mut spare = Spare::start_paced(&path, 2, size, CHUNK).expect("thread");
-        let filled = || std::fs::metadata(tmp_path(&path)).map_or(0, |m| m.len());
-        std::thread::sleep(Duration::from_millis(300));
-        assert_eq!(filled(), CHUNK, "one chunk allowed, one written");
-        spare.pace(3 * CHUNK);
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while filled() < 3 * CHUNK && std::time::Instant::now() < deadline {
-            std::thread::sleep(PACE_POLL);
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        assert_eq!(filled(), 3 * CHUNK, "three chunks allowed, three written");
-        spare.pace(CHUNK);
-        assert!(spare.wait(), "the roll lifts the pace and waits");
-        assert_eq!(filled(), size);
-    }
-
-    #[test]
-    fn dropping_a_paced_spare_stops_it_at_once() {
-        let dir = tempfile::tempdir().expect("dir");
-        let path = dir.path().join("0000000000000001.seg");
-        let spare = Spare::start_paced(&path, 1, 64 << 20, 0).expect("thread");
-        let started = std::time::Instant::now();
-        drop(spare);
-        assert!(started.elapsed() < Duration::from_secs(5));
-        assert!(!tmp_path(&path).exists());
-    }
-
-    #[test]
-    fn dropping_a_spare_mid_way_stops_it_and_leaves_no_file() {
-        let dir = tempfile::tempdir().expect("dir");
-        let path = dir.path().join("0000000000000001.seg");
-        drop(Spare::start(&path, 1, 256 << 20).expect("thread"));
-        assert!(!tmp_path(&path).exists());
-        let created = create_segment(dir.path(), &path, 1, 4096, None).expect("inline");
-        assert!(!created.from_spare);
-        assert_eq!(std::fs::metadata(&path).expect("seg").len(), 4096);
-    }
-}
+#[path = "prealloc_tests.rs"]
+mod tests;

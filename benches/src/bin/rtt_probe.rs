@@ -10,7 +10,9 @@
 //!     one client: INSERTs of 100 bytes, one per transaction, to the
 //!     primary's HTTP API for SECONDS; reports its commit latency, the
 //!     HTTP floor (`SELECT 1` on the same connection) and the confirm
-//!     lags the replica appended to LAG_LOG while it ran
+//!     lags the replica appended to LAG_LOG while it ran; with
+//!     RTT_PROBE_COMMITS_TO=FILE set, also each timed commit's latency
+//!     (µs, one a line, in order, after the warm-up's) to FILE
 //! rtt_probe visible PRIMARY REPLICA SECONDS
 //!     commit-ack -> visible: INSERT on the primary, then at once read
 //!     that row on the replica with the INSERT's bookmark; reports the
@@ -253,6 +255,13 @@ fn load(addr: &str, seconds: u64, lag_log: &Path) -> Result<()> {
         let t = Instant::now();
         http.ok(&insert)?;
         commits.push(t.elapsed());
+    }
+    if let Some(path) = std::env::var_os("RTT_PROBE_COMMITS_TO").filter(|p| !p.is_empty()) {
+        let lines: String = commits
+            .iter()
+            .map(|c| format!("{}\n", c.as_micros()))
+            .collect();
+        std::fs::write(path, lines)?;
     }
     std::thread::sleep(LAG_FLUSH);
     let mut lags: Vec<Duration> = std::fs::read_to_string(lag_log)?
