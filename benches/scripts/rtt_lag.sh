@@ -19,8 +19,10 @@
 # 4 KiB + fdatasync) and the shared-disk floor (W-th of 5 concurrent ones)
 # are measured before each cluster starts, on the same disk. Prints a
 # table with the targets (confirm lag <= RTT + 1 ms; commit <= W-th
-# follower RTT + fsync floor + 1 ms, with the RTT the probe measured) and
-# writes OUT_DIR/rtt-lag.csv and OUT_DIR/rtt-lag.svg.
+# follower RTT + fsync floor + 1 ms, with the RTTs the probe measured: one
+# path's for the lag, the W-th quickest of the five followers' paths' round
+# trips started together for the commit) and writes OUT_DIR/rtt-lag.csv and
+# OUT_DIR/rtt-lag.svg.
 #
 # Needs root (ip netns, veth) and the release binaries:
 #
@@ -138,7 +140,7 @@ make_ns "$NS-rep" "$REPLICA_NS"
 echo "namespaces: ${NSES[*]}; work in $WORK" >&2
 
 CSV=$WORK/rtt-lag.csv
-echo "rtt_ms,path_rtt_p50_us,path_rtt_p99_us,commits,commit_p50_us,commit_p99_us,http_floor_p50_us,http_floor_p99_us,lags,lag_p50_us,lag_p99_us,fsync_p50_us,fsync_p99_us,shared_disk_p50_us,shared_disk_p99_us" >"$CSV"
+echo "rtt_ms,path_rtt_p50_us,path_rtt_p99_us,wth_rtt_p50_us,wth_rtt_p99_us,commits,commit_p50_us,commit_p99_us,http_floor_p50_us,http_floor_p99_us,lags,lag_p50_us,lag_p99_us,fsync_p50_us,fsync_p99_us,shared_disk_p50_us,shared_disk_p99_us" >"$CSV"
 
 run_one() {
   local rtt=$1 d=$WORK/rtt-$1 i
@@ -151,8 +153,15 @@ run_one() {
     routes+=("127.0.0.1:$((PORT + i))=$NET.$i.2:7000" "$NET.$REPLICA_NS.1:$((PORT + i))=$NET.$i.2:7000")
   done
   routes+=("$NET.$REPLICA_NS.1:$((PORT + 10))=127.0.0.1:$((PORT + 10))")
-  # The probe's path: root namespace to an echo server beside follower 0.
+  # The probe's paths: root namespace to an echo server beside follower 0
+  # (the path RTT), and to one beside each follower (the W-th of their
+  # round trips started together: what a quorum that far away waits for).
   routes+=("127.0.0.1:$((PORT + 9))=$NET.0.2:7001")
+  local echoes=()
+  for i in 0 1 2 3 4; do
+    routes+=("127.0.0.1:$((PORT + 20 + i))=$NET.$i.2:7001")
+    echoes+=("127.0.0.1:$((PORT + 20 + i))")
+  done
   local pids=()
 
   # The floors just before this RTT's cluster starts, on the disk the
@@ -162,8 +171,10 @@ run_one() {
   "$PROXY" $((rtt * 500)) "${routes[@]}" >"$d/proxy.log" 2>&1 &
   PIDS+=($!) && pids+=($!)
   wait_for "$d/proxy.log" "delay_proxy:" 10 $!
-  ip netns exec "$NS-f0" "$PROBE" echo "$NET.0.2:7001" >"$d/echo.log" 2>&1 &
-  PIDS+=($!) && pids+=($!)
+  for i in 0 1 2 3 4; do
+    ip netns exec "$NS-f$i" "$PROBE" echo "$NET.$i.2:7001" >"$d/echo-$i.log" 2>&1 &
+    PIDS+=($!) && pids+=($!)
+  done
   for i in 0 1 2 3 4; do
     ip netns exec "$NS-f$i" "$BIN" follower --listen "$NET.$i.2:7000" \
       --dir "$d/follower-$i" "${key[@]}" >"$d/follower-$i.log" 2>&1 &
@@ -190,11 +201,12 @@ run_one() {
   local n=500
   [ "$rtt" -gt 0 ] && n=$((2000 / rtt))
   [ "$n" -lt 20 ] && n=20
-  local path load
+  local path wth load
   path=$("$PROBE" ping "127.0.0.1:$((PORT + 9))" "$n")
+  wth=$("$PROBE" ping "$(IFS=,; echo "${echoes[*]}")" "$n")
   local commits_to=${COMMITS_DIR:+$COMMITS_DIR/commits-${rtt}ms.txt}
   load=$(RTT_PROBE_COMMITS_TO=$commits_to "$PROBE" load "127.0.0.1:$((PORT + 11))" "$SECONDS_EACH" "$d/lags")
-  echo "rtt=${rtt}ms $path $load $floor"
+  echo "rtt=${rtt}ms $path $wth $load $floor"
 
   # The primary first: it stops its HTTP and waits for its last commits
   # to be confirmed, which needs the followers and the proxy still up.
@@ -205,6 +217,7 @@ run_one() {
   local f
   local row=$rtt
   for f in path_rtt_p50_us path_rtt_p99_us; do row+=",$(field $f "$path")"; done
+  for f in wth_rtt_p50_us wth_rtt_p99_us; do row+=",$(field $f "$wth")"; done
   for f in commits commit_p50_us commit_p99_us http_floor_p50_us http_floor_p99_us lags lag_p50_us lag_p99_us; do
     row+=",$(field $f "$load")"
   done

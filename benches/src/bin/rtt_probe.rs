@@ -6,6 +6,9 @@
 //! rtt_probe floor DIR ITERATIONS         fsync and shared-disk floors in DIR
 //! rtt_probe echo LISTEN                  echo server (measures a path)
 //! rtt_probe ping ADDR ITERATIONS         round trips to an echo server
+//! rtt_probe ping A,B,.. ITERATIONS       round trips to several at once
+//!     (one thread each, started together): each round's W-th quickest
+//!     (W = 3), what a quorum of followers that far away waits for
 //! rtt_probe load HOST:PORT SECONDS LAG_LOG
 //!     one client: INSERTs of 100 bytes, one per transaction, to the
 //!     primary's HTTP API for SECONDS; reports its commit latency, the
@@ -63,7 +66,7 @@ fn main() {
         ["visible", primary, replica, secs] => visible(primary, replica, secs.parse().unwrap_or(0)),
         ["read", replica, secs] => read(replica, secs.parse().unwrap_or(0)),
         ["pair", a, b, secs] => pair(a, b, secs.parse().unwrap_or(0)),
-        _ => Err("usage: rtt_probe floor DIR N | echo LISTEN | ping ADDR N | load HOST:PORT SECONDS LAG_LOG | visible PRIMARY REPLICA SECONDS | read REPLICA SECONDS | pair A B SECONDS".into()),
+        _ => Err("usage: rtt_probe floor DIR N | echo LISTEN | ping ADDR[,ADDR..] N | load HOST:PORT SECONDS LAG_LOG | visible PRIMARY REPLICA SECONDS | read REPLICA SECONDS | pair A B SECONDS".into()),
     };
     if let Err(e) = r {
         eprintln!("rtt_probe: {e}");
@@ -117,10 +120,59 @@ fn echo(listen: &str) -> Result<()> {
     Ok(())
 }
 
-fn ping(addr: &str, iters: usize) -> Result<()> {
+fn ping(addrs: &str, iters: usize) -> Result<()> {
     if iters == 0 {
         return Err("ITERATIONS must be > 0".into());
     }
+    let addrs: Vec<&str> = addrs.split(',').collect();
+    if addrs.len() == 1 {
+        let mut samples = round_trips(addrs[0], iters, None)?;
+        let (p50, p99) = us(&percentiles(&mut samples));
+        println!("path_rtt_p50_us={p50} path_rtt_p99_us={p99}");
+        return Ok(());
+    }
+    if addrs.len() < QUORUM {
+        return Err(format!(
+            "{} paths: the W-th of them needs at least {QUORUM}",
+            addrs.len()
+        )
+        .into());
+    }
+    // Every path's round trips in lockstep: each round starts on all of
+    // them at once, as a record's Appends go out to its followers.
+    let start = std::sync::Barrier::new(addrs.len());
+    let per_path: Vec<Vec<Duration>> = std::thread::scope(|s| {
+        let threads: Vec<_> = addrs
+            .iter()
+            .map(|a| {
+                let start = &start;
+                s.spawn(move || round_trips(a, iters, Some(start)).map_err(|e| e.to_string()))
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().map_err(|_| "a ping thread panicked".to_string())?)
+            .collect::<std::result::Result<_, String>>()
+    })?;
+    let mut wth: Vec<Duration> = (0..iters)
+        .map(|i| {
+            let mut round: Vec<Duration> = per_path.iter().map(|p| p[i]).collect();
+            round.sort();
+            round[QUORUM - 1]
+        })
+        .collect();
+    let (p50, p99) = us(&percentiles(&mut wth));
+    println!("wth_rtt_p50_us={p50} wth_rtt_p99_us={p99}");
+    Ok(())
+}
+
+/// `iters` timed round trips of 64 bytes to the echo server at `addr`
+/// (after three untimed ones), each round started at `start` if given.
+fn round_trips(
+    addr: &str,
+    iters: usize,
+    start: Option<&std::sync::Barrier>,
+) -> Result<Vec<Duration>> {
     let mut s = TcpStream::connect(addr.parse::<SocketAddr>()?)?;
     s.set_nodelay(true)?;
     s.set_read_timeout(Some(IO_TIMEOUT))?;
@@ -128,6 +180,9 @@ fn ping(addr: &str, iters: usize) -> Result<()> {
     let mut back = [0u8; 64];
     let mut samples = Vec::with_capacity(iters);
     for i in 0..iters + 3 {
+        if let Some(b) = start {
+            b.wait();
+        }
         let t = Instant::now();
         s.write_all(&msg)?;
         s.read_exact(&mut back)?;
@@ -136,9 +191,7 @@ fn ping(addr: &str, iters: usize) -> Result<()> {
             samples.push(t.elapsed());
         }
     }
-    let (p50, p99) = us(&percentiles(&mut samples));
-    println!("path_rtt_p50_us={p50} path_rtt_p99_us={p99}");
-    Ok(())
+    Ok(samples)
 }
 
 /// One keep-alive HTTP/1.1 connection to a walrelay node, without auth
