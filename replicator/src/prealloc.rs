@@ -82,7 +82,8 @@ use std::time::{Duration, Instant};
 /// bench's fresh log, whose followers fill their spares as it runs, the
 /// one-session p99 was about 0.88x with the smaller writes.
 const CHUNK: u64 = 64 << 10;
-/// Spares smaller than this are filled at once, unpaced.
+/// Spares smaller than this are not paced by the schedule: all of one may
+/// be filled at once, and must be from half the active segment on.
 const PACE_MIN_BYTES: u64 = 2 << 20;
 /// How far a paced fill may run ahead of the log's progress.
 const PACE_LEAD_BYTES: u64 = 2 * CHUNK;
