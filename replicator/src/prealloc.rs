@@ -146,6 +146,9 @@ pub(crate) struct Allowance {
 }
 
 impl Allowance {
+    /// Nothing yet (a spare just started, before its log's pace).
+    pub(crate) const NONE: Allowance = Allowance { may: 0, must: 0 };
+
     /// All of a `size`-byte spare, now.
     pub(crate) fn all(size: u64) -> Allowance {
         Allowance {
@@ -409,7 +412,7 @@ pub(crate) fn keep_ready(
     }
     if !spare.as_ref().is_some_and(|s| s.is_for(index, size)) {
         *spare = None;
-        *spare = Spare::start_paced(&path(), index, size, Allowance { may: 0, must: 0 });
+        *spare = Spare::start_paced(&path(), index, size, Allowance::NONE);
     }
     if let Some(s) = spare {
         s.pace(fill_pace(size, written, active_size));

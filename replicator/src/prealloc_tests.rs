@@ -80,8 +80,7 @@ fn spares_are_staggered_by_part_of_a_chunk_in_whole_blocks_and_never_past_their_
     for i in 0..8u64 {
         let path = dir.path().join(format!("{i:016x}.seg"));
         let size = 4 << 20;
-        let nothing = Allowance { may: 0, must: 0 };
-        let spare = Spare::start_paced(&path, i, size, nothing).expect("a spare");
+        let spare = Spare::start_paced(&path, i, size, Allowance::NONE).expect("a spare");
         assert!(spare.stagger < CHUNK);
         assert_eq!(spare.stagger % direct_io::BLOCK, 0);
         staggers.insert(spare.stagger);
@@ -128,8 +127,7 @@ fn within_10_s(f: impl Fn() -> bool) -> bool {
 /// the bytes it has written so far.
 fn unstaggered(dir: &Path) -> (Spare, impl Fn() -> u64) {
     let path = dir.join("0000000000000002.seg");
-    let nothing = Allowance { may: 0, must: 0 };
-    let mut spare = Spare::start_paced(&path, 2, 4 << 20, nothing).expect("thread");
+    let mut spare = Spare::start_paced(&path, 2, 4 << 20, Allowance::NONE).expect("thread");
     spare.stagger = 0;
     // Quiet only after 200 ms: a test thread appending every 200 us
     // keeps the log busy even on a loaded machine.
@@ -167,7 +165,7 @@ fn a_busy_logs_spare_writes_what_is_due_and_what_is_only_allowed_once_the_log_is
     );
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(filled(), 3 * CHUNK, "never past what is allowed");
-    spare.pace(Allowance { may: 0, must: 0 });
+    spare.pace(Allowance::NONE);
     assert!(spare.wait(), "the roll lifts the pace and waits");
     assert_eq!(filled(), 4 << 20);
 }
@@ -191,8 +189,7 @@ fn a_quiet_logs_spare_fills_what_is_allowed_without_waiting_for_it_to_fall_due()
 fn dropping_a_paced_spare_stops_it_at_once() {
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join("0000000000000001.seg");
-    let nothing = Allowance { may: 0, must: 0 };
-    let spare = Spare::start_paced(&path, 1, 64 << 20, nothing).expect("thread");
+    let spare = Spare::start_paced(&path, 1, 64 << 20, Allowance::NONE).expect("thread");
     let started = std::time::Instant::now();
     drop(spare);
     assert!(started.elapsed() < Duration::from_secs(5));
