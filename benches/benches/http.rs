@@ -36,7 +36,7 @@ use walrelay_engine::{Bookmark, Constraint, Value};
 
 const ROWS: i64 = 10_000;
 const POINT_READ: &str = "SELECT v FROM kv WHERE id = ?1";
-const INSERT: &str = "INSERT INTO w(v) VALUES (?1)";
+const INSERT: &str = "INSERT INTO w(v) VALUES (randomblob(100))";
 /// Roughly the size of one of these HTTP requests, for the TCP floor.
 const REQUEST_BYTES: usize = 256;
 
@@ -327,9 +327,8 @@ fn main() {
         unreachable!("nine read series")
     };
 
-    // Writes: 100 bytes of text each.
-    let value = Value::Text("x".repeat(100));
-    let write_body = || one(INSERT, vec![value.clone()]);
+    // Writes: 100 random bytes each.
+    let write_body = || one(INSERT, vec![]);
     let direct = client.session("first-unconstrained");
     let carried = client.session("first-unconstrained");
     let e_writer = c
@@ -373,11 +372,7 @@ fn main() {
         }),
         series("in process, primary: INSERT", |_| {
             let t = Instant::now();
-            let r = e_writer
-                .prepare(INSERT)
-                .bind([value.clone()])
-                .run()
-                .expect("write");
+            let r = e_writer.prepare(INSERT).run().expect("write");
             let d = t.elapsed();
             engine_us
                 .borrow_mut()

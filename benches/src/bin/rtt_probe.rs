@@ -51,6 +51,8 @@ const WARMUP: Duration = Duration::from_secs(1);
 /// long puts every sample of a phase in the file before it is read.
 const LAG_FLUSH: Duration = Duration::from_millis(1_500);
 /// A reply slower than this fails the run rather than hanging it.
+/// The measured write: one row of 100 random bytes (as the other benches).
+const INSERT_BODY: &str = r#"{"sql":"INSERT INTO w(v) VALUES (randomblob(100))"}"#;
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -285,12 +287,10 @@ fn load(addr: &str, seconds: u64, lag_log: &Path) -> Result<()> {
     }
     let mut http = Http::connect(addr)?;
     http.ok(r#"{"sql":"CREATE TABLE IF NOT EXISTS w(id INTEGER PRIMARY KEY, v TEXT NOT NULL)"}"#)?;
-    let value = "v".repeat(100);
-    let insert = format!(r#"{{"sql":"INSERT INTO w(v) VALUES (?1)","params":["{value}"]}}"#);
     let select = r#"{"sql":"SELECT 1"}"#;
     let started = Instant::now();
     while started.elapsed() < WARMUP {
-        http.ok(&insert)?;
+        http.ok(INSERT_BODY)?;
     }
     // Lag samples of the warm-up are left out: measured ones start after
     // what the file holds once the replica has flushed the warm-up's.
@@ -306,7 +306,7 @@ fn load(addr: &str, seconds: u64, lag_log: &Path) -> Result<()> {
         http.ok(select)?;
         floor.push(t.elapsed());
         let t = Instant::now();
-        http.ok(&insert)?;
+        http.ok(INSERT_BODY)?;
         commits.push(t.elapsed());
     }
     if let Some(path) = std::env::var_os("RTT_PROBE_COMMITS_TO").filter(|p| !p.is_empty()) {
@@ -356,13 +356,11 @@ fn visible(primary: &str, replica: &str, seconds: u64) -> Result<()> {
     let mut p = Http::connect(primary)?;
     let mut r = Http::connect(replica)?;
     p.ok(r#"{"sql":"CREATE TABLE IF NOT EXISTS w(id INTEGER PRIMARY KEY, v TEXT NOT NULL)"}"#)?;
-    let value = "v".repeat(100);
-    let insert = format!(r#"{{"sql":"INSERT INTO w(v) VALUES (?1)","params":["{value}"]}}"#);
     let (mut seen, mut total) = (0u64, 0u64);
     let mut ack_to_visible = Vec::new();
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(seconds) {
-        let (status, body) = p.query(&insert)?;
+        let (status, body) = p.query(INSERT_BODY)?;
         let acked = Instant::now();
         if status != 200 {
             return Err(format!("INSERT: HTTP {status}: {body}").into());
