@@ -25,7 +25,7 @@ use walrelay_replicator::node::leader::{
 };
 use walrelay_replicator::node::replica::{Applier, ApplierError, ReplicaNode, ReplicaNodeConfig};
 use walrelay_replicator::{
-    Bookmark, ChainHash, ClusterKey, DatabaseId, Encoded, Record, Sequence, record,
+    Bookmark, ChainHash, ClusterKey, DatabaseId, Encoded, PageCompression, Record, Sequence, record,
 };
 use walrelay_vfs::{CapturedTransaction, PageNo, PageSet};
 
@@ -235,7 +235,7 @@ fn encode_chunk(
             .map(|(no, image)| (no.get(), image.clone()))
             .collect(),
     }
-    .to_encoded_chunk(continued)
+    .to_encoded_with(continued, PageCompression::Zstd)
 }
 
 /// Why a log record is not a page set.

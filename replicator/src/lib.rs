@@ -61,6 +61,7 @@ pub mod leader;
 pub mod marker;
 pub mod net;
 pub mod node;
+mod page_zstd;
 mod prealloc;
 pub mod quorum;
 pub mod record;
@@ -83,7 +84,7 @@ pub use leader::{
 };
 pub use net::{ClusterKey, KeyFileError};
 pub use quorum::{FollowerId, QuorumError, QuorumTracker};
-pub use record::{Encoded, Record, RecordError};
+pub use record::{Encoded, PageCompression, Record, RecordError};
 pub use segments::{IoBackend, ReadPlan, Recovery, Released, SegmentError, SegmentLog};
 pub use subscriber::{Source, Subscriber, SubscriberAction, SubscriberEvent};
 pub use wire::{Message, RefuseReason, Role, WireError};

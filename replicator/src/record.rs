@@ -5,9 +5,10 @@
 //! record (big-endian)
 //!  0  magic        b"WRRC"                          4
 //!  4  version      u16 (3)                          2
-//!  6  flags        u16: bit 0 CONTINUED, others 0     2
-//!                  (CONTINUED: a chunk of a transaction whose
-//!                  last chunk follows; it commits nothing)
+//!  6  flags        u16: bit 0 CONTINUED, bit 1       2
+//!                  COMPRESSED, others 0 (CONTINUED: a chunk of
+//!                  a transaction whose last chunk follows; it
+//!                  commits nothing. COMPRESSED: see below)
 //!  8  total_len    u32: bytes of the whole record   4   (header + pages + crc)
 //! 12  bookmark     epoch u32, sequence u64         12
 //! 24  previous     epoch u32, sequence u64         12   (the record before it)
@@ -25,6 +26,25 @@
 //!  .. crc32        u32 over bytes 0 .. total_len-4  4
 //! ```
 //!
+//! With COMPRESSED, the page section is instead
+//!
+//! ```text
+//! 88  page_nos     page_count x u32
+//!  .. images       one zstd frame of the page_count images, in order,
+//!                  stating its content size (page_count x page_size)
+//!  .. crc32        u32 over bytes 0 .. total_len-4  4
+//! ```
+//!
+//! and `total_len` is less than the uncompressed form's: that length bounds
+//! it, and the images are decompressed only into a buffer of exactly the
+//! size the header implies, after the CRC passed. The encoder compresses
+//! only when asked ([`PageCompression`]) and only when the frame saves at
+//! least an eighth of the images. Page numbers stay outside the frame, so
+//! a follower checks a record without decompressing it ([`Encoded::decode`]
+//! reads the frame's headers only); the images are decompressed where a
+//! record is built ([`Encoded::record`]). The chain and the CRC cover the
+//! bytes as encoded, once, by the leader.
+//!
 //! Older versions: 1 had no chain fields (48 header bytes), 2 no commit
 //! time (80). A log holding one is refused by name
 //! ([`legacy_record_len`]), never mistaken for a torn tail.
@@ -40,10 +60,12 @@
 //! Every length is checked against hard bounds before anything is
 //! allocated, and `total_len` must equal what the header implies, so a
 //! decoder never trusts a size it has not verified. Page images decode as
-//! slices of the input buffer: no copy.
+//! slices of the input buffer (no copy), or of the one buffer a compressed
+//! record's images decompress into.
 
 use crate::bookmark::Bookmark;
 use crate::chain::ChainHash;
+use crate::page_zstd;
 use bytes::{BufMut, Bytes, BytesMut};
 
 pub const MAGIC: [u8; 4] = *b"WRRC";
@@ -95,6 +117,19 @@ pub fn legacy_record_len(buf: &[u8]) -> Option<u64> {
 
 /// The flag of a chunk that a later chunk of the same transaction follows.
 pub const FLAG_CONTINUED: u16 = 0x0001;
+/// The flag of a record whose page images travel as one zstd frame.
+pub const FLAG_COMPRESSED: u16 = 0x0002;
+const KNOWN_FLAGS: u16 = FLAG_CONTINUED | FLAG_COMPRESSED;
+
+/// How an encoder stores a record's page images (a decoder reads both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PageCompression {
+    /// As they are.
+    #[default]
+    Plain,
+    /// As one zstd frame, where that saves at least an eighth of them.
+    Zstd,
+}
 
 /// Pages per chunk of a transaction with pages of `page_size` bytes.
 pub fn pages_per_chunk(page_size: u32) -> usize {
@@ -156,6 +191,19 @@ pub enum RecordError {
     },
     #[error("a page image is {len} bytes, not the page size {page_size}")]
     ImageSize { len: usize, page_size: u32 },
+    #[error(
+        "compressed record length {stated} is not below the {implied} bytes its header implies uncompressed"
+    )]
+    CompressedLength { stated: u64, implied: u64 },
+    #[error("the compressed page images are not one zstd frame of {content} bytes")]
+    Frame { content: u64 },
+    #[error("the compressed page images do not decompress to {content} bytes")]
+    Decompress { content: u64 },
+}
+
+/// Whether the record whose header starts `b` carries compressed images.
+fn is_compressed(b: &[u8]) -> bool {
+    u16::from_be_bytes([b[6], b[7]]) & FLAG_COMPRESSED != 0
 }
 
 pub(crate) fn be32(b: &[u8], at: usize) -> u32 {
@@ -230,15 +278,42 @@ impl Record {
     /// Encodes the record; `continued` marks a chunk that a later chunk of
     /// the same transaction follows.
     pub fn encode_flagged(&self, continued: bool) -> Result<Bytes, RecordError> {
+        self.encode_with(continued, PageCompression::Plain)
+    }
+
+    /// Encodes the record with its images stored as `compression` asks;
+    /// `continued` as in [`Record::encode_flagged`].
+    pub fn encode_with(
+        &self,
+        continued: bool,
+        compression: PageCompression,
+    ) -> Result<Bytes, RecordError> {
         self.validate()?;
-        let total = encoded_len(self.page_size, self.pages.len() as u32);
-        if total > MAX_RECORD_BYTES {
-            return Err(RecordError::TooLarge(total));
+        let plain = encoded_len(self.page_size, self.pages.len() as u32);
+        if plain > MAX_RECORD_BYTES {
+            return Err(RecordError::TooLarge(plain));
+        }
+        let images = self.pages.len() * self.page_size as usize;
+        let frame = match compression {
+            PageCompression::Zstd if images > 0 => page_zstd::compress(
+                self.pages.iter().map(|(_, image)| &image[..]),
+                images,
+                images - images / 8,
+            ),
+            _ => None,
+        };
+        let total = match &frame {
+            Some(f) => (HEADER_BYTES + 4 * self.pages.len() + f.len() + CRC_BYTES) as u64,
+            None => plain,
+        };
+        let mut flags = if continued { FLAG_CONTINUED } else { 0 };
+        if frame.is_some() {
+            flags |= FLAG_COMPRESSED;
         }
         let mut b = BytesMut::with_capacity(total as usize);
         b.put_slice(&MAGIC);
         b.put_u16(VERSION);
-        b.put_u16(if continued { FLAG_CONTINUED } else { 0 });
+        b.put_u16(flags);
         b.put_u32(total as u32);
         b.put_slice(&self.bookmark.to_bytes());
         b.put_slice(&self.previous.to_bytes());
@@ -248,9 +323,17 @@ impl Record {
         b.put_slice(&self.prev_chain.to_bytes());
         b.put_slice(&[0u8; ChainHash::BYTE_LEN]); // the chain, once known
         b.put_u64(self.commit_us);
-        for (no, image) in &self.pages {
-            b.put_u32(*no);
-            b.put_slice(image);
+        match &frame {
+            Some(f) => {
+                self.pages.iter().for_each(|(no, _)| b.put_u32(*no));
+                b.put_slice(f);
+            }
+            None => {
+                for (no, image) in &self.pages {
+                    b.put_u32(*no);
+                    b.put_slice(image);
+                }
+            }
         }
         let chain = ChainHash::over(&[&b[..CHAIN_AT], &b[COMMIT_AT..]]);
         b[CHAIN_AT..COMMIT_AT].copy_from_slice(&chain.to_bytes());
@@ -283,7 +366,7 @@ impl Record {
             return Err(RecordError::UnsupportedVersion(version));
         }
         let flags = u16::from_be_bytes([buf[6], buf[7]]);
-        if flags & !FLAG_CONTINUED != 0 {
+        if flags & !KNOWN_FLAGS != 0 {
             return Err(RecordError::UnknownFlags(flags));
         }
         let stated = u64::from(be32(buf, 8));
@@ -298,6 +381,15 @@ impl Record {
         let implied = encoded_len(page_size, count);
         if implied > max_bytes {
             return Err(RecordError::TooLarge(implied));
+        }
+        if flags & FLAG_COMPRESSED != 0 {
+            // Page numbers, then a frame of at least one byte, and shorter
+            // than the images it holds.
+            let least = (HEADER_BYTES + CRC_BYTES) as u64 + 4 * u64::from(count) + 1;
+            if stated < least || stated >= implied {
+                return Err(RecordError::CompressedLength { stated, implied });
+            }
+            return Ok(stated);
         }
         if stated != implied {
             return Err(RecordError::LengthMismatch { stated, implied });
@@ -337,9 +429,11 @@ impl Record {
         }
         let page_size = be32(buf, 36) as usize;
         let db_pages = be32(buf, 40);
+        let count = be32(buf, 44) as usize;
+        let compressed = is_compressed(buf);
         let mut last = 0;
         let mut at = HEADER_BYTES;
-        for _ in 0..be32(buf, 44) {
+        for _ in 0..count {
             let no = be32(buf, at);
             if no <= last {
                 return Err(RecordError::PageOrder(no));
@@ -348,7 +442,13 @@ impl Record {
                 return Err(RecordError::PageBeyondEnd { page: no, db_pages });
             }
             last = no;
-            at += 4 + page_size;
+            at += if compressed { 4 } else { 4 + page_size };
+        }
+        if compressed {
+            let content = (count * page_size) as u64;
+            if !page_zstd::frame_states(&buf[at..total - CRC_BYTES], content) {
+                return Err(RecordError::Frame { content });
+            }
         }
         Ok(total)
     }
@@ -356,15 +456,31 @@ impl Record {
     /// Builds a record already `check`ed (no second CRC pass).
     fn parse_checked(buf: &Bytes, total: usize) -> Result<Record, RecordError> {
         let page_size = be32(buf, 36);
+        let size = page_size as usize;
         let count = be32(buf, 44) as usize;
         let mut pages = Vec::with_capacity(count);
-        let mut at = HEADER_BYTES;
-        for _ in 0..count {
-            let no = be32(buf, at);
-            pages.push((no, buf.slice(at + 4..at + 4 + page_size as usize)));
-            at += 4 + page_size as usize;
+        if is_compressed(buf) {
+            // `check` bounded count x page_size by MAX_RECORD_BYTES.
+            let frame = HEADER_BYTES + 4 * count;
+            let content = count * size;
+            let images = page_zstd::decompress(&buf[frame..total - CRC_BYTES], content)
+                .map(Bytes::from)
+                .ok_or(RecordError::Decompress {
+                    content: content as u64,
+                })?;
+            for i in 0..count {
+                let no = be32(buf, HEADER_BYTES + 4 * i);
+                pages.push((no, images.slice(i * size..(i + 1) * size)));
+            }
+        } else {
+            let mut at = HEADER_BYTES;
+            for _ in 0..count {
+                let no = be32(buf, at);
+                pages.push((no, buf.slice(at + 4..at + 4 + size)));
+                at += 4 + size;
+            }
+            debug_assert_eq!(at + CRC_BYTES, total);
         }
-        debug_assert_eq!(at + CRC_BYTES, total);
         let record = Record {
             bookmark: bookmark_at(buf, 12),
             previous: bookmark_at(buf, 24),
@@ -451,7 +567,16 @@ impl Record {
     /// Encodes one chunk of a transaction; `continued` as in
     /// [`Record::encode_flagged`].
     pub fn to_encoded_chunk(&self, continued: bool) -> Result<Encoded, RecordError> {
-        let bytes = self.encode_flagged(continued)?;
+        self.to_encoded_with(continued, PageCompression::Plain)
+    }
+
+    /// Encodes one chunk with its images stored as `compression` asks.
+    pub fn to_encoded_with(
+        &self,
+        continued: bool,
+        compression: PageCompression,
+    ) -> Result<Encoded, RecordError> {
+        let bytes = self.encode_with(continued, compression)?;
         Ok(Encoded {
             bookmark: self.bookmark,
             previous: self.previous,
@@ -489,144 +614,5 @@ pub(crate) mod testing {
 }
 
 #[cfg(test)]
-mod commit_time_tests {
-    use super::*;
-    use crate::bookmark::{Epoch, Sequence};
-
-    #[test]
-    fn the_commit_time_round_trips_and_is_part_of_the_chain() {
-        let r = |commit_us| Record {
-            bookmark: Bookmark::new(Epoch(1), Sequence(1)),
-            previous: Bookmark::ZERO,
-            prev_chain: ChainHash::GENESIS,
-            commit_us,
-            page_size: 512,
-            db_pages: 1,
-            pages: vec![(1, Bytes::from(vec![7u8; 512]))],
-        };
-        let a = r(1_700_000_000_123_456).to_encoded().expect("encode");
-        assert_eq!(a.commit_us(), 1_700_000_000_123_456);
-        assert_eq!(a.record().expect("decode").commit_us, 1_700_000_000_123_456);
-        assert!(a.chain_is_valid());
-        let b = r(1_700_000_000_123_457).to_encoded().expect("encode");
-        assert_ne!(a.chain, b.chain, "another time is another record");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::bookmark::{Epoch, Sequence};
-
-    fn record(pages: &[u32]) -> Record {
-        Record {
-            bookmark: Bookmark::new(Epoch(1), Sequence(2)),
-            previous: Bookmark::new(Epoch(1), Sequence(1)),
-            prev_chain: crate::chain::ChainHash::GENESIS,
-            commit_us: 0,
-            page_size: 512,
-            db_pages: 10,
-            pages: pages
-                .iter()
-                .map(|&n| (n, Bytes::from(vec![n as u8; 512])))
-                .collect(),
-        }
-    }
-
-    #[test]
-    fn records_round_trip_and_share_the_input_buffer() {
-        let r = record(&[1, 3, 10]);
-        let bytes = r.encode().expect("encode");
-        assert_eq!(bytes.len() as u64, encoded_len(512, 3));
-        let (back, used) = Record::decode(&bytes).expect("decode");
-        assert_eq!(back, r);
-        assert_eq!(used, bytes.len());
-        let p = back.pages[0].1.as_ptr() as usize;
-        let range = bytes.as_ptr() as usize..bytes.as_ptr() as usize + bytes.len();
-        assert!(
-            range.contains(&p),
-            "page images are slices of the input, not copies"
-        );
-    }
-
-    #[test]
-    fn any_flipped_bit_is_detected() {
-        let bytes = record(&[1, 2]).encode().expect("encode");
-        for i in 0..bytes.len() {
-            let mut b = bytes.to_vec();
-            b[i] ^= 0x01;
-            assert!(
-                Record::decode(&Bytes::from(b)).is_err(),
-                "flip at byte {i} went unnoticed"
-            );
-        }
-    }
-
-    #[test]
-    fn truncated_records_are_refused_at_every_length() {
-        let bytes = record(&[4]).encode().expect("encode");
-        for len in 0..bytes.len() {
-            assert!(matches!(
-                Record::decode(&bytes.slice(..len)),
-                Err(RecordError::Truncated { .. })
-            ));
-        }
-    }
-
-    #[test]
-    fn huge_stated_sizes_are_refused_before_allocating() {
-        let mut b = record(&[1]).encode().expect("encode").to_vec();
-        b[44..48].copy_from_slice(&u32::MAX.to_be_bytes());
-        assert_eq!(
-            Record::peek_len(&b),
-            Err(RecordError::TooManyPages(u32::MAX))
-        );
-        let mut b = record(&[1]).encode().expect("encode").to_vec();
-        b[36..40].copy_from_slice(&1000u32.to_be_bytes());
-        assert_eq!(Record::peek_len(&b), Err(RecordError::PageSize(1000)));
-        let mut b = record(&[1]).encode().expect("encode").to_vec();
-        b[8..12].copy_from_slice(&7u32.to_be_bytes());
-        assert!(matches!(
-            Record::peek_len(&b),
-            Err(RecordError::LengthMismatch { .. })
-        ));
-    }
-
-    #[test]
-    fn a_continued_chunk_keeps_its_flag_and_unknown_flags_are_refused() {
-        let r = record(&[1, 2]);
-        let chunk = r.to_encoded_chunk(true).expect("encode");
-        assert!(chunk.continued());
-        let (back, _) = Encoded::decode(&chunk.bytes).expect("decode");
-        assert!(back.continued());
-        assert_eq!(back.record().expect("pages"), r);
-        assert!(!r.to_encoded().expect("encode").continued());
-        let mut b = chunk.bytes.to_vec();
-        b[6..8].copy_from_slice(&0x0002u16.to_be_bytes());
-        assert_eq!(Record::peek_len(&b), Err(RecordError::UnknownFlags(2)));
-    }
-
-    #[test]
-    fn every_chunk_of_the_largest_page_size_fits_a_record() {
-        let pages = pages_per_chunk(65_536) as u32;
-        assert!(encoded_len(65_536, pages) <= MAX_RECORD_BYTES);
-        assert!(encoded_len(512, pages_per_chunk(512) as u32) <= MAX_RECORD_BYTES);
-        assert!(pages_per_chunk(512) as u32 <= MAX_PAGES);
-        assert_eq!(chunk_count(4096, 0), 1);
-        assert_eq!(chunk_count(4096, 2048), 1);
-        assert_eq!(chunk_count(4096, 2049), 2);
-    }
-
-    #[test]
-    fn invalid_records_are_refused_on_encode() {
-        assert_eq!(record(&[2, 2]).encode(), Err(RecordError::PageOrder(2)));
-        assert_eq!(record(&[0]).encode(), Err(RecordError::PageOrder(0)));
-        assert!(matches!(
-            record(&[11]).encode(),
-            Err(RecordError::PageBeyondEnd { .. })
-        ));
-        let mut r = record(&[1]);
-        r.previous = r.bookmark;
-        assert!(matches!(r.encode(), Err(RecordError::BookmarkOrder { .. })));
-    }
-}
+#[path = "record_tests.rs"]
+mod tests;
