@@ -50,8 +50,9 @@ fn show(name: &str, p: &Percentiles) {
 
 /// Blocks of the fresh log's one-session commits, each followed by a block
 /// of each shared-disk floor's rounds.
-/// The workload's write: one row of 100 random bytes, as compressible as
-/// the worst data a user stores (a page of them compresses to about half).
+/// The workload's write: one row of 100 random bytes, the least
+/// compressible data a user can store (a half-full page of them
+/// compresses to about half).
 const INSERT: &str = "INSERT INTO t(v) VALUES (randomblob(100))";
 const FLOOR_BLOCKS: usize = 6;
 

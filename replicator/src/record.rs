@@ -58,8 +58,9 @@
 //! transaction, exceeds [`MAX_RECORD_BYTES`].
 //!
 //! Every length is checked against hard bounds before anything is
-//! allocated, and `total_len` must equal what the header implies, so a
-//! decoder never trusts a size it has not verified. Page images decode as
+//! allocated, and `total_len` must equal what the header implies (for a
+//! compressed record: lie below it), so a decoder never trusts a size it
+//! has not verified. Page images decode as
 //! slices of the input buffer (no copy), or of the one buffer a compressed
 //! record's images decompress into.
 
