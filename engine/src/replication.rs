@@ -681,3 +681,29 @@ pub fn bootstrap(
 pub fn database_path(dir: &Path) -> PathBuf {
     dir.join("db.sqlite")
 }
+
+#[cfg(test)]
+mod record_tests {
+    use super::*;
+
+    fn page_set(image: &[u8]) -> PageSet {
+        let pages = (1..=3)
+            .map(|no| (PageNo::new(no), bytes::Bytes::copy_from_slice(image)))
+            .collect();
+        PageSet::new(4096, 3, pages).expect("page set")
+    }
+
+    #[test]
+    fn the_primary_ships_compressible_pages_compressed_and_a_replica_reads_them_back() {
+        let mut image = vec![0u8; 4096];
+        image[3000..].fill(0x5a);
+        let pages = page_set(&image);
+        let previous = (Bookmark::ZERO, ChainHash::GENESIS);
+        let at = Bookmark::first_of(walrelay_replicator::Epoch(1));
+        let e = encode(at, previous, &pages).expect("encode");
+        let flags = u16::from_be_bytes([e.bytes[6], e.bytes[7]]);
+        assert_ne!(flags & record::FLAG_COMPRESSED, 0, "compressed");
+        assert!(e.bytes.len() < 4096, "{} bytes for 3 pages", e.bytes.len());
+        assert_eq!(decode(&e).expect("decode"), pages);
+    }
+}
